@@ -1,0 +1,21 @@
+#!/bin/sh
+# Runs inside the guest (in the chroot of the host root). Executes every line of
+# $JOB/commands in order, each with its own time limit, and leaves results/N.rc and
+# results/N.out beside it. Exit status: 0 if every command exited 0, else 1.
+JOB=$1
+LIMIT=$(cat "$JOB/command-timeout" 2>/dev/null || echo 300)
+mkdir -p "$JOB/results"
+cd "$JOB" || exit 2
+export MRCACHE_VM=1 JOB
+rc=0; n=0
+while IFS= read -r cmd; do
+  n=$((n + 1))
+  t0=$(cut -d' ' -f1 /proc/uptime)
+  timeout -k 5 "$LIMIT" /bin/sh -c "$cmd" > "results/$n.out" 2>&1 < /dev/null
+  r=$?
+  echo "$r" > "results/$n.rc"
+  echo "mrcache-vm: command $n exited $r after $(awk -v a="$t0" '{printf "%.1f", $1 - a}' /proc/uptime)s: $cmd"
+  [ "$r" = 0 ] || rc=1
+done < commands
+sync
+exit $rc
