@@ -1,0 +1,19 @@
+#!/bin/bash
+# Install the host packages mrcache's build and tests need (Debian 12). Idempotent: does
+# nothing when they are present. The VM's kernel and QEMU are fetched separately
+# (ci/vm/fetch.sh) and never installed into the host.
+set -euo pipefail
+pkgs=(libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils perftest rdmacm-utils
+      iproute2 gcc make python3 liburing-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  [ "$(id -u)" = 0 ] || { echo "install-deps: need root to install ${missing[*]}" >&2; exit 2; }
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "install-deps: cargo not found (install Rust with rustup)" >&2; exit 2; }

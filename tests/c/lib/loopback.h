@@ -1,0 +1,53 @@
+/* Test helper: two RC QPs on one rxe device connected to each other (loopback over
+ * RoCE v2, GID index 1), so a test can prove with a real RDMA WRITE that data lands in the
+ * memory a registration claims to cover. */
+#ifndef MRCACHE_TEST_LOOPBACK_H
+#define MRCACHE_TEST_LOOPBACK_H
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct loopback {
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp[2]; /* qp[0] posts, qp[1] is the target side */
+    unsigned char *stage; /* source of lb_prove_write, registered once at open */
+    struct ibv_mr *stage_mr;
+};
+#define LB_STAGE_BYTES (4u << 20)
+
+/* Open the device (NULL: $MRCACHE_TEST_DEVICE or "rxe0"), allocate PD/CQ, connect the QPs.
+ * Returns 0 or an errno-style code; prints what failed. */
+int lb_open(struct loopback *lb, const char *device);
+void lb_close(struct loopback *lb);
+
+/* RDMA WRITE of len bytes from src (covered by src_mr, lkey) to raddr/rkey; waits for the
+ * completion. Returns 0, or the failed work completion status (+1000), or an errno. */
+int lb_write(struct loopback *lb, const void *src, size_t len, uint32_t lkey,
+             uint64_t raddr, uint32_t rkey);
+/* RDMA READ of len bytes from raddr/rkey into dst (lkey). Same return convention. */
+int lb_read(struct loopback *lb, void *dst, size_t len, uint32_t lkey, uint64_t raddr,
+            uint32_t rkey);
+
+/* Fill buf with a pattern derived from seed, and check it. */
+void lb_fill(void *buf, size_t len, unsigned seed);
+/* Returns the offset of the first mismatch, or -1 when buf holds the pattern. */
+long lb_check(const void *buf, size_t len, unsigned seed);
+
+/* Prove that mr (which must cover [dst, dst+len) with REMOTE_WRITE) reaches the pages now
+ * backing dst: write a fresh pattern into dst through the NIC and compare. Returns 0 on
+ * success, -1 (and prints why) on failure. */
+int lb_prove_write(struct loopback *lb, struct ibv_mr *mr, void *dst, size_t len, unsigned seed);
+
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fprintf(stderr, "\n");                                                        \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+#endif
