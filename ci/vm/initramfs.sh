@@ -14,7 +14,7 @@ if [ -f "$INITRAMFS" ] && [ "$(cat "$INITRAMFS.stamp" 2>/dev/null)" = "$stamp" ]
 fi
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
-mkdir -p "$root"/{bin,proc,sys,dev,tmp,run,hostroot,etc,lib/modules/"$KVER"}
+mkdir -p "$root"/{bin,proc,sys,dev,tmp,run,hostroot,lower,scratch,etc,lib/modules/"$KVER"}
 cp "$SYSROOT/bin/busybox" "$root/bin/busybox"
 for applet in $("$root/bin/busybox" --list); do
   [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
@@ -22,7 +22,7 @@ done
 ln -s bin "$root/sbin"
 
 # Modules: what rxe, rdma_cm, the dummy netdev and 9p over virtio need, dependencies first.
-want="rdma_rxe ib_uverbs rdma_ucm crc32_generic dummy virtio_pci 9pnet_virtio 9p"
+want="rdma_rxe ib_uverbs rdma_ucm crc32_generic dummy virtio_pci 9pnet_virtio 9p overlay"
 declare -A seen
 add_module() {
   local m=$1 dep
