@@ -1,5 +1,15 @@
 //! mrcache core: everything the LD_PRELOAD library does that can be tested without
 //! LD_PRELOAD. The exported hooks live in the `preload/` crate and stay thin over this.
+//!
+//! - [`index::RangeIndex`]: which cached ranges overlap an address range.
+//! - [`cache::Cache`]: the registration cache policy over a [`cache::Registrar`].
+//! - [`access`]: which registrations may be cached and which entry may serve a request.
+//! - [`config`]: the `MRCACHE_*` environment variables.
+
+pub mod access;
+pub mod cache;
+pub mod config;
+pub mod index;
 
 /// The version shared by the launcher and `libmrcache.so`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

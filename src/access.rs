@@ -1,0 +1,133 @@
+//! `ibv_access_flags`: which registrations the cache may serve, and which cached entry may
+//! serve a request without widening what the app (or a remote peer) can do with it.
+
+pub const LOCAL_WRITE: u32 = 1;
+pub const REMOTE_WRITE: u32 = 1 << 1;
+pub const REMOTE_READ: u32 = 1 << 2;
+pub const REMOTE_ATOMIC: u32 = 1 << 3;
+pub const MW_BIND: u32 = 1 << 4;
+pub const ZERO_BASED: u32 = 1 << 5;
+pub const ON_DEMAND: u32 = 1 << 6;
+pub const HUGETLB: u32 = 1 << 7;
+pub const FLUSH_GLOBAL: u32 = 1 << 8;
+pub const FLUSH_PERSISTENT: u32 = 1 << 9;
+/// Bits 20..29: "optional" flags (RELAXED_ORDERING is bit 20). libibverbs strips them when
+/// the device does not support them, so such registrations go through its wrapper.
+pub const OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+pub const REMOTE: u32 = REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
+const CACHEABLE: u32 = LOCAL_WRITE
+    | REMOTE
+    | MW_BIND
+    | HUGETLB
+    | FLUSH_GLOBAL
+    | FLUSH_PERSISTENT
+    | OPTIONAL_RANGE;
+
+/// Why a registration is passed to libibverbs untouched instead of being cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bypass {
+    /// ON_DEMAND: the device faults pages in itself; nothing is pinned, nothing to cache.
+    OnDemand,
+    /// ZERO_BASED: the MR's addresses start at 0; the cache keys on virtual addresses.
+    ZeroBased,
+    /// Bits libibverbs does not define: let it give its own error.
+    UnknownFlags,
+    /// Zero length or a range that wraps the address space: let libibverbs give its error.
+    BadRange,
+    /// A registration made while another one is being processed on this thread.
+    Nested,
+    /// The cache is off (MRCACHE_ENABLE=0 or a configuration error).
+    Disabled,
+}
+
+impl Bypass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bypass::OnDemand => "on-demand",
+            Bypass::ZeroBased => "zero-based",
+            Bypass::UnknownFlags => "unknown-access-flags",
+            Bypass::BadRange => "bad-range",
+            Bypass::Nested => "nested",
+            Bypass::Disabled => "disabled",
+        }
+    }
+}
+
+/// Decide whether a registration request can go through the cache.
+pub fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
+    if access & ON_DEMAND != 0 {
+        return Err(Bypass::OnDemand);
+    }
+    if access & ZERO_BASED != 0 {
+        return Err(Bypass::ZeroBased);
+    }
+    if access & !CACHEABLE != 0 {
+        return Err(Bypass::UnknownFlags);
+    }
+    if len == 0 || addr.checked_add(len).is_none() {
+        return Err(Bypass::BadRange);
+    }
+    Ok(())
+}
+
+/// Whether an entry registered with `have` over `[have_start, have_end)` may serve a request
+/// for `want` over `[start, end)`.
+///
+/// A request that grants remote access gets only an entry of exactly its range and flags
+/// (unless `remote_superset`): a containing or wider entry would let a peer reach memory
+/// the app never exposed. A local-only request may use a containing entry that grants no
+/// remote access and at least its local rights; every other flag must match.
+pub fn can_serve(have: u32, have_range: (usize, usize), want: u32, range: (usize, usize), remote_superset: bool) -> bool {
+    let contains = have_range.0 <= range.0 && range.1 <= have_range.1;
+    if !contains {
+        return false;
+    }
+    if want & REMOTE != 0 {
+        if remote_superset {
+            return have & want == want && (have ^ want) & !(REMOTE | LOCAL_WRITE) == 0;
+        }
+        return have == want && have_range == range;
+    }
+    have & REMOTE == 0 && have & want == want && (have ^ want) & !LOCAL_WRITE == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_bypasses_what_the_cache_cannot_hold() {
+        assert_eq!(classify(0x1000, 4096, LOCAL_WRITE | REMOTE_WRITE), Ok(()));
+        assert_eq!(classify(0x1000, 4096, 1 << 20), Ok(()));
+        assert_eq!(classify(0x1000, 4096, ON_DEMAND), Err(Bypass::OnDemand));
+        assert_eq!(classify(0x1000, 4096, ZERO_BASED), Err(Bypass::ZeroBased));
+        assert_eq!(classify(0x1000, 4096, 1 << 12), Err(Bypass::UnknownFlags));
+        assert_eq!(classify(0x1000, 4096, 1 << 31), Err(Bypass::UnknownFlags));
+        assert_eq!(classify(0x1000, 0, LOCAL_WRITE), Err(Bypass::BadRange));
+        assert_eq!(classify(usize::MAX - 10, 4096, LOCAL_WRITE), Err(Bypass::BadRange));
+    }
+
+    #[test]
+    fn remote_requests_never_hit_wider_entries() {
+        let r = (0x1000, 0x2000);
+        let big = (0x0, 0x10000);
+        assert!(can_serve(REMOTE_WRITE, r, REMOTE_WRITE, r, false));
+        assert!(!can_serve(REMOTE_WRITE, big, REMOTE_WRITE, r, false));
+        assert!(!can_serve(REMOTE_WRITE | REMOTE_READ, r, REMOTE_WRITE, r, false));
+        assert!(can_serve(REMOTE_WRITE | REMOTE_READ, big, REMOTE_WRITE, r, true));
+        assert!(!can_serve(REMOTE_WRITE | MW_BIND, big, REMOTE_WRITE, r, true));
+    }
+
+    #[test]
+    fn local_requests_hit_containing_local_entries() {
+        let r = (0x1000, 0x2000);
+        let big = (0x0, 0x10000);
+        assert!(can_serve(LOCAL_WRITE, big, LOCAL_WRITE, r, false));
+        assert!(can_serve(LOCAL_WRITE, big, 0, r, false));
+        assert!(!can_serve(0, big, LOCAL_WRITE, r, false));
+        assert!(!can_serve(LOCAL_WRITE | REMOTE_READ, big, LOCAL_WRITE, r, false));
+        assert!(!can_serve(LOCAL_WRITE | (1 << 20), big, LOCAL_WRITE, r, false));
+        assert!(!can_serve(LOCAL_WRITE, r, LOCAL_WRITE, big, false));
+    }
+}

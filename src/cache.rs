@@ -1,0 +1,687 @@
+//! The registration cache: a small policy over `RangeIndex`, refcounted `Entry`s and an LRU
+//! of idle entries. It knows nothing of LD_PRELOAD: registration goes through a `Registrar`
+//! (the verbs provider in `libmrcache.so`, a fake in tests).
+//!
+//! Locking: one mutex guards the state, and it is never held across a `Registrar` call, so
+//! a slow registration on one thread never stalls lookups on the others.
+
+use crate::access::{self, Bypass};
+use crate::index::RangeIndex;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+const ENOMEM: i32 = 12;
+const EAGAIN: i32 = 11;
+
+/// A provider registration: the `ibv_mr *` and the path that made it (the deregistration
+/// must take the same path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mr {
+    pub ptr: usize,
+    pub via_wrapper: bool,
+}
+
+/// One registration request, as the app made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Request {
+    pub pd: usize,
+    pub context: usize,
+    pub addr: usize,
+    pub len: usize,
+    pub iova: u64,
+    pub access: u32,
+}
+
+impl Request {
+    fn end(&self) -> usize {
+        self.addr + self.len
+    }
+    fn natural_iova(&self) -> bool {
+        self.iova == self.addr as u64
+    }
+}
+
+/// What the cache needs from the verbs provider.
+pub trait Registrar: Sync {
+    /// Register exactly the requested range; `Err(errno)` on failure.
+    fn register(&self, req: &Request) -> Result<Mr, i32>;
+    /// Deregister through the path that registered; `Err(errno)` leaves the MR valid.
+    fn deregister(&self, mr: Mr) -> Result<(), i32>;
+    /// Memory for one shadow `ibv_mr` (kept and reused by the cache, never freed).
+    fn alloc_shadow(&self) -> Option<usize>;
+    /// Make `slot` a copy of `mr` whose addr/length are `[addr, addr + len)`.
+    fn fill_shadow(&self, slot: usize, mr: Mr, addr: usize, len: usize) -> bool;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    /// Give concurrent users their own `ibv_mr` copy; allows containing-range hits.
+    pub shadow: bool,
+    pub remote_superset: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The same range was cached.
+    Hit,
+    /// A cached registration of a containing range (or wider local rights) served it.
+    HitContaining,
+    /// Registered now and cached.
+    Miss,
+    /// Registered now, not cached: limits reached with nothing idle to evict, or the range
+    /// was invalidated while it was being registered.
+    Uncached,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireError {
+    /// Not for the cache: pass the call to libibverbs unchanged.
+    Bypass(Bypass),
+    /// The provider refused the registration (errno), even after evicting idle entries.
+    Failed(i32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The app's reference is gone; the registration stays cached (idle or still in use).
+    Kept,
+    /// The registration was deregistered (uncached, or invalidated while in use).
+    Deregistered,
+    /// The pointer is not one the cache handed out: pass it to libibverbs.
+    NotOurs,
+    /// The pointer was already released: the app's second `ibv_dereg_mr`.
+    DoubleRelease,
+    /// Deregistration failed with this errno; the handle stays valid.
+    Failed(i32),
+}
+
+/// Result of taking a registration back from the cache for `ibv_rereg_mr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detached {
+    /// The app's handle is the sole user: it is now uncached, the caller owns `Mr`.
+    Sole(Mr),
+    /// Other users share the provider object; it cannot be changed in place.
+    Shared,
+    NotOurs,
+}
+
+#[derive(Default)]
+pub struct Stats {
+    pub hits: AtomicU64,
+    pub hits_containing: AtomicU64,
+    pub misses: AtomicU64,
+    pub uncached: AtomicU64,
+    pub bypassed: AtomicU64,
+    pub evictions: AtomicU64,
+    pub evictions_enomem: AtomicU64,
+    pub invalidated: AtomicU64,
+    pub dereg_failures: AtomicU64,
+    pub double_releases: AtomicU64,
+    pub reg_ns: AtomicU64,
+    pub peak_entries: AtomicU64,
+    pub peak_bytes: AtomicU64,
+}
+
+/// A plain copy of `Stats` for reporting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub hits: u64,
+    pub hits_containing: u64,
+    pub misses: u64,
+    pub uncached: u64,
+    pub bypassed: u64,
+    pub evictions: u64,
+    pub evictions_enomem: u64,
+    pub invalidated: u64,
+    pub dereg_failures: u64,
+    pub double_releases: u64,
+    pub reg_ns: u64,
+    pub peak_entries: u64,
+    pub peak_bytes: u64,
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+struct Entry {
+    req: Request,
+    mr: Mr,
+    refs: u32,
+    /// Invalidated while in use: out of the index, deregistered at the last release.
+    dead: bool,
+    /// The provider's own pointer is currently held by the app.
+    primary_out: bool,
+    lru: Option<u64>,
+}
+
+enum Handle {
+    Primary { id: u32, holders: u32 },
+    Shadow { id: u32 },
+    Uncached { mr: Mr },
+}
+
+type Key = (usize, usize, usize, u32, u64);
+
+fn key(r: &Request) -> Key {
+    (r.pd, r.addr, r.len, r.access, r.iova)
+}
+
+#[derive(Default)]
+struct State {
+    entries: Vec<Option<Entry>>,
+    free_ids: Vec<u32>,
+    index: RangeIndex,
+    exact: HashMap<Key, u32>,
+    lru: BTreeMap<u64, u32>,
+    tick: u64,
+    handles: HashMap<usize, Handle>,
+    by_mr: HashMap<usize, u32>,
+    spare_shadows: HashSet<usize>,
+    count: usize,
+    bytes: u64,
+}
+
+pub struct Cache<R: Registrar> {
+    registrar: R,
+    limits: Limits,
+    state: Mutex<State>,
+    /// Invalidations begun and finished. A registration is cached only if none was in
+    /// flight when it started and none began before it was inserted: between an unmap
+    /// hook's invalidation and the unmap syscall itself, a new registration would still pin
+    /// the old pages.
+    inval_started: AtomicU64,
+    inval_finished: AtomicU64,
+    pub stats: Stats,
+}
+
+enum Claim {
+    Ready(usize),
+    NeedShadow { id: u32, mr: Mr },
+}
+
+impl<R: Registrar> Cache<R> {
+    pub fn new(registrar: R, limits: Limits) -> Cache<R> {
+        Cache {
+            registrar,
+            limits,
+            state: Mutex::new(State {
+                index: RangeIndex::new(),
+                ..State::default()
+            }),
+            inval_started: AtomicU64::new(0),
+            inval_finished: AtomicU64::new(0),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn registrar(&self) -> &R {
+        &self.registrar
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic was caught mid-update at the FFI boundary; the
+        // state is still structurally sound (every update is a few plain assignments).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serve a registration: a cached one if one fits, else a new one. Returns the pointer
+    /// to hand to the app.
+    pub fn acquire(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
+        if let Err(b) = access::classify(req.addr, req.len, req.access) {
+            self.stats.bypassed.fetch_add(1, Relaxed);
+            return Err(AcquireError::Bypass(b));
+        }
+        let mut st = self.lock();
+        if let Some(&id) = st.exact.get(&key(req)) {
+            let claim = st.claim(id, req, self.limits.shadow);
+            drop(st);
+            if let Some(h) = self.finish_claim(claim, req) {
+                self.stats.hits.fetch_add(1, Relaxed);
+                return Ok((h, Outcome::Hit));
+            }
+            st = self.lock();
+        } else if let Some(id) = st.find_containing(req, self.limits) {
+            let claim = st.claim(id, req, self.limits.shadow);
+            drop(st);
+            if let Some(h) = self.finish_claim(claim, req) {
+                self.stats.hits_containing.fetch_add(1, Relaxed);
+                return Ok((h, Outcome::HitContaining));
+            }
+            st = self.lock();
+        }
+        // Miss: make room first, register without the lock, then insert.
+        let (evicted, fits) = st.make_room(req.len as u64, self.limits);
+        drop(st);
+        let started = self.inval_started.load(SeqCst);
+        let quiet = started == self.inval_finished.load(SeqCst);
+        self.deregister_all(&evicted);
+        self.stats.evictions.fetch_add(evicted.len() as u64, Relaxed);
+
+        let t0 = Instant::now();
+        let mut result = self.registrar.register(req);
+        if let Err(e @ (ENOMEM | EAGAIN)) = result {
+            // Out of pinnable memory (RLIMIT_MEMLOCK, device limits): give back every idle
+            // registration and try once more.
+            let idle = self.lock().evict_idle(|_| true);
+            if !idle.is_empty() {
+                self.deregister_all(&idle);
+                self.stats.evictions_enomem.fetch_add(idle.len() as u64, Relaxed);
+                result = self.registrar.register(req);
+            } else {
+                result = Err(e);
+            }
+        }
+        self.stats.reg_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        let mr = result.map_err(AcquireError::Failed)?;
+
+        let mut st = self.lock();
+        let raced = !quiet || self.inval_started.load(SeqCst) != started;
+        if fits && !raced && st.fits(req.len as u64, self.limits) {
+            st.insert(*req, mr);
+            self.note_peak(&st);
+            drop(st);
+            self.stats.misses.fetch_add(1, Relaxed);
+            Ok((mr.ptr, Outcome::Miss))
+        } else {
+            st.handles.insert(mr.ptr, Handle::Uncached { mr });
+            drop(st);
+            self.stats.uncached.fetch_add(1, Relaxed);
+            Ok((mr.ptr, Outcome::Uncached))
+        }
+    }
+
+    fn finish_claim(&self, claim: Claim, req: &Request) -> Option<usize> {
+        match claim {
+            Claim::Ready(h) => Some(h),
+            Claim::NeedShadow { id, mr } => {
+                let spare = {
+                    let mut st = self.lock();
+                    let s = st.spare_shadows.iter().next().copied();
+                    if let Some(s) = s {
+                        st.spare_shadows.remove(&s);
+                    }
+                    s
+                };
+                let slot = spare.or_else(|| self.registrar.alloc_shadow());
+                let filled = slot.filter(|&s| self.registrar.fill_shadow(s, mr, req.addr, req.len));
+                let mut st = self.lock();
+                match filled {
+                    Some(s) => {
+                        st.handles.insert(s, Handle::Shadow { id });
+                        Some(s)
+                    }
+                    None => {
+                        if let Some(s) = slot {
+                            st.spare_shadows.insert(s);
+                        }
+                        // Give the reference back; the caller registers afresh instead.
+                        if let Some(mr) = st.unref(id) {
+                            drop(st);
+                            self.deregister_all(&[mr]);
+                        }
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// The app's `ibv_dereg_mr(ptr)`.
+    pub fn release(&self, ptr: usize) -> Released {
+        let mut st = self.lock();
+        let Some(handle) = st.handles.remove(&ptr) else {
+            let double = st.spare_shadows.contains(&ptr)
+                || st
+                    .by_mr
+                    .get(&ptr)
+                    .and_then(|&id| st.entry(id))
+                    .is_some_and(|e| !e.primary_out);
+            if double {
+                self.stats.double_releases.fetch_add(1, Relaxed);
+                return Released::DoubleRelease;
+            }
+            return Released::NotOurs;
+        };
+        let to_dereg = match handle {
+            Handle::Uncached { mr } => {
+                drop(st);
+                return match self.registrar.deregister(mr) {
+                    Ok(()) => Released::Deregistered,
+                    Err(e) => {
+                        self.lock().handles.insert(ptr, Handle::Uncached { mr });
+                        Released::Failed(e)
+                    }
+                };
+            }
+            Handle::Primary { id, holders } => {
+                if holders > 1 {
+                    st.handles.insert(ptr, Handle::Primary { id, holders: holders - 1 });
+                } else if let Some(e) = st.entry_mut(id) {
+                    e.primary_out = false;
+                }
+                st.unref(id)
+            }
+            Handle::Shadow { id } => {
+                st.spare_shadows.insert(ptr);
+                st.unref(id)
+            }
+        };
+        drop(st);
+        match to_dereg {
+            None => Released::Kept,
+            Some(mr) => match self.registrar.deregister(mr) {
+                Ok(()) => Released::Deregistered,
+                Err(_) => {
+                    // The app released it; nothing can hand it out again. Count the leak.
+                    self.stats.dereg_failures.fetch_add(1, Relaxed);
+                    Released::Deregistered
+                }
+            },
+        }
+    }
+
+    /// Memory in `[start, end)` is going away: no entry overlapping it may be hit again.
+    /// Idle entries are deregistered now, entries in use at their last release.
+    pub fn invalidate(&self, start: usize, end: usize) -> usize {
+        let n = self.invalidate_begin(start, end);
+        self.invalidate_end();
+        n
+    }
+
+    /// First half of an invalidation, before the memory changes (the unmap syscall).
+    pub fn invalidate_begin(&self, start: usize, end: usize) -> usize {
+        self.inval_started.fetch_add(1, SeqCst);
+        let mut st = self.lock();
+        let mut ids = Vec::new();
+        st.index.for_each_overlap(start, end, |id, _, _| ids.push(id));
+        let mut to_dereg = Vec::new();
+        for &id in &ids {
+            st.unindex(id);
+            let idle = st.entry(id).is_some_and(|e| e.refs == 0);
+            if idle {
+                to_dereg.extend(st.remove(id));
+            }
+        }
+        drop(st);
+        self.stats.invalidated.fetch_add(ids.len() as u64, Relaxed);
+        self.deregister_all(&to_dereg);
+        ids.len()
+    }
+
+    /// Second half of an invalidation, after the memory changed.
+    pub fn invalidate_end(&self) {
+        self.inval_finished.fetch_add(1, SeqCst);
+    }
+
+    /// Deregister every idle entry of this PD (before `ibv_dealloc_pd`, which would fail
+    /// with EBUSY while any MR of the PD exists).
+    pub fn flush_pd(&self, pd: usize) -> usize {
+        self.flush(|e| e.req.pd == pd)
+    }
+
+    /// Deregister every idle entry of this device context (before `ibv_close_device`).
+    pub fn flush_context(&self, context: usize) -> usize {
+        self.flush(|e| e.req.context == context)
+    }
+
+    /// Deregister every idle entry.
+    pub fn flush_all(&self) -> usize {
+        self.flush(|_| true)
+    }
+
+    fn flush(&self, pred: impl Fn(&Entry) -> bool) -> usize {
+        let idle = self.lock().evict_idle(pred);
+        self.deregister_all(&idle);
+        idle.len()
+    }
+
+    /// Take the registration behind `ptr` out of the cache so that `ibv_rereg_mr` can change
+    /// it in place.
+    pub fn detach(&self, ptr: usize) -> Detached {
+        let mut st = self.lock();
+        match st.handles.get(&ptr) {
+            None => Detached::NotOurs,
+            Some(Handle::Uncached { mr }) => {
+                let mr = *mr;
+                st.handles.remove(&ptr);
+                Detached::Sole(mr)
+            }
+            Some(Handle::Shadow { .. }) => Detached::Shared,
+            Some(&Handle::Primary { id, holders }) => {
+                let sole = holders == 1 && st.entry(id).is_some_and(|e| e.refs == 1);
+                if !sole {
+                    return Detached::Shared;
+                }
+                st.handles.remove(&ptr);
+                st.unindex(id);
+                match st.remove(id) {
+                    Some(mr) => Detached::Sole(mr),
+                    None => Detached::NotOurs,
+                }
+            }
+        }
+    }
+
+    /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
+    /// path that made it.
+    pub fn adopt_uncached(&self, mr: Mr) {
+        self.lock().handles.insert(mr.ptr, Handle::Uncached { mr });
+    }
+
+    /// Whether `ptr` is a handle the app currently holds from the cache.
+    pub fn is_handle(&self, ptr: usize) -> bool {
+        self.lock().handles.contains_key(&ptr)
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let s = &self.stats;
+        let (entries, bytes) = {
+            let st = self.lock();
+            (st.count as u64, st.bytes)
+        };
+        StatsSnapshot {
+            hits: s.hits.load(Relaxed),
+            hits_containing: s.hits_containing.load(Relaxed),
+            misses: s.misses.load(Relaxed),
+            uncached: s.uncached.load(Relaxed),
+            bypassed: s.bypassed.load(Relaxed),
+            evictions: s.evictions.load(Relaxed),
+            evictions_enomem: s.evictions_enomem.load(Relaxed),
+            invalidated: s.invalidated.load(Relaxed),
+            dereg_failures: s.dereg_failures.load(Relaxed),
+            double_releases: s.double_releases.load(Relaxed),
+            reg_ns: s.reg_ns.load(Relaxed),
+            peak_entries: s.peak_entries.load(Relaxed),
+            peak_bytes: s.peak_bytes.load(Relaxed),
+            entries,
+            bytes,
+        }
+    }
+
+    fn note_peak(&self, st: &State) {
+        self.stats.peak_entries.fetch_max(st.count as u64, Relaxed);
+        self.stats.peak_bytes.fetch_max(st.bytes, Relaxed);
+    }
+
+    fn deregister_all(&self, mrs: &[Mr]) {
+        for &mr in mrs {
+            if self.registrar.deregister(mr).is_err() {
+                self.stats.dereg_failures.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+impl State {
+    fn entry(&self, id: u32) -> Option<&Entry> {
+        self.entries.get(id as usize).and_then(Option::as_ref)
+    }
+
+    fn entry_mut(&mut self, id: u32) -> Option<&mut Entry> {
+        self.entries.get_mut(id as usize).and_then(Option::as_mut)
+    }
+
+    fn find_containing(&self, req: &Request, limits: Limits) -> Option<u32> {
+        let mut best: Option<(usize, u32)> = None;
+        self.index.for_each_overlap(req.addr, req.end(), |id, s, e| {
+            let Some(ent) = self.entry(id) else { return };
+            let same_range = (s, e) == (req.addr, req.end());
+            let usable = ent.req.pd == req.pd
+                && ent.req.natural_iova()
+                && req.natural_iova()
+                && (same_range || limits.shadow)
+                && access::can_serve(ent.req.access, (s, e), req.access, (req.addr, req.end()), limits.remote_superset);
+            if usable && best.is_none_or(|(len, _)| e - s < len) {
+                best = Some((e - s, id));
+            }
+        });
+        best.map(|(_, id)| id)
+    }
+
+    /// Take a reference on entry `id` for `req` and decide which pointer the app gets.
+    fn claim(&mut self, id: u32, req: &Request, shadow: bool) -> Claim {
+        let tick = {
+            let e = self.entry_mut(id).expect("indexed entry exists");
+            e.refs += 1;
+            e.lru.take()
+        };
+        if let Some(t) = tick {
+            self.lru.remove(&t);
+        }
+        let e = self.entry_mut(id).expect("indexed entry exists");
+        let same_range = (e.req.addr, e.req.len) == (req.addr, req.len);
+        let mr = e.mr;
+        if same_range && !e.primary_out {
+            e.primary_out = true;
+            self.handles.insert(mr.ptr, Handle::Primary { id, holders: 1 });
+            Claim::Ready(mr.ptr)
+        } else if shadow {
+            Claim::NeedShadow { id, mr }
+        } else {
+            // Shadows off: concurrent users share the provider's pointer.
+            if let Some(Handle::Primary { holders, .. }) = self.handles.get_mut(&mr.ptr) {
+                *holders += 1;
+            }
+            Claim::Ready(mr.ptr)
+        }
+    }
+
+    /// Drop one reference; returns the MR to deregister when the entry is gone.
+    fn unref(&mut self, id: u32) -> Option<Mr> {
+        self.tick += 1;
+        let tick = self.tick;
+        let e = self.entry_mut(id)?;
+        e.refs -= 1;
+        if e.refs > 0 {
+            return None;
+        }
+        if e.dead {
+            return self.remove(id);
+        }
+        e.lru = Some(tick);
+        self.lru.insert(tick, id);
+        None
+    }
+
+    fn fits(&self, len: u64, limits: Limits) -> bool {
+        self.count < limits.max_entries && self.bytes.saturating_add(len) <= limits.max_bytes
+    }
+
+    /// Evict idle entries, least recently used first, until one more entry of `len` bytes
+    /// fits. Returns the evicted MRs and whether it now fits.
+    fn make_room(&mut self, len: u64, limits: Limits) -> (Vec<Mr>, bool) {
+        let mut evicted = Vec::new();
+        if len > limits.max_bytes {
+            return (evicted, false);
+        }
+        while !self.fits(len, limits) {
+            let Some((_, id)) = self.lru.pop_first() else {
+                return (evicted, false);
+            };
+            if let Some(e) = self.entry_mut(id) {
+                e.lru = None;
+            }
+            self.unindex(id);
+            evicted.extend(self.remove(id));
+        }
+        (evicted, true)
+    }
+
+    fn evict_idle(&mut self, pred: impl Fn(&Entry) -> bool) -> Vec<Mr> {
+        let ids: Vec<u32> = self
+            .lru
+            .values()
+            .copied()
+            .filter(|&id| self.entry(id).is_some_and(&pred))
+            .collect();
+        ids.iter()
+            .filter_map(|&id| {
+                self.unindex(id);
+                self.remove(id)
+            })
+            .collect()
+    }
+
+    fn insert(&mut self, req: Request, mr: Mr) {
+        let e = Entry {
+            req,
+            mr,
+            refs: 1,
+            dead: false,
+            primary_out: true,
+            lru: None,
+        };
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.entries[id as usize] = Some(e);
+                id
+            }
+            None => {
+                self.entries.push(Some(e));
+                (self.entries.len() - 1) as u32
+            }
+        };
+        self.index.insert(req.addr, req.end(), id);
+        self.exact.insert(key(&req), id);
+        self.by_mr.insert(mr.ptr, id);
+        self.handles.insert(mr.ptr, Handle::Primary { id, holders: 1 });
+        self.count += 1;
+        self.bytes += req.len as u64;
+    }
+
+    /// Take the entry out of the lookup structures (it can no longer be hit).
+    fn unindex(&mut self, id: u32) {
+        let Some(e) = self.entry(id) else { return };
+        let (req, dead) = (e.req, e.dead);
+        if !dead {
+            self.index.remove(req.addr, req.end(), id);
+        }
+        if self.exact.get(&key(&req)) == Some(&id) {
+            self.exact.remove(&key(&req));
+        }
+        if let Some(e) = self.entry_mut(id) {
+            e.dead = true;
+        }
+    }
+
+    /// Forget the entry entirely; returns its MR for deregistration.
+    fn remove(&mut self, id: u32) -> Option<Mr> {
+        self.unindex(id);
+        let e = self.entries.get_mut(id as usize)?.take()?;
+        if let Some(t) = e.lru {
+            self.lru.remove(&t);
+        }
+        self.by_mr.remove(&e.mr.ptr);
+        self.free_ids.push(id);
+        self.count -= 1;
+        self.bytes -= e.req.len as u64;
+        Some(e.mr)
+    }
+}

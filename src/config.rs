@@ -1,0 +1,295 @@
+//! `MRCACHE_*` environment variables: one table, one parser. A bad value yields one line
+//! naming the variable, the value and what is allowed; the caller then runs with the cache
+//! off, so nothing is silently misconfigured.
+
+use std::fmt;
+
+/// Every variable the library reads. docs/configuration.md is checked against this table.
+pub const VARIABLES: &[Variable] = &[
+    Variable {
+        name: "MRCACHE_ENABLE",
+        default: "1",
+        allowed: "1, 0 (also on/off, true/false, yes/no)",
+        about: "0 turns the cache off: every call goes straight to libibverbs",
+    },
+    Variable {
+        name: "MRCACHE_MAX_ENTRIES",
+        default: "16384",
+        allowed: "a positive integer, or unlimited",
+        about: "most registrations kept; idle ones beyond it are evicted, least recently used first",
+    },
+    Variable {
+        name: "MRCACHE_MAX_BYTES",
+        default: "auto (a quarter of physical memory)",
+        allowed: "a size in bytes with optional K, M, G, T suffix (powers of 1024, e.g. 512M, 4G), auto, or unlimited",
+        about: "most bytes kept registered (pinned); idle entries beyond it are evicted",
+    },
+    Variable {
+        name: "MRCACHE_SHADOW",
+        default: "1",
+        allowed: "1 or 0",
+        about: "hand each concurrent user of one cached registration its own ibv_mr copy with its own addr/length; 0 shares the provider's object and disables containing-range hits",
+    },
+    Variable {
+        name: "MRCACHE_REMOTE_SUPERSET",
+        default: "0",
+        allowed: "1 or 0",
+        about: "1 lets a request with remote access hit a cached registration of a containing range or with more remote rights (widens what a peer can reach: opt in knowingly)",
+    },
+    Variable {
+        name: "MRCACHE_STATS",
+        default: "0",
+        allowed: "1 or 0",
+        about: "1 prints a summary line of the cache's counters on stderr at exit",
+    },
+];
+
+pub struct Variable {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub allowed: &'static str,
+    pub about: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub enabled: bool,
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    pub shadow: bool,
+    pub remote_superset: bool,
+    pub stats: bool,
+}
+
+impl Config {
+    /// The defaults for a machine with `physical_memory` bytes.
+    pub fn defaults(physical_memory: u64) -> Config {
+        Config {
+            enabled: true,
+            max_entries: 16384,
+            max_bytes: auto_max_bytes(physical_memory),
+            shadow: true,
+            remote_superset: false,
+            stats: false,
+        }
+    }
+}
+
+fn auto_max_bytes(physical_memory: u64) -> u64 {
+    if physical_memory == 0 {
+        u64::MAX
+    } else {
+        physical_memory / 4
+    }
+}
+
+/// A problem with one variable.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Problem {
+    /// A bad value: the cache must stay off.
+    Invalid {
+        name: String,
+        value: String,
+        allowed: &'static str,
+    },
+    /// An `MRCACHE_*` name this version does not know (a typo?): reported, not fatal.
+    Unknown { name: String },
+}
+
+impl Problem {
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Problem::Invalid { .. })
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Invalid { name, value, allowed } => write!(
+                f,
+                "mrcache: {name}={value:?} is not valid (allowed: {allowed}); the cache is off for this process"
+            ),
+            Problem::Unknown { name } => write!(
+                f,
+                "mrcache: unknown variable {name} ignored (known: {})",
+                VARIABLES.iter().map(|v| v.name).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+}
+
+/// Parse the `MRCACHE_*` variables among `vars`. With any fatal problem the returned config
+/// has `enabled = false`.
+pub fn parse<I, K, V>(vars: I, physical_memory: u64) -> (Config, Vec<Problem>)
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: AsRef<str>,
+{
+    let mut cfg = Config::defaults(physical_memory);
+    let mut problems = Vec::new();
+    for (k, v) in vars {
+        let (name, value) = (k.as_ref(), v.as_ref().trim());
+        if !name.starts_with("MRCACHE_") {
+            continue;
+        }
+        let Some(var) = VARIABLES.iter().find(|var| var.name == name) else {
+            // Variables the launcher, tests and later versions use are not ours to judge.
+            if !OTHER_KNOWN.contains(&name) {
+                problems.push(Problem::Unknown { name: name.to_string() });
+            }
+            continue;
+        };
+        let ok = match name {
+            "MRCACHE_ENABLE" => parse_bool(value).map(|b| cfg.enabled = b),
+            "MRCACHE_MAX_ENTRIES" => parse_count(value).map(|n| cfg.max_entries = n),
+            "MRCACHE_MAX_BYTES" => parse_bytes(value, physical_memory).map(|n| cfg.max_bytes = n),
+            "MRCACHE_SHADOW" => parse_bool(value).map(|b| cfg.shadow = b),
+            "MRCACHE_REMOTE_SUPERSET" => parse_bool(value).map(|b| cfg.remote_superset = b),
+            "MRCACHE_STATS" => parse_bool(value).map(|b| cfg.stats = b),
+            _ => None,
+        };
+        if ok.is_none() {
+            problems.push(Problem::Invalid {
+                name: name.to_string(),
+                value: value.to_string(),
+                allowed: var.allowed,
+            });
+        }
+    }
+    if problems.iter().any(Problem::is_fatal) {
+        cfg.enabled = false;
+    }
+    (cfg, problems)
+}
+
+/// Names in the MRCACHE_ namespace that are read elsewhere (launcher, test rig).
+const OTHER_KNOWN: &[&str] = &["MRCACHE_LIB", "MRCACHE_PRELOAD", "MRCACHE_VM", "MRCACHE_VM_CACHE", "MRCACHE_VM_INJECT", "MRCACHE_SKIP_VM", "MRCACHE_TEST_DEVICE"];
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "on" | "true" | "yes" => Some(true),
+        "0" | "off" | "false" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_count(v: &str) -> Option<usize> {
+    if v.eq_ignore_ascii_case("unlimited") {
+        return Some(usize::MAX);
+    }
+    v.parse::<usize>().ok().filter(|&n| n > 0)
+}
+
+/// `4G`, `512M`, `64k`, `1048576`, `1.5G` (binary multiples), `auto`, `unlimited`.
+pub fn parse_bytes(v: &str, physical_memory: u64) -> Option<u64> {
+    match v.to_ascii_lowercase().as_str() {
+        "unlimited" => return Some(u64::MAX),
+        "auto" => return Some(auto_max_bytes(physical_memory)),
+        _ => {}
+    }
+    let v = v.strip_suffix(['b', 'B']).unwrap_or(v);
+    let v = v.strip_suffix(['i']).unwrap_or(v);
+    let (num, mult) = match v.char_indices().last()? {
+        (i, 'k' | 'K') => (&v[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&v[..i], 1 << 20),
+        (i, 'g' | 'G') => (&v[..i], 1 << 30),
+        (i, 't' | 'T') => (&v[..i], 1 << 40),
+        _ => (v, 1),
+    };
+    if num.is_empty() || !num.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return None;
+    }
+    let bytes = if num.contains('.') {
+        let f: f64 = num.parse().ok()?;
+        let b = f * mult as f64;
+        (b.is_finite() && b >= 1.0 && b < u64::MAX as f64).then_some(b as u64)?
+    } else {
+        num.parse::<u64>().ok()?.checked_mul(mult)?
+    };
+    (bytes > 0).then_some(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn defaults_without_variables() {
+        let (cfg, problems) = parse(Vec::<(String, String)>::new(), 16 * GIB);
+        assert!(problems.is_empty());
+        assert_eq!(cfg, Config::defaults(16 * GIB));
+        assert_eq!(cfg.max_bytes, 4 * GIB);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("4G", 0), Some(4 * GIB));
+        assert_eq!(parse_bytes("512M", 0), Some(512 << 20));
+        assert_eq!(parse_bytes("512MiB", 0), Some(512 << 20));
+        assert_eq!(parse_bytes("64k", 0), Some(64 << 10));
+        assert_eq!(parse_bytes("1.5G", 0), Some(3 * GIB / 2));
+        assert_eq!(parse_bytes("1048576", 0), Some(1 << 20));
+        assert_eq!(parse_bytes("unlimited", 0), Some(u64::MAX));
+        assert_eq!(parse_bytes("auto", 8 * GIB), Some(2 * GIB));
+        for bad in ["", "G", "-1G", "4X", "0", "1e9", "4 G", "99999999999999999999"] {
+            assert_eq!(parse_bytes(bad, 0), None, "{bad:?} must be rejected");
+        }
+    }
+
+    #[test]
+    fn every_bad_value_turns_the_cache_off_with_one_line() {
+        let cases = [
+            ("MRCACHE_ENABLE", "maybe"),
+            ("MRCACHE_MAX_ENTRIES", "0"),
+            ("MRCACHE_MAX_ENTRIES", "-3"),
+            ("MRCACHE_MAX_ENTRIES", "lots"),
+            ("MRCACHE_MAX_BYTES", "4X"),
+            ("MRCACHE_SHADOW", "2"),
+            ("MRCACHE_REMOTE_SUPERSET", "yes please"),
+        ];
+        for (name, value) in cases {
+            let (cfg, problems) = parse([(name, value)], 8 * GIB);
+            assert!(!cfg.enabled, "{name}={value} must turn the cache off");
+            assert_eq!(problems.len(), 1);
+            let line = problems[0].to_string();
+            assert!(!line.contains('\n'));
+            assert!(line.contains(name) && line.contains(value) && line.contains("allowed"), "{line}");
+        }
+    }
+
+    #[test]
+    fn good_values_apply() {
+        let (cfg, problems) = parse(
+            [
+                ("MRCACHE_MAX_ENTRIES", "8"),
+                ("MRCACHE_MAX_BYTES", "512M"),
+                ("MRCACHE_SHADOW", "off"),
+                ("MRCACHE_REMOTE_SUPERSET", "1"),
+                ("PATH", "/bin"),
+            ],
+            8 * GIB,
+        );
+        assert!(problems.is_empty());
+        assert!(cfg.enabled && !cfg.shadow && cfg.remote_superset);
+        assert_eq!((cfg.max_entries, cfg.max_bytes), (8, 512 << 20));
+    }
+
+    #[test]
+    fn unknown_names_warn_but_keep_the_cache_on() {
+        let (cfg, problems) = parse([("MRCACHE_MAX_ENTRIS", "8")], 8 * GIB);
+        assert!(cfg.enabled);
+        assert_eq!(problems, vec![Problem::Unknown { name: "MRCACHE_MAX_ENTRIS".into() }]);
+    }
+
+    #[test]
+    fn configuration_reference_lists_every_variable() {
+        let doc = include_str!("../docs/configuration.md");
+        for v in VARIABLES {
+            assert!(doc.contains(&format!("`{}`", v.name)), "docs/configuration.md lacks {}", v.name);
+            assert!(doc.contains(v.default), "docs/configuration.md lacks the default of {}", v.name);
+        }
+    }
+}
