@@ -144,6 +144,7 @@ pub struct StatsSnapshot {
     pub peak_bytes: u64,
     pub entries: u64,
     pub bytes: u64,
+    pub idle: u64,
 }
 
 struct Entry {
@@ -482,9 +483,9 @@ impl<R: Registrar> Cache<R> {
 
     pub fn snapshot(&self) -> StatsSnapshot {
         let s = &self.stats;
-        let (entries, bytes) = {
+        let (entries, bytes, idle) = {
             let st = self.lock();
-            (st.count as u64, st.bytes)
+            (st.count as u64, st.bytes, st.lru.len() as u64)
         };
         StatsSnapshot {
             hits: s.hits.load(Relaxed),
@@ -502,6 +503,7 @@ impl<R: Registrar> Cache<R> {
             peak_bytes: s.peak_bytes.load(Relaxed),
             entries,
             bytes,
+            idle,
         }
     }
 
