@@ -1,4 +1,19 @@
 //! `libmrcache.so`: the thin unsafe shell that is loaded with `LD_PRELOAD`.
+//!
+//! Each exported hook is one line into `runtime`, where the logic lives; `real` finds the
+//! libibverbs functions underneath, `provider` registers through the verbs provider, and
+//! `ffi` is our view of the verbs structs. The hooks are exported under libibverbs' own
+//! symbol versions (`libmrcache.map`), defined here with `global_asm!` so that rustc's
+//! version script (which exports everything unversioned) does not claim them.
+
+mod ffi;
+mod provider;
+mod real;
+mod runtime;
+
+use ffi::{IbvContext, IbvMr, IbvPd};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::AtomicBool;
 
 /// Exported so that tools (and tests) can tell the library is loaded: `dlsym(RTLD_DEFAULT,
 /// "mrcache_version")` returns a NUL-terminated version string.
@@ -13,3 +28,75 @@ pub static mrcache_version: [u8; mrcache::VERSION.len() + 1] = {
     }
     out
 };
+
+/// The app turned on libibverbs' fork tracking with `ibv_fork_init()`.
+pub(crate) static FORK_INIT_CALLED: AtomicBool = AtomicBool::new(false);
+
+/// Export `$name` (a C symbol) as an alias of the Rust function `$f`.
+macro_rules! export {
+    ($name:literal = $f:path) => {
+        std::arch::global_asm!(
+            concat!(".globl ", $name),
+            concat!(".type ", $name, ", @function"),
+            concat!(".set ", $name, ", {f}"),
+            f = sym $f,
+        );
+    };
+}
+
+export!("ibv_reg_mr" = reg_mr);
+export!("ibv_reg_mr_iova" = reg_mr_iova);
+export!("ibv_reg_mr_iova2" = reg_mr_iova2);
+export!("ibv_dereg_mr" = dereg_mr);
+export!("ibv_rereg_mr" = rereg_mr);
+export!("ibv_reg_dmabuf_mr" = reg_dmabuf_mr);
+export!("ibv_dealloc_pd" = dealloc_pd);
+export!("ibv_close_device" = close_device);
+export!("ibv_fork_init" = fork_init);
+
+extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_int) -> *mut IbvMr {
+    runtime::register(pd, addr, len, addr as u64, access as u32)
+}
+
+extern "C" fn reg_mr_iova(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> *mut IbvMr {
+    runtime::register(pd, addr, len, iova, access as u32)
+}
+
+extern "C" fn reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: c_uint) -> *mut IbvMr {
+    runtime::register(pd, addr, len, iova, access)
+}
+
+extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
+    runtime::dereg_mr(mr)
+}
+
+extern "C" fn rereg_mr(mr: *mut IbvMr, flags: c_int, pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_int) -> c_int {
+    runtime::rereg_mr(mr, flags, pd, addr, len, access)
+}
+
+extern "C" fn reg_dmabuf_mr(pd: *mut IbvPd, offset: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> *mut IbvMr {
+    // dma-buf memory is not process memory: nothing to cache or invalidate.
+    real::reg_dmabuf_mr(pd, offset, len, iova, fd, access)
+}
+
+extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
+    runtime::dealloc_pd(pd)
+}
+
+extern "C" fn close_device(ctx: *mut IbvContext) -> c_int {
+    runtime::close_device(ctx)
+}
+
+extern "C" fn fork_init() -> c_int {
+    runtime::fork_init()
+}
+
+/// Constructor: resolve the real verbs functions if libibverbs is already loaded. It never
+/// loads libibverbs, reads no configuration and prints nothing.
+extern "C" fn init() {
+    real::resolve_loaded();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;

@@ -1,0 +1,246 @@
+//! The process-wide state behind the hooks and what each hook does. Created at the first
+//! verbs call, never in the constructor, so a process that never touches verbs reads no
+//! configuration, prints nothing and starts nothing.
+
+use crate::ffi::{self, IbvContext, IbvMr, IbvPd};
+use crate::provider::Provider;
+use crate::real;
+use mrcache::cache::{AcquireError, Cache, Detached, Limits, Released, Request};
+use mrcache::config;
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+
+pub struct Runtime {
+    pub cache: Option<Cache<Provider>>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+fn runtime() -> &'static Runtime {
+    RUNTIME.get_or_init(|| {
+        let phys = physical_memory();
+        let vars = std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
+        let (config, problems) = config::parse(vars, phys);
+        for p in &problems {
+            eprintln!("{p}");
+        }
+        if config.stats {
+            // SAFETY: registering a plain extern "C" fn with atexit.
+            unsafe { libc::atexit(print_stats) };
+        }
+        let cache = config.enabled.then(|| {
+            Cache::new(
+                Provider,
+                Limits {
+                    max_entries: config.max_entries,
+                    max_bytes: config.max_bytes,
+                    shadow: config.shadow,
+                    remote_superset: config.remote_superset,
+                },
+            )
+        });
+        Runtime { cache }
+    })
+}
+
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages > 0 && size > 0 { pages as u64 * size as u64 } else { 0 }
+}
+
+thread_local! {
+    /// Depth of verbs hooks on this thread: a registration the provider makes while we are
+    /// inside one of ours is passed through, never processed twice.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+struct Guard;
+
+impl Guard {
+    fn enter() -> Option<Guard> {
+        DEPTH
+            .try_with(|d| {
+                if d.get() > 0 {
+                    None
+                } else {
+                    d.set(1);
+                    Some(Guard)
+                }
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = DEPTH.try_with(|d| d.set(0));
+    }
+}
+
+/// Run `f`; a panic (a bug) falls back to `fallback` instead of unwinding into C.
+fn shielded<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| fallback())
+}
+
+/// Every registration entry point lands here.
+pub fn register(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: u32) -> *mut IbvMr {
+    let passthrough = || real::reg_mr_iova2(pd, addr, len, iova, access);
+    let Some(_guard) = Guard::enter() else { return passthrough() };
+    shielded(
+        || {
+            let Some(cache) = runtime().cache.as_ref() else { return passthrough() };
+            if pd.is_null() {
+                return passthrough(); // libibverbs' own behaviour for a NULL pd
+            }
+            // SAFETY: pd is the app's non-null PD.
+            let context = unsafe { (*pd).context } as usize;
+            let req = Request { pd: pd as usize, context, addr: addr as usize, len, iova, access };
+            match cache.acquire(&req) {
+                Ok((handle, _)) => handle as *mut IbvMr,
+                Err(AcquireError::Bypass(_)) => passthrough(),
+                Err(AcquireError::Failed(e)) => {
+                    real::set_errno(e);
+                    std::ptr::null_mut()
+                }
+            }
+        },
+        passthrough,
+    )
+}
+
+pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
+    if mr.is_null() {
+        return libc::EINVAL;
+    }
+    let passthrough = || real::dereg_mr(mr);
+    let Some(_guard) = Guard::enter() else { return passthrough() };
+    shielded(
+        || {
+            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else { return passthrough() };
+            match cache.release(mr as usize) {
+                Released::Kept | Released::Deregistered => 0,
+                Released::NotOurs => passthrough(),
+                Released::DoubleRelease => {
+                    eprintln!(
+                        "mrcache: ibv_dereg_mr({mr:p}): this registration was already deregistered (a second ibv_dereg_mr of the same MR); returning EINVAL"
+                    );
+                    libc::EINVAL
+                }
+                Released::Failed(e) => e,
+            }
+        },
+        passthrough,
+    )
+}
+
+pub fn rereg_mr(mr: *mut IbvMr, flags: i32, pd: *mut IbvPd, addr: *mut c_void, len: usize, access: i32) -> i32 {
+    let passthrough = || real::rereg_mr(mr, flags, pd, addr, len, access);
+    if mr.is_null() {
+        return passthrough();
+    }
+    let Some(_guard) = Guard::enter() else { return passthrough() };
+    shielded(
+        || {
+            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else { return passthrough() };
+            match cache.detach(mr as usize) {
+                Detached::NotOurs => passthrough(),
+                Detached::Shared => {
+                    eprintln!(
+                        "mrcache: ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_SHADOW=0/MRCACHE_ENABLE=0"
+                    );
+                    ffi::IBV_REREG_MR_ERR_INPUT
+                }
+                Detached::Sole(m) => {
+                    // Now the app's own, uncached registration; its dereg takes m's path.
+                    let rc = if m.via_wrapper { passthrough() } else { provider_rereg(mr, flags, pd, addr, len, access) };
+                    cache.adopt_uncached(m);
+                    rc
+                }
+            }
+        },
+        passthrough,
+    )
+}
+
+/// `ibv_rereg_mr` for an MR made through the provider op: libibverbs' checks, then the
+/// provider's rereg op, without the fork bookkeeping (the MR never had any).
+fn provider_rereg(mr: *mut IbvMr, flags: i32, pd: *mut IbvPd, addr: *mut c_void, len: usize, access: i32) -> i32 {
+    if flags == 0 || flags & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+        return ffi::IBV_REREG_MR_ERR_INPUT;
+    }
+    if flags & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 && (addr.is_null() || len == 0) {
+        return ffi::IBV_REREG_MR_ERR_INPUT;
+    }
+    if access != 0 && flags & ffi::IBV_REREG_MR_CHANGE_ACCESS == 0 {
+        return ffi::IBV_REREG_MR_ERR_INPUT;
+    }
+    // SAFETY: mr is a live provider-registered MR; the op has the provider rereg prototype.
+    unsafe {
+        let op = (*(*mr).context).ops._compat_rereg_mr;
+        if op.is_null() {
+            return ffi::IBV_REREG_MR_ERR_INPUT;
+        }
+        let f: ffi::ProviderReregMr = std::mem::transmute(op);
+        if f(mr, flags, pd, addr, len, access) != 0 {
+            return ffi::IBV_REREG_MR_ERR_CMD;
+        }
+        if flags & ffi::IBV_REREG_MR_CHANGE_PD != 0 {
+            (*mr).pd = pd;
+        }
+        if flags & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+            (*mr).addr = addr;
+            (*mr).length = len;
+        }
+    }
+    0
+}
+
+pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
+    if let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) {
+        shielded(|| cache.flush_pd(pd as usize), || 0);
+    }
+    real::dealloc_pd(pd)
+}
+
+pub fn close_device(ctx: *mut IbvContext) -> i32 {
+    if let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) {
+        shielded(|| cache.flush_context(ctx as usize), || 0);
+    }
+    real::close_device(ctx)
+}
+
+pub fn fork_init() -> i32 {
+    crate::FORK_INIT_CALLED.store(true, std::sync::atomic::Ordering::Relaxed);
+    real::fork_init()
+}
+
+extern "C" fn print_stats() {
+    let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else { return };
+    let s = cache.snapshot();
+    let misses = s.misses + s.uncached;
+    let per_reg = if misses > 0 { s.reg_ns / misses } else { 0 };
+    let hits = s.hits + s.hits_containing;
+    eprintln!(
+        "mrcache: pid {}: {} hits ({} containing), {} misses, {} uncached, {} bypassed, {} evictions ({} for ENOMEM), {} invalidated, {} double deregs; {} entries / {} KiB cached now, peak {} / {} KiB; registration time {:.3} ms spent, ~{:.3} ms saved",
+        std::process::id(),
+        hits,
+        s.hits_containing,
+        s.misses,
+        s.uncached,
+        s.bypassed,
+        s.evictions + s.evictions_enomem,
+        s.evictions_enomem,
+        s.invalidated,
+        s.double_releases,
+        s.entries,
+        s.bytes / 1024,
+        s.peak_entries,
+        s.peak_bytes / 1024,
+        s.reg_ns as f64 / 1e6,
+        (hits * per_reg) as f64 / 1e6,
+    );
+}
