@@ -1,5 +1,6 @@
 #include "loopback.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -40,6 +41,10 @@ static int to_rtr_rts(struct ibv_qp *qp, uint32_t dest_qpn, const union ibv_gid 
                                      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+static int connect_pair(struct loopback *lb, const union ibv_gid *gid, enum ibv_mtu mtu);
+
+int mrcache_loaded(void) { return dlsym(RTLD_DEFAULT, "mrcache_version") != NULL; }
+
 int lb_open(struct loopback *lb, const char *device) {
     memset(lb, 0, sizeof *lb);
     if (!device)
@@ -67,9 +72,30 @@ int lb_open(struct loopback *lb, const char *device) {
         return EIO;
     }
     lb->pd = ibv_alloc_pd(lb->ctx);
-    lb->cq = lb->pd ? ibv_create_cq(lb->ctx, 64, NULL, NULL, 0) : NULL;
+    if (!lb->pd) {
+        fprintf(stderr, "lb_open: cannot allocate a PD\n");
+        return ENOMEM;
+    }
+    return connect_pair(lb, &gid, port.active_mtu);
+}
+
+int lb_open_shared(struct loopback *lb, const struct loopback *parent) {
+    memset(lb, 0, sizeof *lb);
+    lb->ctx = parent->ctx;
+    lb->pd = parent->pd;
+    lb->shared = 1;
+    struct ibv_port_attr port;
+    union ibv_gid gid;
+    if (ibv_query_port(lb->ctx, 1, &port) || ibv_query_gid(lb->ctx, 1, GID_INDEX, &gid))
+        return EIO;
+    return connect_pair(lb, &gid, port.active_mtu);
+}
+
+static int connect_pair(struct loopback *lb, const union ibv_gid *gidp, enum ibv_mtu mtu) {
+    union ibv_gid gid = *gidp;
+    lb->cq = ibv_create_cq(lb->ctx, 64, NULL, NULL, 0);
     if (!lb->cq) {
-        fprintf(stderr, "lb_open: cannot allocate PD/CQ\n");
+        fprintf(stderr, "lb_open: cannot create a CQ\n");
         return ENOMEM;
     }
     for (int i = 0; i < 2; i++) {
@@ -83,7 +109,7 @@ int lb_open(struct loopback *lb, const char *device) {
         }
     }
     for (int i = 0; i < 2; i++)
-        if (to_rtr_rts(lb->qp[i], lb->qp[1 - i]->qp_num, &gid, port.active_mtu)) {
+        if (to_rtr_rts(lb->qp[i], lb->qp[1 - i]->qp_num, &gid, mtu)) {
             fprintf(stderr, "lb_open: cannot connect QP %d: %s\n", i, strerror(errno));
             return EIO;
         }
@@ -106,10 +132,12 @@ void lb_close(struct loopback *lb) {
             ibv_destroy_qp(lb->qp[i]);
     if (lb->cq)
         ibv_destroy_cq(lb->cq);
-    if (lb->pd && ibv_dealloc_pd(lb->pd))
-        fprintf(stderr, "lb_close: ibv_dealloc_pd failed: %s\n", strerror(errno));
-    if (lb->ctx)
-        ibv_close_device(lb->ctx);
+    /* A PD that cannot be freed after the app released everything means a registration
+     * leaked (the cache must give back its idle ones first): a test failure. */
+    int rc = !lb->shared && lb->pd ? ibv_dealloc_pd(lb->pd) : 0;
+    CHECK(rc == 0, "lb_close: ibv_dealloc_pd failed: %s (a registration leaked?)", strerror(rc));
+    rc = !lb->shared && lb->ctx ? ibv_close_device(lb->ctx) : 0;
+    CHECK(rc == 0, "lb_close: ibv_close_device failed: %d", rc);
     memset(lb, 0, sizeof *lb);
 }
 

@@ -14,13 +14,21 @@ struct loopback {
     struct ibv_qp *qp[2]; /* qp[0] posts, qp[1] is the target side */
     unsigned char *stage; /* source of lb_prove_write, registered once at open */
     struct ibv_mr *stage_mr;
+    int shared; /* ctx and pd belong to another struct loopback */
 };
 #define LB_STAGE_BYTES (4u << 20)
 
 /* Open the device (NULL: $MRCACHE_TEST_DEVICE or "rxe0"), allocate PD/CQ, connect the QPs.
  * Returns 0 or an errno-style code; prints what failed. */
 int lb_open(struct loopback *lb, const char *device);
+/* A second QP pair (with its own CQ and staging buffer) on parent's context and PD, for
+ * another thread. Close it with lb_close before the parent. */
+int lb_open_shared(struct loopback *lb, const struct loopback *parent);
+/* Frees everything; exits with a failure if the PD or device cannot be freed. */
 void lb_close(struct loopback *lb);
+
+/* Whether libmrcache.so is loaded in this process. */
+int mrcache_loaded(void);
 
 /* RDMA WRITE of len bytes from src (covered by src_mr, lkey) to raddr/rkey; waits for the
  * completion. Returns 0, or the failed work completion status (+1000), or an errno. */
