@@ -16,13 +16,8 @@ pub const FLUSH_PERSISTENT: u32 = 1 << 9;
 pub const OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
 pub const REMOTE: u32 = REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
-const CACHEABLE: u32 = LOCAL_WRITE
-    | REMOTE
-    | MW_BIND
-    | HUGETLB
-    | FLUSH_GLOBAL
-    | FLUSH_PERSISTENT
-    | OPTIONAL_RANGE;
+const CACHEABLE: u32 =
+    LOCAL_WRITE | REMOTE | MW_BIND | HUGETLB | FLUSH_GLOBAL | FLUSH_PERSISTENT | OPTIONAL_RANGE;
 
 /// Why a registration is passed to libibverbs untouched instead of being cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +73,13 @@ pub fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
 /// (unless `remote_superset`): a containing or wider entry would let a peer reach memory
 /// the app never exposed. A local-only request may use a containing entry that grants no
 /// remote access and at least its local rights; every other flag must match.
-pub fn can_serve(have: u32, have_range: (usize, usize), want: u32, range: (usize, usize), remote_superset: bool) -> bool {
+pub fn can_serve(
+    have: u32,
+    have_range: (usize, usize),
+    want: u32,
+    range: (usize, usize),
+    remote_superset: bool,
+) -> bool {
     let contains = have_range.0 <= range.0 && range.1 <= have_range.1;
     if !contains {
         return false;
@@ -105,7 +106,10 @@ mod tests {
         assert_eq!(classify(0x1000, 4096, 1 << 12), Err(Bypass::UnknownFlags));
         assert_eq!(classify(0x1000, 4096, 1 << 31), Err(Bypass::UnknownFlags));
         assert_eq!(classify(0x1000, 0, LOCAL_WRITE), Err(Bypass::BadRange));
-        assert_eq!(classify(usize::MAX - 10, 4096, LOCAL_WRITE), Err(Bypass::BadRange));
+        assert_eq!(
+            classify(usize::MAX - 10, 4096, LOCAL_WRITE),
+            Err(Bypass::BadRange)
+        );
     }
 
     #[test]
@@ -114,9 +118,27 @@ mod tests {
         let big = (0x0, 0x10000);
         assert!(can_serve(REMOTE_WRITE, r, REMOTE_WRITE, r, false));
         assert!(!can_serve(REMOTE_WRITE, big, REMOTE_WRITE, r, false));
-        assert!(!can_serve(REMOTE_WRITE | REMOTE_READ, r, REMOTE_WRITE, r, false));
-        assert!(can_serve(REMOTE_WRITE | REMOTE_READ, big, REMOTE_WRITE, r, true));
-        assert!(!can_serve(REMOTE_WRITE | MW_BIND, big, REMOTE_WRITE, r, true));
+        assert!(!can_serve(
+            REMOTE_WRITE | REMOTE_READ,
+            r,
+            REMOTE_WRITE,
+            r,
+            false
+        ));
+        assert!(can_serve(
+            REMOTE_WRITE | REMOTE_READ,
+            big,
+            REMOTE_WRITE,
+            r,
+            true
+        ));
+        assert!(!can_serve(
+            REMOTE_WRITE | MW_BIND,
+            big,
+            REMOTE_WRITE,
+            r,
+            true
+        ));
     }
 
     #[test]
@@ -126,8 +148,20 @@ mod tests {
         assert!(can_serve(LOCAL_WRITE, big, LOCAL_WRITE, r, false));
         assert!(can_serve(LOCAL_WRITE, big, 0, r, false));
         assert!(!can_serve(0, big, LOCAL_WRITE, r, false));
-        assert!(!can_serve(LOCAL_WRITE | REMOTE_READ, big, LOCAL_WRITE, r, false));
-        assert!(!can_serve(LOCAL_WRITE | (1 << 20), big, LOCAL_WRITE, r, false));
+        assert!(!can_serve(
+            LOCAL_WRITE | REMOTE_READ,
+            big,
+            LOCAL_WRITE,
+            r,
+            false
+        ));
+        assert!(!can_serve(
+            LOCAL_WRITE | (1 << 20),
+            big,
+            LOCAL_WRITE,
+            r,
+            false
+        ));
         assert!(!can_serve(LOCAL_WRITE, r, LOCAL_WRITE, big, false));
     }
 }

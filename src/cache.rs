@@ -263,7 +263,9 @@ impl<R: Registrar> Cache<R> {
         let started = self.inval_started.load(SeqCst);
         let quiet = started == self.inval_finished.load(SeqCst);
         self.deregister_all(&evicted);
-        self.stats.evictions.fetch_add(evicted.len() as u64, Relaxed);
+        self.stats
+            .evictions
+            .fetch_add(evicted.len() as u64, Relaxed);
 
         let t0 = Instant::now();
         let mut result = self.registrar.register(req);
@@ -273,13 +275,17 @@ impl<R: Registrar> Cache<R> {
             let idle = self.lock().evict_idle(|_| true);
             if !idle.is_empty() {
                 self.deregister_all(&idle);
-                self.stats.evictions_enomem.fetch_add(idle.len() as u64, Relaxed);
+                self.stats
+                    .evictions_enomem
+                    .fetch_add(idle.len() as u64, Relaxed);
                 result = self.registrar.register(req);
             } else {
                 result = Err(e);
             }
         }
-        self.stats.reg_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        self.stats
+            .reg_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         let mr = result.map_err(AcquireError::Failed)?;
 
         let mut st = self.lock();
@@ -363,7 +369,13 @@ impl<R: Registrar> Cache<R> {
             }
             Handle::Primary { id, holders } => {
                 if holders > 1 {
-                    st.handles.insert(ptr, Handle::Primary { id, holders: holders - 1 });
+                    st.handles.insert(
+                        ptr,
+                        Handle::Primary {
+                            id,
+                            holders: holders - 1,
+                        },
+                    );
                 } else if let Some(e) = st.entry_mut(id) {
                     e.primary_out = false;
                 }
@@ -401,7 +413,8 @@ impl<R: Registrar> Cache<R> {
         self.inval_started.fetch_add(1, SeqCst);
         let mut st = self.lock();
         let mut ids = Vec::new();
-        st.index.for_each_overlap(start, end, |id, _, _| ids.push(id));
+        st.index
+            .for_each_overlap(start, end, |id, _, _| ids.push(id));
         let mut to_dereg = Vec::new();
         for &id in &ids {
             st.unindex(id);
@@ -532,18 +545,25 @@ impl State {
 
     fn find_containing(&self, req: &Request, limits: Limits) -> Option<u32> {
         let mut best: Option<(usize, u32)> = None;
-        self.index.for_each_overlap(req.addr, req.end(), |id, s, e| {
-            let Some(ent) = self.entry(id) else { return };
-            let same_range = (s, e) == (req.addr, req.end());
-            let usable = ent.req.pd == req.pd
-                && ent.req.natural_iova()
-                && req.natural_iova()
-                && (same_range || limits.shadow)
-                && access::can_serve(ent.req.access, (s, e), req.access, (req.addr, req.end()), limits.remote_superset);
-            if usable && best.is_none_or(|(len, _)| e - s < len) {
-                best = Some((e - s, id));
-            }
-        });
+        self.index
+            .for_each_overlap(req.addr, req.end(), |id, s, e| {
+                let Some(ent) = self.entry(id) else { return };
+                let same_range = (s, e) == (req.addr, req.end());
+                let usable = ent.req.pd == req.pd
+                    && ent.req.natural_iova()
+                    && req.natural_iova()
+                    && (same_range || limits.shadow)
+                    && access::can_serve(
+                        ent.req.access,
+                        (s, e),
+                        req.access,
+                        (req.addr, req.end()),
+                        limits.remote_superset,
+                    );
+                if usable && best.is_none_or(|(len, _)| e - s < len) {
+                    best = Some((e - s, id));
+                }
+            });
         best.map(|(_, id)| id)
     }
 
@@ -562,7 +582,8 @@ impl State {
         let mr = e.mr;
         if same_range && !e.primary_out {
             e.primary_out = true;
-            self.handles.insert(mr.ptr, Handle::Primary { id, holders: 1 });
+            self.handles
+                .insert(mr.ptr, Handle::Primary { id, holders: 1 });
             Claim::Ready(mr.ptr)
         } else if shadow {
             Claim::NeedShadow { id, mr }
@@ -653,7 +674,8 @@ impl State {
         self.index.insert(req.addr, req.end(), id);
         self.exact.insert(key(&req), id);
         self.by_mr.insert(mr.ptr, id);
-        self.handles.insert(mr.ptr, Handle::Primary { id, holders: 1 });
+        self.handles
+            .insert(mr.ptr, Handle::Primary { id, holders: 1 });
         self.count += 1;
         self.bytes += req.len as u64;
     }

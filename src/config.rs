@@ -105,14 +105,22 @@ impl Problem {
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Problem::Invalid { name, value, allowed } => write!(
+            Problem::Invalid {
+                name,
+                value,
+                allowed,
+            } => write!(
                 f,
                 "mrcache: {name}={value:?} is not valid (allowed: {allowed}); the cache is off for this process"
             ),
             Problem::Unknown { name } => write!(
                 f,
                 "mrcache: unknown variable {name} ignored (known: {})",
-                VARIABLES.iter().map(|v| v.name).collect::<Vec<_>>().join(", ")
+                VARIABLES
+                    .iter()
+                    .map(|v| v.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }
@@ -136,7 +144,9 @@ where
         let Some(var) = VARIABLES.iter().find(|var| var.name == name) else {
             // Variables the launcher, tests and later versions use are not ours to judge.
             if !OTHER_KNOWN.contains(&name) {
-                problems.push(Problem::Unknown { name: name.to_string() });
+                problems.push(Problem::Unknown {
+                    name: name.to_string(),
+                });
             }
             continue;
         };
@@ -164,7 +174,16 @@ where
 }
 
 /// Names in the MRCACHE_ namespace that are read elsewhere (launcher, test rig).
-const OTHER_KNOWN: &[&str] = &["MRCACHE_LIB", "MRCACHE_PRELOAD", "MRCACHE_VM", "MRCACHE_VM_CACHE", "MRCACHE_VM_INJECT", "MRCACHE_SKIP_VM", "MRCACHE_TEST_DEVICE"];
+const OTHER_KNOWN: &[&str] = &[
+    "MRCACHE_LIB",
+    "MRCACHE_TEST_EXPECT_HITS",
+    "MRCACHE_PRELOAD",
+    "MRCACHE_VM",
+    "MRCACHE_VM_CACHE",
+    "MRCACHE_VM_INJECT",
+    "MRCACHE_SKIP_VM",
+    "MRCACHE_TEST_DEVICE",
+];
 
 fn parse_bool(v: &str) -> Option<bool> {
     match v.to_ascii_lowercase().as_str() {
@@ -234,7 +253,16 @@ mod tests {
         assert_eq!(parse_bytes("1048576", 0), Some(1 << 20));
         assert_eq!(parse_bytes("unlimited", 0), Some(u64::MAX));
         assert_eq!(parse_bytes("auto", 8 * GIB), Some(2 * GIB));
-        for bad in ["", "G", "-1G", "4X", "0", "1e9", "4 G", "99999999999999999999"] {
+        for bad in [
+            "",
+            "G",
+            "-1G",
+            "4X",
+            "0",
+            "1e9",
+            "4 G",
+            "99999999999999999999",
+        ] {
             assert_eq!(parse_bytes(bad, 0), None, "{bad:?} must be rejected");
         }
     }
@@ -256,7 +284,10 @@ mod tests {
             assert_eq!(problems.len(), 1);
             let line = problems[0].to_string();
             assert!(!line.contains('\n'));
-            assert!(line.contains(name) && line.contains(value) && line.contains("allowed"), "{line}");
+            assert!(
+                line.contains(name) && line.contains(value) && line.contains("allowed"),
+                "{line}"
+            );
         }
     }
 
@@ -281,15 +312,28 @@ mod tests {
     fn unknown_names_warn_but_keep_the_cache_on() {
         let (cfg, problems) = parse([("MRCACHE_MAX_ENTRIS", "8")], 8 * GIB);
         assert!(cfg.enabled);
-        assert_eq!(problems, vec![Problem::Unknown { name: "MRCACHE_MAX_ENTRIS".into() }]);
+        assert_eq!(
+            problems,
+            vec![Problem::Unknown {
+                name: "MRCACHE_MAX_ENTRIS".into()
+            }]
+        );
     }
 
     #[test]
     fn configuration_reference_lists_every_variable() {
         let doc = include_str!("../docs/configuration.md");
         for v in VARIABLES {
-            assert!(doc.contains(&format!("`{}`", v.name)), "docs/configuration.md lacks {}", v.name);
-            assert!(doc.contains(v.default), "docs/configuration.md lacks the default of {}", v.name);
+            assert!(
+                doc.contains(&format!("`{}`", v.name)),
+                "docs/configuration.md lacks {}",
+                v.name
+            );
+            assert!(
+                doc.contains(v.default),
+                "docs/configuration.md lacks the default of {}",
+                v.name
+            );
         }
     }
 }

@@ -38,14 +38,19 @@ impl RangeIndex {
 
     /// Add `id` for `[start, end)`; `end > start`.
     pub fn insert(&mut self, start: usize, end: usize, id: u32) {
-        if self.classes[class_of(end - start)].insert((start, id), end).is_none() {
+        if self.classes[class_of(end - start)]
+            .insert((start, id), end)
+            .is_none()
+        {
             self.len += 1;
         }
     }
 
     /// Remove `id` for `[start, end)`; returns whether it was there.
     pub fn remove(&mut self, start: usize, end: usize, id: u32) -> bool {
-        let removed = self.classes[class_of(end - start)].remove(&(start, id)).is_some();
+        let removed = self.classes[class_of(end - start)]
+            .remove(&(start, id))
+            .is_some();
         if removed {
             self.len -= 1;
         }
@@ -61,7 +66,11 @@ impl RangeIndex {
             if map.is_empty() {
                 continue;
             }
-            let longest = if c + 1 >= CLASSES { usize::MAX } else { (1usize << (c + 1)) - 1 };
+            let longest = if c + 1 >= CLASSES {
+                usize::MAX
+            } else {
+                (1usize << (c + 1)) - 1
+            };
             let lo = start.saturating_sub(longest);
             for (&(s, id), &e) in map.range((lo, 0)..(end, 0)) {
                 if e > start {

@@ -78,28 +78,41 @@ impl FakeHca {
         let target = match self.shadows.lock().unwrap().get(&handle) {
             Some(&(mr, addr, len)) => {
                 if (addr, len) != (req.addr, req.len) {
-                    self.violation(format!("shadow {handle:#x} says {addr:#x}+{len}, app asked {req:?}"));
+                    self.violation(format!(
+                        "shadow {handle:#x} says {addr:#x}+{len}, app asked {req:?}"
+                    ));
                 }
                 mr
             }
             None => handle,
         };
         let Some(mr) = self.live.lock().unwrap().get(&target).cloned() else {
-            self.violation(format!("handle {handle:#x} for {req:?} resolves to a dead MR {target:#x}"));
+            self.violation(format!(
+                "handle {handle:#x} for {req:?} resolves to a dead MR {target:#x}"
+            ));
             return;
         };
         let r = mr.req;
         if r.pd != req.pd || r.addr > req.addr || r.addr + r.len < req.addr + req.len {
             self.violation(format!("MR {r:?} does not cover request {req:?}"));
         }
-        if !access::can_serve(r.access, (r.addr, r.addr + r.len), req.access, (req.addr, req.addr + req.len), false) {
+        if !access::can_serve(
+            r.access,
+            (r.addr, r.addr + r.len),
+            req.access,
+            (req.addr, req.addr + req.len),
+            false,
+        ) {
             self.violation(format!("MR {r:?} grants other rights than request {req:?}"));
         }
         let first = Self::pages(r.addr, r.len).start;
-        let stale = Self::pages(req.addr, req.len).any(|p| self.gens[p].load(SeqCst) != mr.gens[p - first]);
+        let stale =
+            Self::pages(req.addr, req.len).any(|p| self.gens[p].load(SeqCst) != mr.gens[p - first]);
         let after = self.replacing.load(SeqCst);
         if stale && seq == after && seq % 2 == 0 {
-            self.violation(format!("STALE: handle {handle:#x} for {req:?} pins pages replaced since registration"));
+            self.violation(format!(
+                "STALE: handle {handle:#x} for {req:?} pins pages replaced since registration"
+            ));
         }
     }
 }
@@ -115,18 +128,28 @@ impl Registrar for &FakeHca {
         self.registrations.fetch_add(1, SeqCst);
         let gens = pages.map(|p| self.gens[p].load(SeqCst)).collect();
         let ptr = 0x7000_0000 + self.next.fetch_add(1, SeqCst) * 64;
-        self.live.lock().unwrap().insert(ptr, FakeMr { req: *req, gens });
-        Ok(Mr { ptr, via_wrapper: false })
+        self.live
+            .lock()
+            .unwrap()
+            .insert(ptr, FakeMr { req: *req, gens });
+        Ok(Mr {
+            ptr,
+            via_wrapper: false,
+        })
     }
 
     fn deregister(&self, mr: Mr) -> Result<(), i32> {
         match self.live.lock().unwrap().remove(&mr.ptr) {
             Some(m) => {
-                self.pinned.fetch_sub(FakeHca::pages(m.req.addr, m.req.len).len(), SeqCst);
+                self.pinned
+                    .fetch_sub(FakeHca::pages(m.req.addr, m.req.len).len(), SeqCst);
                 Ok(())
             }
             None => {
-                self.violation(format!("deregister of unknown or already deregistered MR {:#x}", mr.ptr));
+                self.violation(format!(
+                    "deregister of unknown or already deregistered MR {:#x}",
+                    mr.ptr
+                ));
                 Err(22)
             }
         }
@@ -137,22 +160,38 @@ impl Registrar for &FakeHca {
     }
 
     fn fill_shadow(&self, slot: usize, mr: Mr, addr: usize, len: usize) -> bool {
-        self.shadows.lock().unwrap().insert(slot, (mr.ptr, addr, len));
+        self.shadows
+            .lock()
+            .unwrap()
+            .insert(slot, (mr.ptr, addr, len));
         true
     }
 }
 
 #[derive(Debug, Clone)]
 enum Op {
-    Acquire { pd: usize, page: usize, pages: usize, access: u32 },
+    Acquire {
+        pd: usize,
+        page: usize,
+        pages: usize,
+        access: u32,
+    },
     Release(usize),
     /// The app unmaps and remaps a range (the hook invalidates before the change).
-    Unmap { page: usize, pages: usize },
+    Unmap {
+        page: usize,
+        pages: usize,
+    },
     FlushPd(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let access = prop::sample::select(vec![LOCAL_WRITE, 0, LOCAL_WRITE | REMOTE_WRITE, LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ]);
+    let access = prop::sample::select(vec![
+        LOCAL_WRITE,
+        0,
+        LOCAL_WRITE | REMOTE_WRITE,
+        LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ,
+    ]);
     prop_oneof![
         6 => (0..2usize, 0..PAGES - 8, 1..8usize, access).prop_map(|(pd, page, pages, access)| Op::Acquire { pd, page, pages, access }),
         4 => any::<usize>().prop_map(Op::Release),
@@ -173,7 +212,14 @@ fn limits() -> impl Strategy<Value = Limits> {
 fn request(pd: usize, page: usize, pages: usize, access: u32) -> Request {
     // Ranges are not page-aligned at the start half of the time, like real buffers.
     let addr = BASE + page * PAGE + if page % 2 == 1 { 100 } else { 0 };
-    Request { pd: 0x100 + pd, context: 0x50, addr, len: pages * PAGE - 200, iova: addr as u64, access }
+    Request {
+        pd: 0x100 + pd,
+        context: 0x50,
+        addr,
+        len: pages * PAGE - 200,
+        iova: addr as u64,
+        access,
+    }
 }
 
 /// Run `ops` on one thread against `cache`. Returns the handles still held.
@@ -181,7 +227,12 @@ fn run_ops(cache: &Cache<&FakeHca>, hca: &FakeHca, ops: &[Op]) -> Vec<usize> {
     let mut held: Vec<(usize, Request)> = Vec::new();
     for op in ops {
         match *op {
-            Op::Acquire { pd, page, pages, access } => {
+            Op::Acquire {
+                pd,
+                page,
+                pages,
+                access,
+            } => {
                 let req = request(pd, page, pages, access);
                 let seq = hca.replacing.load(SeqCst);
                 match cache.acquire(&req) {
@@ -192,7 +243,10 @@ fn run_ops(cache: &Cache<&FakeHca>, hca: &FakeHca, ops: &[Op]) -> Vec<usize> {
                     // Out of pinnable memory is the app's own failure only when every pinned
                     // page is held by the app: the cache must have given back all idle ones.
                     Err(AcquireError::Failed(12)) if cache.snapshot().idle == 0 => {}
-                    Err(e) => hca.violation(format!("acquire {req:?} failed: {e:?} with {} idle entries", cache.snapshot().idle)),
+                    Err(e) => hca.violation(format!(
+                        "acquire {req:?} failed: {e:?} with {} idle entries",
+                        cache.snapshot().idle
+                    )),
                 }
             }
             Op::Release(i) if !held.is_empty() => {
@@ -219,7 +273,10 @@ fn run_ops(cache: &Cache<&FakeHca>, hca: &FakeHca, ops: &[Op]) -> Vec<usize> {
         let s = cache.snapshot();
         let l = cache.limits();
         if s.entries > l.max_entries as u64 || s.bytes > l.max_bytes {
-            hca.violation(format!("limits exceeded: {} entries, {} bytes, limits {l:?}", s.entries, s.bytes));
+            hca.violation(format!(
+                "limits exceeded: {} entries, {} bytes, limits {l:?}",
+                s.entries, s.bytes
+            ));
         }
     }
     held.into_iter().map(|(h, _)| h).collect()
@@ -228,13 +285,21 @@ fn run_ops(cache: &Cache<&FakeHca>, hca: &FakeHca, ops: &[Op]) -> Vec<usize> {
 fn finish(cache: &Cache<&FakeHca>, hca: &FakeHca, held: Vec<usize>) -> Result<(), TestCaseError> {
     for h in held {
         let r = cache.release(h);
-        prop_assert!(matches!(r, Released::Kept | Released::Deregistered), "final release: {:?}", r);
+        prop_assert!(
+            matches!(r, Released::Kept | Released::Deregistered),
+            "final release: {:?}",
+            r
+        );
     }
     cache.flush_all();
     let v = hca.violations.lock().unwrap().clone();
     prop_assert!(v.is_empty(), "violations:\n{}", v.join("\n"));
     let live = hca.live.lock().unwrap().len();
-    prop_assert_eq!(live, 0, "MRs leaked after releasing everything and flushing");
+    prop_assert_eq!(
+        live,
+        0,
+        "MRs leaked after releasing everything and flushing"
+    );
     prop_assert_eq!(cache.snapshot().entries, 0);
     Ok(())
 }
@@ -272,14 +337,26 @@ proptest! {
 #[test]
 fn repeated_registration_of_one_buffer_hits() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(&hca, Limits { max_entries: 8, max_bytes: 1 << 30, shadow: true, remote_superset: false });
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 8,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
     let req = request(0, 2, 4, LOCAL_WRITE | REMOTE_WRITE);
     let (h, o) = cache.acquire(&req).unwrap();
     assert_eq!(o, Outcome::Miss);
     assert_eq!(cache.release(h), Released::Kept);
     for _ in 0..1000 {
         let (h2, o) = cache.acquire(&req).unwrap();
-        assert_eq!((h2, o), (h, Outcome::Hit), "an idle exact hit returns the provider's own pointer");
+        assert_eq!(
+            (h2, o),
+            (h, Outcome::Hit),
+            "an idle exact hit returns the provider's own pointer"
+        );
         assert_eq!(cache.release(h2), Released::Kept);
     }
     assert_eq!(hca.registrations.load(SeqCst), 1);
@@ -290,7 +367,15 @@ fn repeated_registration_of_one_buffer_hits() {
 fn two_live_users_get_distinct_pointers_and_release_in_any_order() {
     for first_primary in [true, false] {
         let hca = FakeHca::new(1000);
-        let cache = Cache::new(&hca, Limits { max_entries: 8, max_bytes: 1 << 30, shadow: true, remote_superset: false });
+        let cache = Cache::new(
+            &hca,
+            Limits {
+                max_entries: 8,
+                max_bytes: 1 << 30,
+                shadow: true,
+                remote_superset: false,
+            },
+        );
         let req = request(0, 2, 4, LOCAL_WRITE);
         let (a, _) = cache.acquire(&req).unwrap();
         let (b, o) = cache.acquire(&req).unwrap();
@@ -309,11 +394,23 @@ fn two_live_users_get_distinct_pointers_and_release_in_any_order() {
 #[test]
 fn invalidation_while_in_use_defers_the_deregistration() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(&hca, Limits { max_entries: 8, max_bytes: 1 << 30, shadow: true, remote_superset: false });
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 8,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
     let req = request(0, 2, 4, LOCAL_WRITE);
     let (h, _) = cache.acquire(&req).unwrap();
     assert_eq!(cache.invalidate(req.addr + 5000, req.addr + 5001), 1);
-    assert_eq!(hca.live.lock().unwrap().len(), 1, "in use: not deregistered yet");
+    assert_eq!(
+        hca.live.lock().unwrap().len(),
+        1,
+        "in use: not deregistered yet"
+    );
     let (h2, o) = cache.acquire(&req).unwrap();
     assert_eq!(o, Outcome::Miss, "an invalidated entry is never hit");
     assert_eq!(cache.release(h), Released::Deregistered);
@@ -323,7 +420,15 @@ fn invalidation_while_in_use_defers_the_deregistration() {
 #[test]
 fn a_registration_that_races_an_invalidation_is_not_cached() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(&hca, Limits { max_entries: 8, max_bytes: 1 << 30, shadow: true, remote_superset: false });
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 8,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
     let req = request(0, 2, 4, LOCAL_WRITE);
     // An unmap hook has begun (entries dropped) but the syscall has not happened yet: a
     // registration now pins the old pages.
@@ -338,7 +443,15 @@ fn a_registration_that_races_an_invalidation_is_not_cached() {
 #[test]
 fn enomem_evicts_idle_entries_and_retries() {
     let hca = FakeHca::new(8);
-    let cache = Cache::new(&hca, Limits { max_entries: 100, max_bytes: 1 << 30, shadow: true, remote_superset: false });
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 100,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
     let a = request(0, 0, 4, LOCAL_WRITE);
     let b = request(0, 10, 4, LOCAL_WRITE);
     let (h, _) = cache.acquire(&a).unwrap();
@@ -362,7 +475,15 @@ fn enomem_evicts_idle_entries_and_retries() {
 #[test]
 fn full_cache_of_busy_entries_registers_uncached() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(&hca, Limits { max_entries: 1, max_bytes: 1 << 30, shadow: true, remote_superset: false });
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 1,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
     let (h, _) = cache.acquire(&request(0, 0, 2, LOCAL_WRITE)).unwrap();
     let (h2, o) = cache.acquire(&request(0, 10, 2, LOCAL_WRITE)).unwrap();
     assert_eq!(o, Outcome::Uncached);
@@ -373,18 +494,44 @@ fn full_cache_of_busy_entries_registers_uncached() {
 #[test]
 fn remote_requests_never_hit_a_larger_entry_and_pds_never_share() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(&hca, Limits { max_entries: 8, max_bytes: 1 << 30, shadow: true, remote_superset: false });
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 8,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
     let big = request(0, 0, 8, LOCAL_WRITE | REMOTE_WRITE);
     let (h, _) = cache.acquire(&big).unwrap();
-    let small = Request { addr: big.addr + PAGE, len: PAGE, iova: (big.addr + PAGE) as u64, ..big };
+    let small = Request {
+        addr: big.addr + PAGE,
+        len: PAGE,
+        iova: (big.addr + PAGE) as u64,
+        ..big
+    };
     let (h2, o) = cache.acquire(&small).unwrap();
-    assert_eq!(o, Outcome::Miss, "remote access: containing entry must not serve");
-    let local = Request { access: LOCAL_WRITE, ..small };
-    let local_big = Request { access: LOCAL_WRITE, ..big };
+    assert_eq!(
+        o,
+        Outcome::Miss,
+        "remote access: containing entry must not serve"
+    );
+    let local = Request {
+        access: LOCAL_WRITE,
+        ..small
+    };
+    let local_big = Request {
+        access: LOCAL_WRITE,
+        ..big
+    };
     let (h3, _) = cache.acquire(&local_big).unwrap();
     let (h4, o) = cache.acquire(&local).unwrap();
     assert_eq!(o, Outcome::HitContaining);
-    let other_pd = Request { pd: big.pd + 1, ..big };
+    let other_pd = Request {
+        pd: big.pd + 1,
+        ..big
+    };
     let (h5, o) = cache.acquire(&other_pd).unwrap();
     assert_eq!(o, Outcome::Miss, "another PD never shares an MR");
     for x in [h, h2, h3, h4, h5] {

@@ -140,13 +140,22 @@ fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
     for src in sorted_files(&cdir, "c")? {
         let out = bin.join(src.file_stem().unwrap_or_default());
         let mut cmd = Command::new(&cc);
-        cmd.args(["-O2", "-g", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
-            .arg(&out)
-            .arg("-I")
-            .arg(&cdir)
-            .arg(&src)
-            .args(&lib)
-            .args(["-libverbs", "-lrdmacm", "-ldl"]);
+        cmd.args([
+            "-O2",
+            "-g",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("-I")
+        .arg(&cdir)
+        .arg(&src)
+        .args(&lib)
+        .args(["-libverbs", "-lrdmacm", "-ldl"]);
         run(&mut cmd, &format!("compiling {}", src.display()))?;
     }
     Ok(())

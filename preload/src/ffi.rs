@@ -56,11 +56,13 @@ pub struct IbvContext {
 }
 
 /// Provider `reg_mr` op: `(pd, addr, length, hca_va, access)`.
-pub type ProviderRegMr = unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, u64, i32) -> *mut IbvMr;
+pub type ProviderRegMr =
+    unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, u64, i32) -> *mut IbvMr;
 /// Provider `dereg_mr` op (takes `struct verbs_mr *`, the same address).
 pub type ProviderDeregMr = unsafe extern "C" fn(*mut IbvMr) -> i32;
 /// Provider `rereg_mr` op: `(vmr, flags, pd, addr, length, access)`.
-pub type ProviderReregMr = unsafe extern "C" fn(*mut IbvMr, i32, *mut IbvPd, *mut c_void, usize, i32) -> i32;
+pub type ProviderReregMr =
+    unsafe extern "C" fn(*mut IbvMr, i32, *mut IbvPd, *mut c_void, usize, i32) -> i32;
 
 pub const IBV_REREG_MR_CHANGE_TRANSLATION: i32 = 1;
 pub const IBV_REREG_MR_CHANGE_PD: i32 = 2;
@@ -123,8 +125,16 @@ int main(void) {
         .unwrap();
         let exe = dir.join("layout");
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let st = Command::new(cc).arg("-o").arg(&exe).arg(&src).status().expect("run cc");
-        assert!(st.success(), "cannot compile against verbs.h (apt-get install libibverbs-dev)");
+        let st = Command::new(cc)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("run cc");
+        assert!(
+            st.success(),
+            "cannot compile against verbs.h (apt-get install libibverbs-dev)"
+        );
         let out = Command::new(&exe).output().unwrap();
         let c: std::collections::HashMap<String, usize> = String::from_utf8(out.stdout)
             .unwrap()
@@ -154,10 +164,16 @@ int main(void) {
             ("ctx.device", offset_of!(IbvContext, device)),
             ("ctx.ops", offset_of!(IbvContext, ops)),
             ("ctx.cmd_fd", offset_of!(IbvContext, cmd_fd)),
-            ("ctx.num_comp_vectors", offset_of!(IbvContext, num_comp_vectors)),
+            (
+                "ctx.num_comp_vectors",
+                offset_of!(IbvContext, num_comp_vectors),
+            ),
             ("ctx.mutex", offset_of!(IbvContext, mutex)),
             ("ctx.abi_compat", offset_of!(IbvContext, abi_compat)),
-            ("rereg.translation", IBV_REREG_MR_CHANGE_TRANSLATION as usize),
+            (
+                "rereg.translation",
+                IBV_REREG_MR_CHANGE_TRANSLATION as usize,
+            ),
             ("rereg.pd", IBV_REREG_MR_CHANGE_PD as usize),
             ("rereg.access", IBV_REREG_MR_CHANGE_ACCESS as usize),
             ("rereg.supported", IBV_REREG_MR_FLAGS_SUPPORTED as usize),
@@ -166,7 +182,12 @@ int main(void) {
         ];
         assert_eq!(rust.len(), c.len());
         for (name, value) in rust {
-            assert_eq!(Some(&value), c.get(name), "{name}: Rust {value} vs verbs.h {:?}", c.get(name));
+            assert_eq!(
+                Some(&value),
+                c.get(name),
+                "{name}: Rust {value} vs verbs.h {:?}",
+                c.get(name)
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -58,11 +58,23 @@ extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_in
     runtime::register(pd, addr, len, addr as u64, access as u32)
 }
 
-extern "C" fn reg_mr_iova(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> *mut IbvMr {
+extern "C" fn reg_mr_iova(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut IbvMr {
     runtime::register(pd, addr, len, iova, access as u32)
 }
 
-extern "C" fn reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: c_uint) -> *mut IbvMr {
+extern "C" fn reg_mr_iova2(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut IbvMr {
     runtime::register(pd, addr, len, iova, access)
 }
 
@@ -70,11 +82,25 @@ extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
     runtime::dereg_mr(mr)
 }
 
-extern "C" fn rereg_mr(mr: *mut IbvMr, flags: c_int, pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_int) -> c_int {
+extern "C" fn rereg_mr(
+    mr: *mut IbvMr,
+    flags: c_int,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> c_int {
     runtime::rereg_mr(mr, flags, pd, addr, len, access)
 }
 
-extern "C" fn reg_dmabuf_mr(pd: *mut IbvPd, offset: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> *mut IbvMr {
+extern "C" fn reg_dmabuf_mr(
+    pd: *mut IbvPd,
+    offset: u64,
+    len: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut IbvMr {
     // dma-buf memory is not process memory: nothing to cache or invalidate.
     real::reg_dmabuf_mr(pd, offset, len, iova, fd, access)
 }

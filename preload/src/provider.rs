@@ -33,7 +33,10 @@ impl Registrar for Provider {
             return if mr.is_null() {
                 Err(errno())
             } else {
-                Ok(Mr { ptr: mr as usize, via_wrapper: true })
+                Ok(Mr {
+                    ptr: mr as usize,
+                    via_wrapper: true,
+                })
             };
         }
         // SAFETY: the slot holds the provider's reg_mr op (verbs_set_ops mirrors it there
@@ -49,7 +52,10 @@ impl Registrar for Provider {
             (*mr).pd = pd;
             (*mr).addr = addr;
             (*mr).length = req.len;
-            Ok(Mr { ptr: mr as usize, via_wrapper: false })
+            Ok(Mr {
+                ptr: mr as usize,
+                via_wrapper: false,
+            })
         }
     }
 

@@ -47,7 +47,12 @@ fn lookup(name: &CStr, version: &CStr) -> *mut c_void {
         return p;
     }
     // SAFETY: RTLD_NOLOAD only returns a handle to an already-loaded library (or NULL).
-    let h = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    let h = unsafe {
+        libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        )
+    };
     if h.is_null() {
         return std::ptr::null_mut();
     }
@@ -67,7 +72,15 @@ pub static DEALLOC_PD: Symbol = Symbol::new(c"ibv_dealloc_pd", c"IBVERBS_1.1");
 pub static CLOSE_DEVICE: Symbol = Symbol::new(c"ibv_close_device", c"IBVERBS_1.1");
 pub static FORK_INIT: Symbol = Symbol::new(c"ibv_fork_init", c"IBVERBS_1.1");
 
-const ALL: [&Symbol; 7] = [&REG_MR_IOVA2, &DEREG_MR, &REREG_MR, &REG_DMABUF_MR, &DEALLOC_PD, &CLOSE_DEVICE, &FORK_INIT];
+const ALL: [&Symbol; 7] = [
+    &REG_MR_IOVA2,
+    &DEREG_MR,
+    &REREG_MR,
+    &REG_DMABUF_MR,
+    &DEALLOC_PD,
+    &CLOSE_DEVICE,
+    &FORK_INIT,
+];
 
 /// Resolve what is already loaded (called from the constructor; never loads libibverbs).
 pub fn resolve_loaded() {
@@ -84,20 +97,29 @@ pub fn set_errno(e: i32) {
 // The calls below: each transmutes a resolved address to the C prototype libibverbs
 // exports under that symbol version (verbs.h, IBVERBS_1.x), then calls it.
 
-pub fn reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: u32) -> *mut IbvMr {
+pub fn reg_mr_iova2(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
     let Some(f) = REG_MR_IOVA2.get() else {
         set_errno(libc::ENOSYS);
         return std::ptr::null_mut();
     };
     // SAFETY: f is ibv_reg_mr_iova2@IBVERBS_1.8 with this prototype; arguments are the app's.
     unsafe {
-        let f: unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, u64, u32) -> *mut IbvMr = std::mem::transmute(f);
+        let f: unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, u64, u32) -> *mut IbvMr =
+            std::mem::transmute(f);
         f(pd, addr, len, iova, access)
     }
 }
 
 pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
-    let Some(f) = DEREG_MR.get() else { return libc::ENOSYS };
+    let Some(f) = DEREG_MR.get() else {
+        return libc::ENOSYS;
+    };
     // SAFETY: f is ibv_dereg_mr@IBVERBS_1.1.
     unsafe {
         let f: unsafe extern "C" fn(*mut IbvMr) -> i32 = std::mem::transmute(f);
@@ -105,29 +127,49 @@ pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
     }
 }
 
-pub fn rereg_mr(mr: *mut IbvMr, flags: i32, pd: *mut IbvPd, addr: *mut c_void, len: usize, access: i32) -> i32 {
-    let Some(f) = REREG_MR.get() else { return crate::ffi::IBV_REREG_MR_ERR_INPUT };
+pub fn rereg_mr(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
+    let Some(f) = REREG_MR.get() else {
+        return crate::ffi::IBV_REREG_MR_ERR_INPUT;
+    };
     // SAFETY: f is ibv_rereg_mr@IBVERBS_1.1.
     unsafe {
-        let f: unsafe extern "C" fn(*mut IbvMr, i32, *mut IbvPd, *mut c_void, usize, i32) -> i32 = std::mem::transmute(f);
+        let f: unsafe extern "C" fn(*mut IbvMr, i32, *mut IbvPd, *mut c_void, usize, i32) -> i32 =
+            std::mem::transmute(f);
         f(mr, flags, pd, addr, len, access)
     }
 }
 
-pub fn reg_dmabuf_mr(pd: *mut IbvPd, offset: u64, len: usize, iova: u64, fd: i32, access: i32) -> *mut IbvMr {
+pub fn reg_dmabuf_mr(
+    pd: *mut IbvPd,
+    offset: u64,
+    len: usize,
+    iova: u64,
+    fd: i32,
+    access: i32,
+) -> *mut IbvMr {
     let Some(f) = REG_DMABUF_MR.get() else {
         set_errno(libc::ENOSYS);
         return std::ptr::null_mut();
     };
     // SAFETY: f is ibv_reg_dmabuf_mr@IBVERBS_1.12.
     unsafe {
-        let f: unsafe extern "C" fn(*mut IbvPd, u64, usize, u64, i32, i32) -> *mut IbvMr = std::mem::transmute(f);
+        let f: unsafe extern "C" fn(*mut IbvPd, u64, usize, u64, i32, i32) -> *mut IbvMr =
+            std::mem::transmute(f);
         f(pd, offset, len, iova, fd, access)
     }
 }
 
 pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
-    let Some(f) = DEALLOC_PD.get() else { return libc::ENOSYS };
+    let Some(f) = DEALLOC_PD.get() else {
+        return libc::ENOSYS;
+    };
     // SAFETY: f is ibv_dealloc_pd@IBVERBS_1.1.
     unsafe {
         let f: unsafe extern "C" fn(*mut IbvPd) -> i32 = std::mem::transmute(f);
@@ -136,7 +178,9 @@ pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
 }
 
 pub fn close_device(ctx: *mut IbvContext) -> i32 {
-    let Some(f) = CLOSE_DEVICE.get() else { return libc::ENOSYS };
+    let Some(f) = CLOSE_DEVICE.get() else {
+        return libc::ENOSYS;
+    };
     // SAFETY: f is ibv_close_device@IBVERBS_1.1.
     unsafe {
         let f: unsafe extern "C" fn(*mut IbvContext) -> i32 = std::mem::transmute(f);
@@ -145,11 +189,12 @@ pub fn close_device(ctx: *mut IbvContext) -> i32 {
 }
 
 pub fn fork_init() -> i32 {
-    let Some(f) = FORK_INIT.get() else { return libc::ENOSYS };
+    let Some(f) = FORK_INIT.get() else {
+        return libc::ENOSYS;
+    };
     // SAFETY: f is ibv_fork_init@IBVERBS_1.1.
     unsafe {
         let f: unsafe extern "C" fn() -> i32 = std::mem::transmute(f);
         f()
     }
 }
-

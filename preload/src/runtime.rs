@@ -21,7 +21,8 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 fn runtime() -> &'static Runtime {
     RUNTIME.get_or_init(|| {
         let phys = physical_memory();
-        let vars = std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
+        let vars = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
         let (config, problems) = config::parse(vars, phys);
         for p in &problems {
             eprintln!("{p}");
@@ -47,8 +48,17 @@ fn runtime() -> &'static Runtime {
 
 fn physical_memory() -> u64 {
     // SAFETY: sysconf has no preconditions.
-    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    if pages > 0 && size > 0 { pages as u64 * size as u64 } else { 0 }
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && size > 0 {
+        pages as u64 * size as u64
+    } else {
+        0
+    }
 }
 
 thread_local! {
@@ -87,18 +97,35 @@ fn shielded<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
 }
 
 /// Every registration entry point lands here.
-pub fn register(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: u32) -> *mut IbvMr {
+pub fn register(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
     let passthrough = || real::reg_mr_iova2(pd, addr, len, iova, access);
-    let Some(_guard) = Guard::enter() else { return passthrough() };
+    let Some(_guard) = Guard::enter() else {
+        return passthrough();
+    };
     shielded(
         || {
-            let Some(cache) = runtime().cache.as_ref() else { return passthrough() };
+            let Some(cache) = runtime().cache.as_ref() else {
+                return passthrough();
+            };
             if pd.is_null() {
                 return passthrough(); // libibverbs' own behaviour for a NULL pd
             }
             // SAFETY: pd is the app's non-null PD.
             let context = unsafe { (*pd).context } as usize;
-            let req = Request { pd: pd as usize, context, addr: addr as usize, len, iova, access };
+            let req = Request {
+                pd: pd as usize,
+                context,
+                addr: addr as usize,
+                len,
+                iova,
+                access,
+            };
             match cache.acquire(&req) {
                 Ok((handle, _)) => handle as *mut IbvMr,
                 Err(AcquireError::Bypass(_)) => passthrough(),
@@ -117,10 +144,14 @@ pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
         return libc::EINVAL;
     }
     let passthrough = || real::dereg_mr(mr);
-    let Some(_guard) = Guard::enter() else { return passthrough() };
+    let Some(_guard) = Guard::enter() else {
+        return passthrough();
+    };
     shielded(
         || {
-            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else { return passthrough() };
+            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else {
+                return passthrough();
+            };
             match cache.release(mr as usize) {
                 Released::Kept | Released::Deregistered => 0,
                 Released::NotOurs => passthrough(),
@@ -137,15 +168,26 @@ pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
     )
 }
 
-pub fn rereg_mr(mr: *mut IbvMr, flags: i32, pd: *mut IbvPd, addr: *mut c_void, len: usize, access: i32) -> i32 {
+pub fn rereg_mr(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
     let passthrough = || real::rereg_mr(mr, flags, pd, addr, len, access);
     if mr.is_null() {
         return passthrough();
     }
-    let Some(_guard) = Guard::enter() else { return passthrough() };
+    let Some(_guard) = Guard::enter() else {
+        return passthrough();
+    };
     shielded(
         || {
-            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else { return passthrough() };
+            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else {
+                return passthrough();
+            };
             match cache.detach(mr as usize) {
                 Detached::NotOurs => passthrough(),
                 Detached::Shared => {
@@ -156,7 +198,11 @@ pub fn rereg_mr(mr: *mut IbvMr, flags: i32, pd: *mut IbvPd, addr: *mut c_void, l
                 }
                 Detached::Sole(m) => {
                     // Now the app's own, uncached registration; its dereg takes m's path.
-                    let rc = if m.via_wrapper { passthrough() } else { provider_rereg(mr, flags, pd, addr, len, access) };
+                    let rc = if m.via_wrapper {
+                        passthrough()
+                    } else {
+                        provider_rereg(mr, flags, pd, addr, len, access)
+                    };
                     cache.adopt_uncached(m);
                     rc
                 }
@@ -168,7 +214,14 @@ pub fn rereg_mr(mr: *mut IbvMr, flags: i32, pd: *mut IbvPd, addr: *mut c_void, l
 
 /// `ibv_rereg_mr` for an MR made through the provider op: libibverbs' checks, then the
 /// provider's rereg op, without the fork bookkeeping (the MR never had any).
-fn provider_rereg(mr: *mut IbvMr, flags: i32, pd: *mut IbvPd, addr: *mut c_void, len: usize, access: i32) -> i32 {
+fn provider_rereg(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
     if flags == 0 || flags & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
         return ffi::IBV_REREG_MR_ERR_INPUT;
     }
@@ -219,10 +272,12 @@ pub fn fork_init() -> i32 {
 }
 
 extern "C" fn print_stats() {
-    let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else { return };
+    let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else {
+        return;
+    };
     let s = cache.snapshot();
     let misses = s.misses + s.uncached;
-    let per_reg = if misses > 0 { s.reg_ns / misses } else { 0 };
+    let per_reg = s.reg_ns.checked_div(misses).unwrap_or(0);
     let hits = s.hits + s.hits_containing;
     eprintln!(
         "mrcache: pid {}: {} hits ({} containing), {} misses, {} uncached, {} bypassed, {} evictions ({} for ENOMEM), {} invalidated, {} double deregs; {} entries / {} KiB cached now, peak {} / {} KiB; registration time {:.3} ms spent, ~{:.3} ms saved",
