@@ -7,8 +7,9 @@
 
 use crate::access::{self, Bypass};
 use crate::index::RangeIndex;
+use crate::invalidation::InvalidationQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -189,12 +190,11 @@ pub struct Cache<R: Registrar> {
     registrar: R,
     limits: Limits,
     state: Mutex<State>,
-    /// Invalidations begun and finished. A registration is cached only if none was in
-    /// flight when it started and none began before it was inserted: between an unmap
-    /// hook's invalidation and the unmap syscall itself, a new registration would still pin
-    /// the old pages.
-    inval_started: AtomicU64,
-    inval_finished: AtomicU64,
+    /// Where memory hooks report unmaps. Its counters of invalidations begun and finished
+    /// decide whether a new registration may be cached: none may have been in flight when
+    /// it started, and none may have begun before it is inserted (between an unmap hook and
+    /// the unmap syscall itself, a new registration would still pin the old pages).
+    queue: &'static InvalidationQueue,
     pub stats: Stats,
 }
 
@@ -204,7 +204,14 @@ enum Claim {
 }
 
 impl<R: Registrar> Cache<R> {
+    /// A cache with a queue of its own (tests; the preload shares a static one with its
+    /// memory hooks through `with_queue`).
     pub fn new(registrar: R, limits: Limits) -> Cache<R> {
+        Self::with_queue(registrar, limits, Box::leak(Box::new(InvalidationQueue::new())))
+    }
+
+    pub fn with_queue(registrar: R, limits: Limits, queue: &'static InvalidationQueue) -> Cache<R> {
+        queue.activate();
         Cache {
             registrar,
             limits,
@@ -212,10 +219,49 @@ impl<R: Registrar> Cache<R> {
                 index: RangeIndex::new(),
                 ..State::default()
             }),
-            inval_started: AtomicU64::new(0),
-            inval_finished: AtomicU64::new(0),
+            queue,
             stats: Stats::default(),
         }
+    }
+
+    pub fn queue(&self) -> &'static InvalidationQueue {
+        self.queue
+    }
+
+    /// Apply every pending invalidation (under the lock); returns the MRs to deregister.
+    fn drain_locked(&self, st: &mut State) -> Vec<Mr> {
+        let mut to_dereg = Vec::new();
+        if !self.queue.has_pending() {
+            return to_dereg;
+        }
+        let mut n = 0u64;
+        self.queue.drain(|start, end| {
+            let mut ids = Vec::new();
+            st.index.for_each_overlap(start, end, |id, _, _| ids.push(id));
+            n += ids.len() as u64;
+            for id in ids {
+                st.unindex(id);
+                if st.entry(id).is_some_and(|e| e.refs == 0) {
+                    to_dereg.extend(st.remove(id));
+                }
+            }
+        });
+        self.stats.invalidated.fetch_add(n, Relaxed);
+        to_dereg
+    }
+
+    /// Apply pending invalidations now and deregister what they freed (the background
+    /// drain, and verbs calls that do not look anything up).
+    pub fn drain_pending(&self) -> usize {
+        if !self.queue.has_pending() {
+            return 0;
+        }
+        let freed = {
+            let mut st = self.lock();
+            self.drain_locked(&mut st)
+        };
+        self.deregister_all(&freed);
+        freed.len()
     }
 
     pub fn registrar(&self) -> &R {
@@ -240,6 +286,12 @@ impl<R: Registrar> Cache<R> {
             return Err(AcquireError::Bypass(b));
         }
         let mut st = self.lock();
+        let stale = self.drain_locked(&mut st);
+        if !stale.is_empty() {
+            drop(st);
+            self.deregister_all(&stale);
+            st = self.lock();
+        }
         if let Some(&id) = st.exact.get(&key(req)) {
             let claim = st.claim(id, req, self.limits.shadow);
             drop(st);
@@ -260,8 +312,8 @@ impl<R: Registrar> Cache<R> {
         // Miss: make room first, register without the lock, then insert.
         let (evicted, fits) = st.make_room(req.len as u64, self.limits);
         drop(st);
-        let started = self.inval_started.load(SeqCst);
-        let quiet = started == self.inval_finished.load(SeqCst);
+        let (started, finished) = self.queue.counters();
+        let quiet = started == finished;
         self.deregister_all(&evicted);
         self.stats
             .evictions
@@ -289,7 +341,7 @@ impl<R: Registrar> Cache<R> {
         let mr = result.map_err(AcquireError::Failed)?;
 
         let mut st = self.lock();
-        let raced = !quiet || self.inval_started.load(SeqCst) != started;
+        let raced = !quiet || self.queue.started() != started;
         if fits && !raced && st.fits(req.len as u64, self.limits) {
             st.insert(*req, mr);
             self.note_peak(&st);
@@ -342,6 +394,7 @@ impl<R: Registrar> Cache<R> {
 
     /// The app's `ibv_dereg_mr(ptr)`.
     pub fn release(&self, ptr: usize) -> Released {
+        self.drain_pending();
         let mut st = self.lock();
         let Some(handle) = st.handles.remove(&ptr) else {
             let double = st.spare_shadows.contains(&ptr)
@@ -402,36 +455,20 @@ impl<R: Registrar> Cache<R> {
 
     /// Memory in `[start, end)` is going away: no entry overlapping it may be hit again.
     /// Idle entries are deregistered now, entries in use at their last release.
-    pub fn invalidate(&self, start: usize, end: usize) -> usize {
-        let n = self.invalidate_begin(start, end);
+    pub fn invalidate(&self, start: usize, end: usize) {
+        self.invalidate_begin(start, end);
         self.invalidate_end();
-        n
+        self.drain_pending();
     }
 
-    /// First half of an invalidation, before the memory changes (the unmap syscall).
-    pub fn invalidate_begin(&self, start: usize, end: usize) -> usize {
-        self.inval_started.fetch_add(1, SeqCst);
-        let mut st = self.lock();
-        let mut ids = Vec::new();
-        st.index
-            .for_each_overlap(start, end, |id, _, _| ids.push(id));
-        let mut to_dereg = Vec::new();
-        for &id in &ids {
-            st.unindex(id);
-            let idle = st.entry(id).is_some_and(|e| e.refs == 0);
-            if idle {
-                to_dereg.extend(st.remove(id));
-            }
-        }
-        drop(st);
-        self.stats.invalidated.fetch_add(ids.len() as u64, Relaxed);
-        self.deregister_all(&to_dereg);
-        ids.len()
+    /// What a memory hook does before the memory changes: lock-free, allocation-free.
+    pub fn invalidate_begin(&self, start: usize, end: usize) {
+        self.queue.begin(start, end);
     }
 
-    /// Second half of an invalidation, after the memory changed.
+    /// What a memory hook does after the memory changed.
     pub fn invalidate_end(&self) {
-        self.inval_finished.fetch_add(1, SeqCst);
+        self.queue.end();
     }
 
     /// Deregister every idle entry of this PD (before `ibv_dealloc_pd`, which would fail

@@ -3,6 +3,7 @@
 //!
 //! - [`index::RangeIndex`]: which cached ranges overlap an address range.
 //! - [`cache::Cache`]: the registration cache policy over a [`cache::Registrar`].
+//! - [`invalidation::InvalidationQueue`]: how memory hooks report unmaps, lock-free.
 //! - [`access`]: which registrations may be cached and which entry may serve a request.
 //! - [`config`]: the `MRCACHE_*` environment variables.
 
@@ -10,6 +11,7 @@ pub mod access;
 pub mod cache;
 pub mod config;
 pub mod index;
+pub mod invalidation;
 
 /// The version shared by the launcher and `libmrcache.so`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
