@@ -4,7 +4,7 @@
 # (ci/vm/fetch.sh) and never installed into the host.
 set -euo pipefail
 pkgs=(libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils perftest rdmacm-utils
-      iproute2 gcc make python3 liburing-dev)
+      iproute2 gcc make python3 liburing-dev libjemalloc2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

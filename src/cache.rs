@@ -9,7 +9,8 @@ use crate::access::{self, Bypass};
 use crate::index::RangeIndex;
 use crate::invalidation::InvalidationQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -184,6 +185,9 @@ struct State {
     spare_shadows: HashSet<usize>,
     count: usize,
     bytes: u64,
+    /// MRs taken out of the cache and not yet deregistered (shared with `Cache`): a flush
+    /// before `ibv_dealloc_pd` waits for them, or the PD would still be busy.
+    pending: Arc<AtomicUsize>,
 }
 
 pub struct Cache<R: Registrar> {
@@ -195,6 +199,7 @@ pub struct Cache<R: Registrar> {
     /// it started, and none may have begun before it is inserted (between an unmap hook and
     /// the unmap syscall itself, a new registration would still pin the old pages).
     queue: &'static InvalidationQueue,
+    pending: Arc<AtomicUsize>,
     pub stats: Stats,
 }
 
@@ -207,19 +212,26 @@ impl<R: Registrar> Cache<R> {
     /// A cache with a queue of its own (tests; the preload shares a static one with its
     /// memory hooks through `with_queue`).
     pub fn new(registrar: R, limits: Limits) -> Cache<R> {
-        Self::with_queue(registrar, limits, Box::leak(Box::new(InvalidationQueue::new())))
+        Self::with_queue(
+            registrar,
+            limits,
+            Box::leak(Box::new(InvalidationQueue::new())),
+        )
     }
 
     pub fn with_queue(registrar: R, limits: Limits, queue: &'static InvalidationQueue) -> Cache<R> {
         queue.activate();
+        let pending = Arc::new(AtomicUsize::new(0));
         Cache {
             registrar,
             limits,
             state: Mutex::new(State {
                 index: RangeIndex::new(),
+                pending: pending.clone(),
                 ..State::default()
             }),
             queue,
+            pending,
             stats: Stats::default(),
         }
     }
@@ -237,7 +249,8 @@ impl<R: Registrar> Cache<R> {
         let mut n = 0u64;
         self.queue.drain(|start, end| {
             let mut ids = Vec::new();
-            st.index.for_each_overlap(start, end, |id, _, _| ids.push(id));
+            st.index
+                .for_each_overlap(start, end, |id, _, _| ids.push(id));
             n += ids.len() as u64;
             for id in ids {
                 st.unindex(id);
@@ -442,14 +455,12 @@ impl<R: Registrar> Cache<R> {
         drop(st);
         match to_dereg {
             None => Released::Kept,
-            Some(mr) => match self.registrar.deregister(mr) {
-                Ok(()) => Released::Deregistered,
-                Err(_) => {
-                    // The app released it; nothing can hand it out again. Count the leak.
-                    self.stats.dereg_failures.fetch_add(1, Relaxed);
-                    Released::Deregistered
-                }
-            },
+            Some(mr) => {
+                // Invalidated while in use, now released: gone. A failure is counted (the
+                // app released it; nothing can hand it out again).
+                self.deregister_all(&[mr]);
+                Released::Deregistered
+            }
         }
     }
 
@@ -490,6 +501,11 @@ impl<R: Registrar> Cache<R> {
     fn flush(&self, pred: impl Fn(&Entry) -> bool) -> usize {
         let idle = self.lock().evict_idle(pred);
         self.deregister_all(&idle);
+        // Other threads (the background drain) may be deregistering entries they took out
+        // just before: wait for them, a handful of provider calls at most.
+        while self.pending.load(SeqCst) > 0 {
+            std::thread::yield_now();
+        }
         idle.len()
     }
 
@@ -513,7 +529,11 @@ impl<R: Registrar> Cache<R> {
                 st.handles.remove(&ptr);
                 st.unindex(id);
                 match st.remove(id) {
-                    Some(mr) => Detached::Sole(mr),
+                    Some(mr) => {
+                        // Handed to the app, not to a deregistration.
+                        self.pending.fetch_sub(1, SeqCst);
+                        Detached::Sole(mr)
+                    }
                     None => Detached::NotOurs,
                 }
             }
@@ -562,11 +582,13 @@ impl<R: Registrar> Cache<R> {
         self.stats.peak_bytes.fetch_max(st.bytes, Relaxed);
     }
 
+    /// Deregister MRs that `State::remove` took out of the cache.
     fn deregister_all(&self, mrs: &[Mr]) {
         for &mr in mrs {
             if self.registrar.deregister(mr).is_err() {
                 self.stats.dereg_failures.fetch_add(1, Relaxed);
             }
+            self.pending.fetch_sub(1, SeqCst);
         }
     }
 }
@@ -740,6 +762,7 @@ impl State {
             self.lru.remove(&t);
         }
         self.by_mr.remove(&e.mr.ptr);
+        self.pending.fetch_add(1, SeqCst);
         self.free_ids.push(id);
         self.count -= 1;
         self.bytes -= e.req.len as u64;

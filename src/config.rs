@@ -37,6 +37,12 @@ pub const VARIABLES: &[Variable] = &[
         about: "1 lets a request with remote access hit a cached registration of a containing range or with more remote rights (widens what a peer can reach: opt in knowingly)",
     },
     Variable {
+        name: "MRCACHE_MONITOR",
+        default: "patch",
+        allowed: "patch, symbols, none",
+        about: "how unmapped memory is seen: patch = symbol hooks plus glibc's internal munmap/madvise/brk patched at load (sees free(), malloc_trim, arena shrink); symbols = symbol hooks only; none = nothing (UNSAFE: for tests that must see stale registrations)",
+    },
+    Variable {
         name: "MRCACHE_STATS",
         default: "0",
         allowed: "1 or 0",
@@ -59,6 +65,37 @@ pub struct Config {
     pub shadow: bool,
     pub remote_superset: bool,
     pub stats: bool,
+    pub monitor: Monitor,
+}
+
+/// How the library learns that memory goes away (`MRCACHE_MONITOR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Monitor {
+    /// Symbol hooks, plus glibc's internal unmap entry points patched at load.
+    Patch,
+    /// Symbol hooks only: glibc-internal unmaps (free, malloc_trim) are not seen.
+    Symbols,
+    /// Nothing is tracked. Unsafe; for tests that must see stale registrations.
+    None,
+}
+
+impl Monitor {
+    pub fn parse(v: &str) -> Option<Monitor> {
+        match v {
+            "patch" => Some(Monitor::Patch),
+            "symbols" => Some(Monitor::Symbols),
+            "none" => Some(Monitor::None),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Monitor::Patch => "patch",
+            Monitor::Symbols => "symbols",
+            Monitor::None => "none",
+        }
+    }
 }
 
 impl Config {
@@ -71,6 +108,7 @@ impl Config {
             shadow: true,
             remote_superset: false,
             stats: false,
+            monitor: Monitor::Patch,
         }
     }
 }
@@ -157,6 +195,7 @@ where
             "MRCACHE_SHADOW" => parse_bool(value).map(|b| cfg.shadow = b),
             "MRCACHE_REMOTE_SUPERSET" => parse_bool(value).map(|b| cfg.remote_superset = b),
             "MRCACHE_STATS" => parse_bool(value).map(|b| cfg.stats = b),
+            "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
             _ => None,
         };
         if ok.is_none() {
@@ -277,6 +316,8 @@ mod tests {
             ("MRCACHE_MAX_BYTES", "4X"),
             ("MRCACHE_SHADOW", "2"),
             ("MRCACHE_REMOTE_SUPERSET", "yes please"),
+            ("MRCACHE_MONITOR", "uffd"),
+            ("MRCACHE_STATS", "verbose"),
         ];
         for (name, value) in cases {
             let (cfg, problems) = parse([(name, value)], 8 * GIB);

@@ -112,7 +112,11 @@ impl InvalidationQueue {
             let seq = slot.seq.load(Acquire);
             let diff = seq as isize - pos as isize;
             if diff == 0 {
-                if self.tail.compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed).is_ok() {
+                if self
+                    .tail
+                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
+                    .is_ok()
+                {
                     slot.start.store(start, Relaxed);
                     slot.end.store(end, Relaxed);
                     slot.seq.store(pos + 1, Release);
@@ -196,8 +200,14 @@ mod tests {
         let v = drained(&q);
         assert_eq!(v.len(), CAPACITY + 1);
         assert_eq!(v[0], (0, 0x100));
-        assert_eq!(v[CAPACITY - 1], ((CAPACITY - 1) * 0x1000, (CAPACITY - 1) * 0x1000 + 0x100));
-        assert_eq!(v[CAPACITY], (CAPACITY * 0x1000, (CAPACITY + 9) * 0x1000 + 0x100));
+        assert_eq!(
+            v[CAPACITY - 1],
+            ((CAPACITY - 1) * 0x1000, (CAPACITY - 1) * 0x1000 + 0x100)
+        );
+        assert_eq!(
+            v[CAPACITY],
+            (CAPACITY * 0x1000, (CAPACITY + 9) * 0x1000 + 0x100)
+        );
         assert!(!q.has_pending());
         // Reusable after a full cycle.
         q.begin(1, 2);
@@ -239,7 +249,10 @@ mod tests {
                 c[k] = true;
             }
         });
-        assert!(covered.lock().unwrap().iter().all(|&c| c), "an invalidation was lost");
+        assert!(
+            covered.lock().unwrap().iter().all(|&c| c),
+            "an invalidation was lost"
+        );
         assert_eq!(q.counters(), (20000, 20000));
     }
 }

@@ -97,6 +97,10 @@ fn case_script(case: &Case, repo: &Path, bin: &Path, preload: &Path) -> Result<S
     let _ = writeln!(s, ". '{}/ci/vm/guest-lib.sh'", repo.display());
     let _ = writeln!(s, "export BIN='{}'", bin.display());
     let _ = writeln!(s, "export MRCACHE_PRELOAD='{}'", preload.display());
+    let _ = writeln!(
+        s,
+        "export JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    );
     if case.variant == Variant::Preload {
         let _ = writeln!(s, "export LD_PRELOAD='{}'", preload.display());
     }
@@ -339,6 +343,7 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
     std::fs::write(job.join("commands"), commands).map_err(|e| e.to_string())?;
 
     let status = Command::new("bash")
+        .env("HUGEPAGES", "32") // for the MAP_HUGETLB cases
         .arg(repo.join("ci/vm/run.sh"))
         .arg("-j")
         .arg(&job)

@@ -7,9 +7,12 @@
 //! version script (which exports everything unversioned) does not claim them.
 
 mod ffi;
+mod memory;
+mod patch;
 mod provider;
 mod real;
 mod runtime;
+mod selftest;
 
 use ffi::{IbvContext, IbvMr, IbvPd};
 use std::ffi::{c_int, c_uint, c_void};
@@ -117,10 +120,12 @@ extern "C" fn fork_init() -> c_int {
     runtime::fork_init()
 }
 
-/// Constructor: resolve the real verbs functions if libibverbs is already loaded. It never
-/// loads libibverbs, reads no configuration and prints nothing.
+/// Constructor: resolve the real verbs functions if libibverbs is already loaded, and
+/// install the memory monitor. It never loads libibverbs, allocates nothing and prints
+/// nothing.
 extern "C" fn init() {
     real::resolve_loaded();
+    memory::install();
 }
 
 #[used]

@@ -3,10 +3,12 @@
 //! configuration, prints nothing and starts nothing.
 
 use crate::ffi::{self, IbvContext, IbvMr, IbvPd};
+use crate::memory::{self, QUEUE};
 use crate::provider::Provider;
 use crate::real;
+use crate::selftest::{self, Coverage};
 use mrcache::cache::{AcquireError, Cache, Detached, Limits, Released, Request};
-use mrcache::config;
+use mrcache::config::{self, Monitor};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -14,6 +16,8 @@ use std::sync::OnceLock;
 
 pub struct Runtime {
     pub cache: Option<Cache<Provider>>,
+    pub monitor: Monitor,
+    pub coverage: Option<Coverage>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -31,8 +35,31 @@ fn runtime() -> &'static Runtime {
             // SAFETY: registering a plain extern "C" fn with atexit.
             unsafe { libc::atexit(print_stats) };
         }
+        if config.enabled && config.monitor == Monitor::None {
+            eprintln!(
+                "mrcache: WARNING: MRCACHE_MONITOR=none: unmapped and freed memory is NOT tracked; cached registrations can go stale and remote writes can land in memory that no longer belongs to the buffer. For tests only."
+            );
+        }
+        let mut coverage = None;
         let cache = config.enabled.then(|| {
-            Cache::new(
+            QUEUE.activate();
+            let libc_handle = memory::LIBC.load(std::sync::atomic::Ordering::Relaxed);
+            let patched = memory::PATCHED.load(std::sync::atomic::Ordering::Relaxed);
+            // The allocator probes only mean something when the program's malloc is glibc's.
+            // SAFETY: dlsym lookups of malloc in the global scope and in libc.
+            let glibc_malloc = !libc_handle.is_null()
+                && unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) == libc::dlsym(libc_handle, c"malloc".as_ptr()) };
+            let c = selftest::run(libc_handle, glibc_malloc, patched & 4 != 0);
+            let missed = c.missed();
+            if config.monitor != Monitor::None && !missed.is_empty() {
+                eprintln!(
+                    "mrcache: monitor '{}' does not see: {}; registrations of memory released that way could go stale (MRCACHE_MONITOR=patch sees them)",
+                    config.monitor.as_str(),
+                    missed.join(", ")
+                );
+            }
+            coverage = Some(c);
+            let cache = Cache::with_queue(
                 Provider,
                 Limits {
                     max_entries: config.max_entries,
@@ -40,10 +67,28 @@ fn runtime() -> &'static Runtime {
                     shadow: config.shadow,
                     remote_superset: config.remote_superset,
                 },
-            )
+                &QUEUE,
+            );
+            start_drain_thread();
+            cache
         });
-        Runtime { cache }
+        Runtime { cache, monitor: config.monitor, coverage }
     })
+}
+
+/// Deregisters idle entries whose memory went away even when the program makes no more
+/// verbs calls, so their pinned pages are given back.
+fn start_drain_thread() {
+    let _ = std::thread::Builder::new()
+        .name("mrcache-drain".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                if let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) {
+                    let _ = catch_unwind(AssertUnwindSafe(|| cache.drain_pending()));
+                }
+            }
+        });
 }
 
 fn physical_memory() -> u64 {
@@ -272,7 +317,8 @@ pub fn fork_init() -> i32 {
 }
 
 extern "C" fn print_stats() {
-    let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else {
+    let Some(rt) = RUNTIME.get() else { return };
+    let Some(cache) = rt.cache.as_ref() else {
         return;
     };
     let s = cache.snapshot();
@@ -298,4 +344,15 @@ extern "C" fn print_stats() {
         s.reg_ns as f64 / 1e6,
         (hits * per_reg) as f64 / 1e6,
     );
+    if let Some(c) = &rt.coverage {
+        eprintln!(
+            "mrcache: pid {}: monitor {}, {} unmaps reported ({} merged on overflow); self-test {:.0} us: {}",
+            std::process::id(),
+            rt.monitor.as_str(),
+            QUEUE.pushed.load(std::sync::atomic::Ordering::Relaxed),
+            QUEUE.overflows.load(std::sync::atomic::Ordering::Relaxed),
+            c.nanos as f64 / 1e3,
+            c.summary()
+        );
+    }
 }

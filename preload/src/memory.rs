@@ -1,0 +1,415 @@
+//! Memory hooks: every way a process can make a virtual range stop being backed by the
+//! pages it had. Each hook reports the range to the `InvalidationQueue` *before* the
+//! kernel changes the mapping and issues the syscall itself (`syscall(2)`, never a libc
+//! wrapper that could be patched or hooked again).
+//!
+//! Hooks run in every thread of every process the library is preloaded into, before our
+//! constructor (jemalloc calls madvise during its own initialisation) and inside
+//! allocators: they take no lock, allocate nothing, print nothing, and when no cache
+//! exists they only bump two counters around the syscall.
+
+use mrcache::invalidation::InvalidationQueue;
+use std::ffi::{c_int, c_long, c_void};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+
+/// Shared by every hook and the cache.
+pub static QUEUE: InvalidationQueue = InvalidationQueue::new();
+
+/// `MRCACHE_MONITOR=none`: hooks report nothing (tests use it to prove they see stale hits).
+pub static REPORTING: AtomicBool = AtomicBool::new(true);
+
+const PAGE: usize = 4096;
+const MAP_FIXED: c_int = 0x10;
+const MAP_FIXED_NOREPLACE: c_int = 0x10_0000;
+const MREMAP_FIXED: c_int = 2;
+const SHM_REMAP: c_int = 0o40000;
+
+/// Run `f` (the syscall) with `[addr, addr + len)` reported as going away.
+#[inline]
+fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
+    if !REPORTING.load(Relaxed) {
+        return f();
+    }
+    let start = addr & !(PAGE - 1);
+    let end = addr.saturating_add(len).saturating_add(PAGE - 1) & !(PAGE - 1);
+    QUEUE.begin(start, end);
+    let r = f();
+    QUEUE.end();
+    r
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Raw system call with libc's error convention (-1 and errno).
+fn sys(n: c_long, a: usize, b: usize, c: usize, d: usize, e: usize, f: usize) -> isize {
+    // SAFETY: syscall(2) with integer arguments; each caller passes the kernel ABI's.
+    unsafe { libc::syscall(n, a, b, c, d, e, f) as isize }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    invalidating(addr as usize, len, || {
+        sys(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int
+    })
+}
+
+/// The advice values that drop pages: the range is backed by new pages at the next touch.
+fn zaps(advice: c_int) -> bool {
+    matches!(
+        advice,
+        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE | 24 /* MADV_DONTNEED_LOCKED */
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let call = || {
+        sys(
+            libc::SYS_madvise,
+            addr as usize,
+            len,
+            advice as usize,
+            0,
+            0,
+            0,
+        ) as c_int
+    };
+    if zaps(advice) {
+        invalidating(addr as usize, len, call)
+    } else {
+        call()
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // POSIX_MADV_DONTNEED is a no-op in glibc; only the Linux advice values zap pages.
+    // Returns the error number instead of setting errno.
+    if advice == libc::POSIX_MADV_DONTNEED {
+        return 0;
+    }
+    if madvise(addr, len, advice) == 0 {
+        0
+    } else {
+        // SAFETY: __errno_location returns this thread's errno.
+        unsafe { *libc::__errno_location() }
+    }
+}
+
+/// mremap is variadic in C; on x86-64 a five-argument definition receives the optional
+/// new address in the right register.
+#[unsafe(no_mangle)]
+pub extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let call = || {
+        sys(
+            libc::SYS_mremap,
+            old as usize,
+            old_len,
+            new_len,
+            flags as usize,
+            new_addr as usize,
+            0,
+        ) as *mut c_void
+    };
+    if flags & MREMAP_FIXED != 0 {
+        invalidating(new_addr as usize, new_len, || {
+            invalidating(old as usize, old_len, call)
+        })
+    } else {
+        invalidating(old as usize, old_len, call)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
+    if off & (PAGE as i64 - 1) != 0 {
+        set_errno(libc::EINVAL);
+        return libc::MAP_FAILED;
+    }
+    let call = || {
+        sys(
+            libc::SYS_mmap,
+            addr as usize,
+            len,
+            prot as usize,
+            flags as usize,
+            fd as usize,
+            off as usize,
+        ) as *mut c_void
+    };
+    if flags & MAP_FIXED != 0 && flags & MAP_FIXED_NOREPLACE == 0 {
+        invalidating(addr as usize, len, call)
+    } else {
+        call()
+    }
+}
+
+/// libc's `__curbrk`, which its brk keeps; our brk must keep it too.
+pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+#[unsafe(no_mangle)]
+pub extern "C" fn brk(addr: *mut c_void) -> c_int {
+    let curbrk = CURBRK.load(Relaxed);
+    // SAFETY: CURBRK is null or libc's exported __curbrk variable.
+    let cur = if curbrk.is_null() {
+        0
+    } else {
+        unsafe { *curbrk as usize }
+    };
+    let call = || sys(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
+    let got = if !addr.is_null() && (addr as usize) < cur {
+        invalidating(addr as usize, cur - addr as usize, call)
+    } else {
+        call()
+    };
+    if !curbrk.is_null() {
+        // SAFETY: as above; libc's own brk stores the kernel's answer the same way.
+        unsafe { *curbrk = got as *mut c_void };
+    }
+    if got < addr as usize {
+        set_errno(libc::ENOMEM);
+        return -1;
+    }
+    0
+}
+
+type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
+pub static REAL_SBRK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
+    let f = REAL_SBRK.load(Relaxed);
+    if f.is_null() {
+        set_errno(libc::ENOMEM);
+        return usize::MAX as *mut c_void;
+    }
+    // SAFETY: f is libc's sbrk.
+    let f: SbrkFn = unsafe { std::mem::transmute(f) };
+    if incr < 0 {
+        // SAFETY: sbrk(0) only reads the break.
+        let cur = unsafe { f(0) } as usize;
+        let shrink = incr.unsigned_abs();
+        // SAFETY: libc's sbrk with the app's argument.
+        invalidating(cur.saturating_sub(shrink), shrink, || unsafe { f(incr) })
+    } else {
+        // SAFETY: as above.
+        unsafe { f(incr) }
+    }
+}
+
+/// Attached System V segments (address, size), so that shmdt knows how much goes away.
+const SHM_SLOTS: usize = 64;
+static SHM: [(AtomicUsize, AtomicUsize); SHM_SLOTS] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SHM_SLOTS];
+
+fn shm_size(id: c_int) -> usize {
+    // SAFETY: shmid_ds is plain data; IPC_STAT fills it.
+    unsafe {
+        let mut ds: libc::shmid_ds = std::mem::zeroed();
+        if libc::shmctl(id, libc::IPC_STAT, &mut ds) == 0 {
+            ds.shm_segsz
+        } else {
+            0
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    let size = shm_size(id);
+    let call = || {
+        sys(
+            libc::SYS_shmat,
+            id as usize,
+            addr as usize,
+            flags as usize,
+            0,
+            0,
+            0,
+        ) as *mut c_void
+    };
+    let p = if flags & SHM_REMAP != 0 && !addr.is_null() {
+        invalidating(addr as usize, size, call)
+    } else {
+        call()
+    };
+    if p as isize != -1 && size > 0 {
+        for (a, s) in &SHM {
+            if a.compare_exchange(0, p as usize, AcqRel, Relaxed).is_ok() {
+                s.store(size, Release);
+                break;
+            }
+        }
+    }
+    p
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
+    let mut size = 0;
+    for (a, s) in &SHM {
+        if a.load(Acquire) == addr as usize {
+            size = s.load(Acquire);
+            a.store(0, Release);
+            break;
+        }
+    }
+    // A segment attached before we were loaded (or beyond the table): assume everything
+    // above it goes, as libfabric does.
+    let len = if size > 0 {
+        size
+    } else {
+        usize::MAX - addr as usize
+    };
+    invalidating(addr as usize, len, || {
+        sys(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int
+    })
+}
+
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+pub static REAL_REALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// The realloc underneath is glibc's, whose chunk headers we may read.
+pub static GLIBC_REALLOC: AtomicBool = AtomicBool::new(false);
+
+/// glibc's realloc of an mmapped chunk moves it with its internal `__mremap`, which no
+/// symbol hook and no patched entry point sees: report the old chunk first.
+#[unsafe(no_mangle)]
+pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
+    let mut f = REAL_REALLOC.load(Relaxed);
+    if f.is_null() {
+        // SAFETY: dlsym with a valid name; RTLD_NEXT finds the allocator below us.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"realloc".as_ptr()) };
+        REAL_REALLOC.store(f, Relaxed);
+    }
+    // SAFETY: f is the next realloc in the search order.
+    let real: ReallocFn = unsafe { std::mem::transmute(f) };
+    if !ptr.is_null() && GLIBC_REALLOC.load(Relaxed) && QUEUE.is_active() {
+        // SAFETY: ptr is a live glibc allocation (the caller passes it to realloc): its
+        // chunk header is the two words before it; bit 1 of the size marks an mmapped
+        // chunk, whose mapping starts prev_size bytes before the chunk.
+        let (prev, size_field) =
+            unsafe { (*(ptr as *const usize).sub(2), *(ptr as *const usize).sub(1)) };
+        if size_field & 2 != 0 {
+            let chunk = ptr as usize - 16;
+            let start = chunk.wrapping_sub(prev);
+            // SAFETY: as above.
+            return invalidating(start, prev + (size_field & !7), || unsafe {
+                real(ptr, size)
+            });
+        }
+    }
+    // SAFETY: as above.
+    unsafe { real(ptr, size) }
+}
+
+/// `mmap64` is the same function as `mmap` on 64-bit.
+#[unsafe(no_mangle)]
+pub extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
+/// libc's own handle (RTLD_NOLOAD), for its internal entry points.
+pub static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Which of libc's entry points were patched: bit 0 munmap, 1 madvise, 2 brk.
+pub static PATCHED: AtomicUsize = AtomicUsize::new(0);
+/// The monitor chosen at load (`MRCACHE_MONITOR`), as read in the constructor.
+pub static MONITOR: AtomicUsize = AtomicUsize::new(0); // 0 patch, 1 symbols, 2 none, 3 invalid
+
+fn env_is(name: &std::ffi::CStr, values: &[&[u8]]) -> Option<bool> {
+    // SAFETY: getenv with a valid name; the result is read before anything can change it.
+    let v = unsafe { libc::getenv(name.as_ptr()) };
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returns a NUL-terminated string.
+    let v = unsafe { std::ffi::CStr::from_ptr(v) }.to_bytes();
+    Some(values.contains(&v))
+}
+
+/// Constructor part: find libc's pieces and install the monitor `MRCACHE_MONITOR` names.
+/// Reads the environment with getenv only (no allocation), prints nothing: a bad value is
+/// reported at the first verbs call.
+pub fn install() {
+    // SAFETY: RTLD_NOLOAD returns libc's handle (always loaded) without loading anything.
+    let h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if h.is_null() {
+        return;
+    }
+    LIBC.store(h, Relaxed);
+    // SAFETY: dlsym on libc's handle with valid names.
+    unsafe {
+        CURBRK.store(
+            libc::dlsym(h, c"__curbrk".as_ptr()) as *mut *mut c_void,
+            Relaxed,
+        );
+        REAL_SBRK.store(libc::dlsym(h, c"sbrk".as_ptr()), Relaxed);
+        let next = libc::dlsym(libc::RTLD_NEXT, c"realloc".as_ptr());
+        REAL_REALLOC.store(next, Relaxed);
+        GLIBC_REALLOC.store(
+            !next.is_null() && next == libc::dlsym(h, c"realloc".as_ptr()),
+            Relaxed,
+        );
+    }
+    let monitor = match env_is(c"MRCACHE_MONITOR", &[b"patch"]) {
+        None | Some(true) => 0,
+        Some(false) if env_is(c"MRCACHE_MONITOR", &[b"symbols"]) == Some(true) => 1,
+        Some(false) if env_is(c"MRCACHE_MONITOR", &[b"none"]) == Some(true) => 2,
+        Some(false) => 3,
+    };
+    MONITOR.store(monitor, Relaxed);
+    if monitor == 2 {
+        REPORTING.store(false, Relaxed);
+    }
+    let disabled = env_is(c"MRCACHE_ENABLE", &[b"0", b"off", b"false", b"no"]) == Some(true);
+    if monitor != 0 || disabled {
+        return;
+    }
+    let targets = [
+        crate::patch::Target {
+            name: c"munmap",
+            expect: [0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05],
+            hook: munmap as *const () as usize,
+        },
+        crate::patch::Target {
+            name: c"madvise",
+            expect: [0xb8, 0x1c, 0, 0, 0, 0x0f, 0x05],
+            hook: madvise as *const () as usize,
+        },
+        crate::patch::Target {
+            name: c"brk",
+            expect: [0xb8, 0x0c, 0, 0, 0, 0x0f, 0x05],
+            hook: brk as *const () as usize,
+        },
+    ];
+    let mut done = 0;
+    for (i, t) in targets.iter().enumerate() {
+        if crate::patch::patch(h, t).is_ok() {
+            done |= 1 << i;
+        }
+    }
+    PATCHED.store(done, Relaxed);
+}

@@ -1,0 +1,241 @@
+//! The startup self-test: exercise each way memory can go away on scratch memory and record
+//! whether the active monitor reported it. Runs once, when the cache is created (the first
+//! registration), before any entry exists, so draining the queue here loses nothing.
+
+use crate::memory::QUEUE;
+use std::ffi::{CStr, c_int, c_void};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Caught,
+    Missed,
+    /// Not exercised; the text says why.
+    NotRun(&'static str),
+}
+
+pub struct Coverage {
+    pub results: Vec<(&'static str, Status)>,
+    pub nanos: u64,
+}
+
+impl Coverage {
+    pub fn missed(&self) -> Vec<&'static str> {
+        self.results
+            .iter()
+            .filter(|(_, s)| *s == Status::Missed)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .results
+            .iter()
+            .map(|(n, s)| match s {
+                Status::Caught => format!("{n}: caught"),
+                Status::Missed => format!("{n}: MISSED"),
+                Status::NotRun(why) => format!("{n}: {why}"),
+            })
+            .collect();
+        parts.join("; ")
+    }
+}
+
+const PAGE: usize = 4096;
+
+fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with a valid handle (or pseudo-handle) and name.
+    unsafe { libc::dlsym(handle, name.as_ptr()) }
+}
+
+fn scratch(len: usize) -> usize {
+    // SAFETY: a fresh anonymous private mapping, by raw syscall (no hook involved).
+    let p = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            0usize,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1i64,
+            0usize,
+        )
+    };
+    if p < 0 { 0 } else { p as usize }
+}
+
+fn release(p: usize, len: usize) {
+    // SAFETY: unmaps scratch memory of our own, by raw syscall.
+    unsafe { libc::syscall(libc::SYS_munmap, p, len) };
+}
+
+/// Whether running `op` reported a range covering `[start, end)`.
+fn caught(start: usize, end: usize, op: impl FnOnce()) -> Status {
+    QUEUE.drain(|_, _| {});
+    op();
+    let mut seen = false;
+    QUEUE.drain(|s, e| seen |= s <= start && end <= e);
+    if seen { Status::Caught } else { Status::Missed }
+}
+
+/// Run every probe. `libc_handle` is libc's own (its functions as glibc calls them inside).
+pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> Coverage {
+    let t0 = Instant::now();
+    let app = libc::RTLD_DEFAULT; // what a program's call through its PLT reaches
+    let mut r: Vec<(&'static str, Status)> = Vec::new();
+
+    type Munmap = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
+    type Madvise = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
+    type Mremap =
+        unsafe extern "C" fn(*mut c_void, usize, usize, c_int, *mut c_void) -> *mut c_void;
+    type Mmap = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
+    type Shmat = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
+    type Shmdt = unsafe extern "C" fn(*const c_void) -> c_int;
+
+    // SAFETY (whole block): each pointer comes from dlsym for that libc function and is
+    // called with its C prototype on scratch memory this function owns.
+    unsafe {
+        for (label, handle) in [
+            ("munmap (program call)", app),
+            ("munmap inside libc (free of an mmapped block)", libc_handle),
+        ] {
+            let f = sym(handle, c"munmap");
+            let p = scratch(2 * PAGE);
+            if f.is_null() || p == 0 {
+                r.push((label, Status::NotRun("not found")));
+                continue;
+            }
+            let f: Munmap = std::mem::transmute(f);
+            r.push((
+                label,
+                caught(p, p + 2 * PAGE, || {
+                    f(p as *mut c_void, 2 * PAGE);
+                }),
+            ));
+        }
+        for (label, handle) in [
+            ("madvise DONTNEED (program call)", app),
+            (
+                "madvise inside libc (malloc_trim, arena shrink)",
+                libc_handle,
+            ),
+        ] {
+            let f = sym(handle, c"madvise");
+            let p = scratch(2 * PAGE);
+            if f.is_null() || p == 0 {
+                r.push((label, Status::NotRun("not found")));
+                continue;
+            }
+            let f: Madvise = std::mem::transmute(f);
+            r.push((
+                label,
+                caught(p, p + 2 * PAGE, || {
+                    f(p as *mut c_void, 2 * PAGE, libc::MADV_DONTNEED);
+                }),
+            ));
+            release(p, 2 * PAGE);
+        }
+        let f = sym(app, c"mremap");
+        let p = scratch(PAGE);
+        if !f.is_null() && p != 0 {
+            let f: Mremap = std::mem::transmute(f);
+            let mut q = 0usize;
+            r.push((
+                "mremap (program call)",
+                caught(p, p + PAGE, || {
+                    q = f(
+                        p as *mut c_void,
+                        PAGE,
+                        64 * PAGE,
+                        libc::MREMAP_MAYMOVE,
+                        std::ptr::null_mut(),
+                    ) as usize;
+                }),
+            ));
+            if q != usize::MAX {
+                release(q, 64 * PAGE);
+            }
+        }
+        let f = sym(app, c"mmap");
+        let p = scratch(2 * PAGE);
+        if !f.is_null() && p != 0 {
+            let f: Mmap = std::mem::transmute(f);
+            r.push((
+                "mmap MAP_FIXED over a mapping (program call)",
+                caught(p, p + 2 * PAGE, || {
+                    f(
+                        p as *mut c_void,
+                        2 * PAGE,
+                        libc::PROT_READ,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                        -1,
+                        0,
+                    );
+                }),
+            ));
+            release(p, 2 * PAGE);
+        }
+        if glibc_malloc {
+            // Above glibc's largest dynamic mmap threshold (32 MiB), so always mmapped.
+            let big = 40 << 20;
+            let p = libc::malloc(big) as usize;
+            if p != 0 {
+                r.push((
+                    "free() of an mmapped block",
+                    caught(p, p + big, || libc::free(p as *mut c_void)),
+                ));
+            }
+            let realloc = sym(app, c"realloc");
+            let p = libc::malloc(big) as usize;
+            if p != 0 && !realloc.is_null() {
+                let realloc: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void =
+                    std::mem::transmute(realloc);
+                let mut q = 0usize;
+                r.push((
+                    "realloc() moving an mmapped block",
+                    caught(p, p + big, || {
+                        q = realloc(p as *mut c_void, 2 * big) as usize;
+                    }),
+                ));
+                libc::free(if q != 0 { q } else { p } as *mut c_void);
+            }
+        } else {
+            r.push(("free()/realloc() of an mmapped block", Status::NotRun("not glibc's malloc: the allocator's own munmap/madvise calls go through the symbol hooks")));
+        }
+        r.push((
+            "brk/sbrk shrink",
+            if brk_patched {
+                Status::NotRun("libc brk patched; not exercised at startup (shrinking the heap under a running allocator is unsafe)")
+            } else {
+                Status::NotRun("only sbrk/brk calls through the symbol hooks are seen (libc's own brk is not patched)")
+            },
+        ));
+        let (shmat, shmdt) = (sym(app, c"shmat"), sym(app, c"shmdt"));
+        let id = libc::shmget(libc::IPC_PRIVATE, PAGE, libc::IPC_CREAT | 0o600);
+        if id >= 0 && !shmat.is_null() && !shmdt.is_null() {
+            let shmat: Shmat = std::mem::transmute(shmat);
+            let shmdt: Shmdt = std::mem::transmute(shmdt);
+            let p = shmat(id, std::ptr::null(), 0) as usize;
+            if p != usize::MAX {
+                r.push((
+                    "shmdt (program call)",
+                    caught(p, p + PAGE, || {
+                        shmdt(p as *const c_void);
+                    }),
+                ));
+            }
+            libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+        } else {
+            r.push((
+                "shmdt (program call)",
+                Status::NotRun("System V shared memory unavailable"),
+            ));
+        }
+    }
+    QUEUE.drain(|_, _| {});
+    Coverage {
+        results: r,
+        nanos: t0.elapsed().as_nanos() as u64,
+    }
+}

@@ -1,0 +1,275 @@
+/* Never a stale registration: for each way a buffer's memory can go away, register the
+ * buffer (the cache keeps the registration idle after ibv_dereg_mr), make the same virtual
+ * address be backed by new pages, register it again and prove with an RDMA WRITE that the
+ * data reaches the NEW pages. A cache that missed the change hands back the old
+ * registration, the write lands in the old pages, and the check fails.
+ *
+ *   stale SCENARIO    (see the table at the end; "list" prints the names)
+ */
+#include "lib/loopback.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <string.h>
+#include <sys/ipc.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
+#include <unistd.h>
+
+/* The scenarios reuse addresses after free/realloc on purpose: that is the hazard. */
+#pragma GCC diagnostic ignored "-Wuse-after-free"
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+#define MIB (1ul << 20)
+
+static struct loopback lb;
+static unsigned seed = 1;
+
+/* Register [buf, buf+len), prove it, release it: the cache now holds it idle. */
+static void warm(void *buf, size_t len) {
+    struct ibv_mr *mr = ibv_reg_mr(lb.pd, buf, len, ACCESS);
+    CHECK(mr, "ibv_reg_mr(%p, %zu): %s", buf, len, strerror(errno));
+    CHECK(lb_prove_write(&lb, mr, buf, len, seed++) == 0, "first registration must work");
+    CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+}
+
+/* The memory under buf was replaced: a new registration must reach the new pages. */
+static int fresh(void *buf, size_t len) {
+    struct ibv_mr *mr = ibv_reg_mr(lb.pd, buf, len, ACCESS);
+    CHECK(mr, "ibv_reg_mr(%p, %zu) after the change: %s", buf, len, strerror(errno));
+    int rc = lb_prove_write(&lb, mr, buf, len, seed++);
+    CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+    return rc;
+}
+
+static void *map(size_t len) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED, "mmap %zu: %s", len, strerror(errno));
+    memset(p, 0x11, len);
+    return p;
+}
+
+/* New anonymous memory exactly at p, without replacing anything (so no unmap happens
+ * here: the scenario's own operation is the only thing the cache can learn from). */
+static void map_at(void *p, size_t len, int extra) {
+    void *q = mmap(p, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE | extra, -1, 0);
+    CHECK(q == p, "new mapping at %p: got %p (%s)", p, q, q == MAP_FAILED ? strerror(errno) : "elsewhere");
+    memset(p, 0x22, len);
+}
+
+static int s_munmap(void) {
+    size_t len = 2 * MIB;
+    char *p = map(len);
+    warm(p, len);
+    CHECK(munmap(p, len) == 0, "munmap");
+    map_at(p, len, 0);
+    return fresh(p, len);
+}
+
+static int s_munmap_partial(void) {
+    size_t len = 2 * MIB;
+    char *p = map(len);
+    warm(p, len);
+    CHECK(munmap(p + MIB / 2, MIB / 2) == 0, "munmap of the middle");
+    map_at(p + MIB / 2, MIB / 2, 0);
+    return fresh(p, len);
+}
+
+static int s_map_fixed(void) {
+    size_t len = 2 * MIB;
+    char *p = map(len);
+    warm(p, len);
+    void *q = mmap(p, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    CHECK(q == p, "MAP_FIXED");
+    return fresh(p, len);
+}
+
+static int s_madvise_dontneed(void) {
+    size_t len = 2 * MIB;
+    char *p = map(len);
+    warm(p, len);
+    CHECK(madvise(p, len, MADV_DONTNEED) == 0, "madvise");
+    return fresh(p, len);
+}
+
+static int s_mremap(void) {
+    size_t len = 2 * MIB;
+    char *p = map(len);
+    char *target = map(len); /* somewhere to move to */
+    warm(p, len);
+    void *q = mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, target);
+    CHECK(q == target, "mremap away: %s", strerror(errno));
+    map_at(p, len, 0);
+    return fresh(p, len);
+}
+
+static int s_free_malloc(void) {
+    size_t len = 40 * MIB; /* above glibc's largest mmap threshold: its own mapping */
+    char *p = malloc(len);
+    memset(p, 0x11, len);
+    /* Register whole pages past the first: allocators may place a block at a small
+     * (random, for jemalloc) offset into its first page, where their headers live. */
+    uintptr_t base = ((uintptr_t)p & ~4095ul) + 4096;
+    size_t rlen = len - 4096;
+    warm((void *)base, rlen);
+    free(p);
+    char *q = malloc(len);
+    CHECK((((uintptr_t)q & ~4095ul) + 4096) == base, "malloc after free returned %p, not the same pages", (void *)q);
+    memset(q, 0x22, len);
+    int rc = fresh((void *)base, rlen);
+    free(q);
+    return rc;
+}
+
+static int s_realloc(void) {
+    size_t len = 40 * MIB;
+    char *p = malloc(len);
+    memset(p, 0x11, len);
+    /* A page right after the chunk keeps realloc from growing it in place (usually the
+     * previous mapping is there already: EEXIST). */
+    size_t chunk_end = ((uintptr_t)p + malloc_usable_size(p) + 4095) & ~4095ul;
+    void *blocker = mmap((void *)chunk_end, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    CHECK(blocker == (void *)chunk_end || errno == EEXIST, "blocker page after the chunk: %s", strerror(errno));
+    warm(p, len);
+    uintptr_t was = (uintptr_t)p;
+    char *q = realloc(p, 2 * len);
+    CHECK(q && (uintptr_t)q != was, "realloc did not move the block");
+    /* The old range is empty now; map new memory there (the chunk's page-aligned span). */
+    char *old = (char *)((was - 16) & ~4095ul);
+    map_at(old, chunk_end - (uintptr_t)old, 0);
+    int rc = fresh((char *)was, len);
+    free(q);
+    if (blocker == (void *)chunk_end)
+        munmap(blocker, 4096);
+    return rc;
+}
+
+static int s_sbrk(void) {
+    /* Keep malloc off the break while we move it: a big free top chunk, never trimmed. */
+    mallopt(M_MMAP_THRESHOLD, 64 * MIB);
+    mallopt(M_TRIM_THRESHOLD, 256 * MIB);
+    free(malloc(16 * MIB));
+    size_t len = MIB;
+    char *p = sbrk(0);
+    CHECK(sbrk(len) == p, "sbrk grow");
+    memset(p, 0x11, len);
+    warm(p, len);
+    CHECK(sbrk(-(intptr_t)len) != (void *)-1, "sbrk shrink");
+    CHECK(sbrk(len) == p, "sbrk regrow");
+    memset(p, 0x22, len);
+    int rc = fresh(p, len);
+    sbrk(-(intptr_t)len);
+    return rc;
+}
+
+static int s_shm(void) {
+    size_t len = 2 * MIB;
+    int a = shmget(IPC_PRIVATE, len, IPC_CREAT | 0600), b = shmget(IPC_PRIVATE, len, IPC_CREAT | 0600);
+    CHECK(a >= 0 && b >= 0, "shmget: %s", strerror(errno));
+    char *p = shmat(a, NULL, 0);
+    CHECK(p != (void *)-1, "shmat");
+    memset(p, 0x11, len);
+    warm(p, len);
+    CHECK(shmdt(p) == 0, "shmdt");
+    char *q = shmat(b, p, 0);
+    CHECK(q == p, "second segment at the same address: %p", (void *)q);
+    int rc = fresh(q, len);
+    shmdt(q);
+    shmctl(a, IPC_RMID, NULL);
+    shmctl(b, IPC_RMID, NULL);
+    return rc;
+}
+
+static char *aligned_map(size_t len, size_t align) {
+    char *raw = mmap(NULL, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(raw != MAP_FAILED, "mmap");
+    char *p = (char *)(((uintptr_t)raw + align - 1) & ~(align - 1));
+    return p;
+}
+
+static int s_thp(void) {
+    size_t len = 4 * MIB;
+    char *p = aligned_map(len, 2 * MIB);
+    CHECK(madvise(p, len, MADV_HUGEPAGE) == 0, "MADV_HUGEPAGE: %s", strerror(errno));
+    memset(p, 0x11, len);
+    warm(p, len);
+    CHECK(madvise(p, len, MADV_DONTNEED) == 0, "madvise");
+    return fresh(p, len);
+}
+
+static int s_hugetlb(void) {
+    size_t len = 4 * MIB;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    CHECK(p != MAP_FAILED, "MAP_HUGETLB: %s (configure hugepages: vm.nr_hugepages)", strerror(errno));
+    memset(p, 0x11, len);
+    warm(p, len);
+    CHECK(munmap(p, len) == 0, "munmap");
+    map_at(p, len, MAP_HUGETLB);
+    return fresh(p, len);
+}
+
+static int s_cycle(void) {
+    enum { N = 100 };
+    char *b[N];
+    int bad = 0;
+    /* A fixed threshold: every block is its own mapping, unmapped by free. */
+    mallopt(M_MMAP_THRESHOLD, 256 << 10);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            size_t len = MIB / 2 + (size_t)i * 4096; /* mmapped by glibc at the default threshold */
+            b[i] = malloc(len);
+            memset(b[i], round, len);
+            struct ibv_mr *mr = ibv_reg_mr(lb.pd, b[i], len, ACCESS);
+            CHECK(mr, "ibv_reg_mr");
+            if (lb_prove_write(&lb, mr, b[i], len, seed++))
+                bad++;
+            CHECK(ibv_dereg_mr(mr) == 0, "dereg");
+        }
+        for (int i = 0; i < N; i++)
+            free(b[i]);
+    }
+    printf("cycle: %d stale registrations in 300\n", bad);
+    return bad ? -1 : 0;
+}
+
+static const struct {
+    const char *name;
+    int (*run)(void);
+} scenarios[] = {
+    {"munmap", s_munmap},
+    {"munmap_partial", s_munmap_partial},
+    {"map_fixed", s_map_fixed},
+    {"madvise_dontneed", s_madvise_dontneed},
+    {"mremap", s_mremap},
+    {"free_malloc", s_free_malloc},
+    {"realloc", s_realloc},
+    {"sbrk", s_sbrk},
+    {"shm", s_shm},
+    {"thp", s_thp},
+    {"hugetlb", s_hugetlb},
+    {"cycle", s_cycle},
+};
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2, "usage: stale SCENARIO (or list)");
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        if (!strcmp(argv[1], "list")) {
+            printf("%s\n", scenarios[i].name);
+            continue;
+        }
+        if (strcmp(argv[1], scenarios[i].name))
+            continue;
+        CHECK(lb_open(&lb, NULL) == 0, "cannot open the loopback pair");
+        int rc = scenarios[i].run();
+        lb_close(&lb);
+        printf("stale %s: %s\n", argv[1], rc ? "STALE registration: data went to the old pages" : "ok");
+        return rc ? 1 : 0;
+    }
+    if (!strcmp(argv[1], "list"))
+        return 0;
+    CHECK(0, "unknown scenario %s", argv[1]);
+}
