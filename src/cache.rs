@@ -15,6 +15,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 const ENOMEM: i32 = 12;
+/// How many drained invalidations are remembered for the registration race check.
+const RECENT: usize = 1024;
 const EAGAIN: i32 = 11;
 
 /// A provider registration: the `ibv_mr *` and the path that made it (the deregistration
@@ -185,6 +187,9 @@ struct State {
     spare_shadows: HashSet<usize>,
     count: usize,
     bytes: u64,
+    /// Recently drained invalidations (number, start, end), newest last: a registration
+    /// checks the ones that began while it was pinning pages.
+    recent: std::collections::VecDeque<(u64, usize, usize)>,
     /// MRs taken out of the cache and not yet deregistered (shared with `Cache`): a flush
     /// before `ibv_dealloc_pd` waits for them, or the PD would still be busy.
     pending: Arc<AtomicUsize>,
@@ -247,7 +252,13 @@ impl<R: Registrar> Cache<R> {
             return to_dereg;
         }
         let mut n = 0u64;
-        self.queue.drain(|start, end| {
+        self.queue.drain(|number, start, end| {
+            if let Some(number) = number {
+                if st.recent.len() == RECENT {
+                    st.recent.pop_front();
+                }
+                st.recent.push_back((number, start, end));
+            }
             let mut ids = Vec::new();
             st.index
                 .for_each_overlap(start, end, |id, _, _| ids.push(id));
@@ -354,16 +365,19 @@ impl<R: Registrar> Cache<R> {
         let mr = result.map_err(AcquireError::Failed)?;
 
         let mut st = self.lock();
-        let raced = !quiet || self.queue.started() != started;
+        let stale = self.drain_locked(&mut st);
+        let raced = !quiet || st.raced(req, started, self.queue.started());
         if fits && !raced && st.fits(req.len as u64, self.limits) {
             st.insert(*req, mr);
             self.note_peak(&st);
             drop(st);
+            self.deregister_all(&stale);
             self.stats.misses.fetch_add(1, Relaxed);
             Ok((mr.ptr, Outcome::Miss))
         } else {
             st.handles.insert(mr.ptr, Handle::Uncached { mr });
             drop(st);
+            self.deregister_all(&stale);
             self.stats.uncached.fetch_add(1, Relaxed);
             Ok((mr.ptr, Outcome::Uncached))
         }
@@ -594,6 +608,26 @@ impl<R: Registrar> Cache<R> {
 }
 
 impl State {
+    /// Whether a registration that started when `started` invalidations had begun (none
+    /// in flight) may have pinned pages that an invalidation begun since is taking away.
+    /// Every invalidation numbered in `started..now` must have been drained (else we
+    /// cannot tell: raced) and none may overlap the request.
+    fn raced(&self, req: &Request, started: u64, now: u64) -> bool {
+        if now == started {
+            return false;
+        }
+        let mut seen = 0u64;
+        for &(n, s, e) in self.recent.iter().rev() {
+            if n >= started && n < now {
+                seen += 1;
+                if s < req.end() && req.addr < e {
+                    return true;
+                }
+            }
+        }
+        seen != now - started
+    }
+
     fn entry(&self, id: u32) -> Option<&Entry> {
         self.entries.get(id as usize).and_then(Option::as_ref)
     }

@@ -18,6 +18,8 @@ const CAPACITY: usize = 1024;
 
 struct Slot {
     seq: AtomicUsize,
+    /// The invalidation's number (its place in the `started` count).
+    number: AtomicU64,
     start: AtomicUsize,
     end: AtomicUsize,
 }
@@ -48,6 +50,7 @@ impl InvalidationQueue {
         let mut slots = [const {
             Slot {
                 seq: AtomicUsize::new(0),
+                number: AtomicU64::new(0),
                 start: AtomicUsize::new(0),
                 end: AtomicUsize::new(0),
             }
@@ -83,9 +86,9 @@ impl InvalidationQueue {
 
     /// A hook, before the memory changes. Lock-free, allocation-free.
     pub fn begin(&self, start: usize, end: usize) {
-        self.started.fetch_add(1, SeqCst);
-        if end > start && self.active.load(SeqCst) {
-            self.push(start, end);
+        let number = self.started.fetch_add(1, SeqCst);
+        if self.active.load(SeqCst) {
+            self.push(number, start, end);
         }
     }
 
@@ -104,7 +107,7 @@ impl InvalidationQueue {
         self.started.load(SeqCst)
     }
 
-    fn push(&self, start: usize, end: usize) {
+    fn push(&self, number: u64, start: usize, end: usize) {
         self.pushed.fetch_add(1, Relaxed);
         loop {
             let pos = self.tail.load(Relaxed);
@@ -117,6 +120,7 @@ impl InvalidationQueue {
                     .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
                     .is_ok()
                 {
+                    slot.number.store(number, Relaxed);
                     slot.start.store(start, Relaxed);
                     slot.end.store(end, Relaxed);
                     slot.seq.store(pos + 1, Release);
@@ -138,10 +142,11 @@ impl InvalidationQueue {
         self.head.load(Acquire) != self.tail.load(Acquire) || self.overflowed.load(Acquire)
     }
 
-    /// Hand every pending range to `f`. Callers serialise drains (the cache lock). Waits
-    /// for a push that has claimed a slot but not yet filled it: that producer holds no
-    /// lock and is a few instructions from done.
-    pub fn drain(&self, mut f: impl FnMut(usize, usize)) {
+    /// Hand every pending range to `f(number, start, end)`; `number` is None for the merged
+    /// overflow range. Callers serialise drains (the cache lock). Waits for a push that
+    /// has claimed a slot but not yet filled it: that producer holds no lock and is a few
+    /// instructions from done.
+    pub fn drain(&self, mut f: impl FnMut(Option<u64>, usize, usize)) {
         loop {
             let pos = self.head.load(Relaxed);
             if pos == self.tail.load(Acquire) {
@@ -156,16 +161,20 @@ impl InvalidationQueue {
                 }
                 std::hint::spin_loop();
             }
-            let (s, e) = (slot.start.load(Relaxed), slot.end.load(Relaxed));
+            let (n, s, e) = (
+                slot.number.load(Relaxed),
+                slot.start.load(Relaxed),
+                slot.end.load(Relaxed),
+            );
             slot.seq.store(pos + CAPACITY, Release);
             self.head.store(pos + 1, Release);
-            f(s, e);
+            f(Some(n), s, e);
         }
         if self.overflowed.swap(false, SeqCst) {
             let s = self.overflow_start.swap(usize::MAX, SeqCst);
             let e = self.overflow_end.swap(0, SeqCst);
             if e > s {
-                f(s, e);
+                f(None, s, e);
             }
         }
     }
@@ -177,7 +186,7 @@ mod tests {
 
     fn drained(q: &InvalidationQueue) -> Vec<(usize, usize)> {
         let mut v = Vec::new();
-        q.drain(|s, e| v.push((s, e)));
+        q.drain(|_, s, e| v.push((s, e)));
         v
     }
 
@@ -233,7 +242,7 @@ mod tests {
             }
             s.spawn(|| {
                 for _ in 0..2000 {
-                    q.drain(|a, b| {
+                    q.drain(|_, a, b| {
                         total.fetch_add(1, Relaxed);
                         let mut c = covered.lock().unwrap();
                         for k in a..b.min(c.len()) {
@@ -243,7 +252,7 @@ mod tests {
                 }
             });
         });
-        q.drain(|a, b| {
+        q.drain(|_, a, b| {
             let mut c = covered.lock().unwrap();
             for k in a..b.min(c.len()) {
                 c[k] = true;

@@ -72,10 +72,10 @@ fn release(p: usize, len: usize) {
 
 /// Whether running `op` reported a range covering `[start, end)`.
 fn caught(start: usize, end: usize, op: impl FnOnce()) -> Status {
-    QUEUE.drain(|_, _| {});
+    QUEUE.drain(|_, _, _| {});
     op();
     let mut seen = false;
-    QUEUE.drain(|s, e| seen |= s <= start && end <= e);
+    QUEUE.drain(|_, s, e| seen |= s <= start && end <= e);
     if seen { Status::Caught } else { Status::Missed }
 }
 
@@ -233,7 +233,7 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
             ));
         }
     }
-    QUEUE.drain(|_, _| {});
+    QUEUE.drain(|_, _, _| {});
     Coverage {
         results: r,
         nanos: t0.elapsed().as_nanos() as u64,
