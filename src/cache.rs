@@ -57,6 +57,11 @@ pub trait Registrar: Sync {
     fn alloc_shadow(&self) -> Option<usize>;
     /// Make `slot` a copy of `mr` whose addr/length are `[addr, addr + len)`.
     fn fill_shadow(&self, slot: usize, mr: Mr, addr: usize, len: usize) -> bool;
+    /// A diagnostic check before a hit is handed out (`MRCACHE_VERIFY`): whether `mr`
+    /// still pins the pages that back its range now. False makes the hit a miss.
+    fn verify(&self, _mr: Mr) -> bool {
+        true
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +130,7 @@ pub struct Stats {
     pub invalidated: AtomicU64,
     pub dereg_failures: AtomicU64,
     pub double_releases: AtomicU64,
+    pub verify_mismatches: AtomicU64,
     pub reg_ns: AtomicU64,
     pub peak_entries: AtomicU64,
     pub peak_bytes: AtomicU64,
@@ -143,6 +149,7 @@ pub struct StatsSnapshot {
     pub invalidated: u64,
     pub dereg_failures: u64,
     pub double_releases: u64,
+    pub verify_mismatches: u64,
     pub reg_ns: u64,
     pub peak_entries: u64,
     pub peak_bytes: u64,
@@ -316,20 +323,17 @@ impl<R: Registrar> Cache<R> {
             self.deregister_all(&stale);
             st = self.lock();
         }
-        if let Some(&id) = st.exact.get(&key(req)) {
+        let exact = st.exact.get(&key(req)).copied();
+        let found = exact.map(|id| (id, Outcome::Hit)).or_else(|| st.find_containing(req, self.limits).map(|id| (id, Outcome::HitContaining)));
+        if let Some((id, outcome)) = found {
             let claim = st.claim(id, req, self.limits.shadow);
             drop(st);
             if let Some(h) = self.finish_claim(claim, req) {
-                self.stats.hits.fetch_add(1, Relaxed);
-                return Ok((h, Outcome::Hit));
-            }
-            st = self.lock();
-        } else if let Some(id) = st.find_containing(req, self.limits) {
-            let claim = st.claim(id, req, self.limits.shadow);
-            drop(st);
-            if let Some(h) = self.finish_claim(claim, req) {
-                self.stats.hits_containing.fetch_add(1, Relaxed);
-                return Ok((h, Outcome::HitContaining));
+                if self.verified(id, h) {
+                    let counter = if outcome == Outcome::Hit { &self.stats.hits } else { &self.stats.hits_containing };
+                    counter.fetch_add(1, Relaxed);
+                    return Ok((h, outcome));
+                }
             }
             st = self.lock();
         }
@@ -381,6 +385,23 @@ impl<R: Registrar> Cache<R> {
             self.stats.uncached.fetch_add(1, Relaxed);
             Ok((mr.ptr, Outcome::Uncached))
         }
+    }
+
+    /// `MRCACHE_VERIFY`: check the entry behind a hit; on a mismatch the entry leaves the
+    /// index, the app's new handle is released (deregistering it if it was the last) and
+    /// the caller registers afresh.
+    fn verified(&self, id: u32, handle: usize) -> bool {
+        let mr = match self.lock().entry(id) {
+            Some(e) => e.mr,
+            None => return true,
+        };
+        if self.registrar.verify(mr) {
+            return true;
+        }
+        self.stats.verify_mismatches.fetch_add(1, Relaxed);
+        self.lock().unindex(id);
+        self.release(handle);
+        false
     }
 
     fn finish_claim(&self, claim: Claim, req: &Request) -> Option<usize> {
@@ -582,6 +603,7 @@ impl<R: Registrar> Cache<R> {
             invalidated: s.invalidated.load(Relaxed),
             dereg_failures: s.dereg_failures.load(Relaxed),
             double_releases: s.double_releases.load(Relaxed),
+            verify_mismatches: s.verify_mismatches.load(Relaxed),
             reg_ns: s.reg_ns.load(Relaxed),
             peak_entries: s.peak_entries.load(Relaxed),
             peak_bytes: s.peak_bytes.load(Relaxed),

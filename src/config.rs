@@ -43,6 +43,12 @@ pub const VARIABLES: &[Variable] = &[
         about: "how unmapped memory is seen: patch = symbol hooks plus glibc's internal munmap/madvise/brk patched at load (sees free(), malloc_trim, arena shrink); symbols = symbol hooks only; none = nothing (UNSAFE: for tests that must see stale registrations)",
     },
     Variable {
+        name: "MRCACHE_VERIFY",
+        default: "off",
+        allowed: "off, pfn",
+        about: "pfn (root only): on every hit, compare the page frame numbers now backing the range (/proc/self/pagemap) with those recorded at registration; a mismatch is reported loudly and treated as a miss",
+    },
+    Variable {
         name: "MRCACHE_STATS",
         default: "0",
         allowed: "1 or 0",
@@ -66,6 +72,7 @@ pub struct Config {
     pub remote_superset: bool,
     pub stats: bool,
     pub monitor: Monitor,
+    pub verify_pfn: bool,
 }
 
 /// How the library learns that memory goes away (`MRCACHE_MONITOR`).
@@ -109,6 +116,7 @@ impl Config {
             remote_superset: false,
             stats: false,
             monitor: Monitor::Patch,
+            verify_pfn: false,
         }
     }
 }
@@ -196,6 +204,12 @@ where
             "MRCACHE_REMOTE_SUPERSET" => parse_bool(value).map(|b| cfg.remote_superset = b),
             "MRCACHE_STATS" => parse_bool(value).map(|b| cfg.stats = b),
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
+            "MRCACHE_VERIFY" => match value {
+                "off" => Some(false),
+                "pfn" => Some(true),
+                _ => None,
+            }
+            .map(|v| cfg.verify_pfn = v),
             _ => None,
         };
         if ok.is_none() {
@@ -318,6 +332,7 @@ mod tests {
             ("MRCACHE_REMOTE_SUPERSET", "yes please"),
             ("MRCACHE_MONITOR", "uffd"),
             ("MRCACHE_STATS", "verbose"),
+            ("MRCACHE_VERIFY", "always"),
         ];
         for (name, value) in cases {
             let (cfg, problems) = parse([(name, value)], 8 * GIB);

@@ -8,13 +8,54 @@ use crate::ffi::{IbvContext, IbvMr, IbvPd, ProviderDeregMr, ProviderRegMr, VERBS
 use crate::real;
 use mrcache::access::OPTIONAL_RANGE;
 use mrcache::cache::{Mr, Registrar, Request};
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Mutex;
 
 /// Room for one shadow `ibv_mr`: the provider's whole object (rxe, mlx5, efa allocate a
 /// few dozen bytes; mlx5 reads a private field after `struct verbs_mr` in bind_mw).
 const SHADOW_BYTES: usize = 256;
 
-pub struct Provider;
+/// Registers through the provider; with `MRCACHE_VERIFY=pfn` also records, per MR, the
+/// page frames its range had at registration.
+pub struct Provider {
+    pub verify: bool,
+    frames: Mutex<HashMap<usize, (usize, Vec<u64>)>>,
+}
+
+impl Provider {
+    pub fn new(verify: bool) -> Provider {
+        Provider { verify, frames: Mutex::new(HashMap::new()) }
+    }
+
+    fn record(&self, mr: Mr, addr: usize, len: usize) {
+        if self.verify {
+            let first = addr & !(PAGE - 1);
+            if let Some(f) = page_frames(first, (addr + len).div_ceil(PAGE) - first / PAGE) {
+                self.frames.lock().unwrap_or_else(|e| e.into_inner()).insert(mr.ptr, (first, f));
+            }
+        }
+    }
+}
+
+const PAGE: usize = 4096;
+
+/// The page frame numbers backing `pages` pages from `first` (from /proc/self/pagemap; 0
+/// for a page not present). None when the file cannot be read.
+pub fn page_frames(first: usize, pages: usize) -> Option<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open("/proc/self/pagemap").ok()?;
+    let mut raw = vec![0u8; pages * 8];
+    f.read_exact_at(&mut raw, (first / PAGE * 8) as u64).ok()?;
+    Some(
+        raw.chunks_exact(8)
+            .map(|c| {
+                let v = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+                if v >> 63 == 1 { v & ((1 << 55) - 1) } else { 0 }
+            })
+            .collect(),
+    )
+}
 
 fn errno() -> i32 {
     // SAFETY: __errno_location always returns this thread's errno.
@@ -28,35 +69,31 @@ impl Registrar for Provider {
         let addr = req.addr as *mut c_void;
         // SAFETY: ctx is the live context of the app's PD (the hook read it from pd).
         let op = unsafe { (*ctx).ops._compat_reg_mr };
-        if req.access & OPTIONAL_RANGE != 0 || op.is_null() {
-            let mr = real::reg_mr_iova2(pd, addr, req.len, req.iova, req.access);
-            return if mr.is_null() {
-                Err(errno())
-            } else {
-                Ok(Mr {
-                    ptr: mr as usize,
-                    via_wrapper: true,
-                })
-            };
-        }
-        // SAFETY: the slot holds the provider's reg_mr op (verbs_set_ops mirrors it there
-        // since rdma-core v20), with this five-argument prototype. As libibverbs' wrapper
-        // does, we then fill the fields the provider leaves to it.
-        unsafe {
-            let f: ProviderRegMr = std::mem::transmute(op);
-            let mr = f(pd, addr, req.len, req.iova, req.access as i32);
-            if mr.is_null() {
-                return Err(errno());
+        let via_wrapper = req.access & OPTIONAL_RANGE != 0 || op.is_null();
+        let mr = if via_wrapper {
+            real::reg_mr_iova2(pd, addr, req.len, req.iova, req.access)
+        } else {
+            // SAFETY: the slot holds the provider's reg_mr op (verbs_set_ops mirrors it
+            // there since rdma-core v20), with this five-argument prototype. As
+            // libibverbs' wrapper does, we then fill the fields the provider leaves to it.
+            unsafe {
+                let f: ProviderRegMr = std::mem::transmute(op);
+                let mr = f(pd, addr, req.len, req.iova, req.access as i32);
+                if !mr.is_null() {
+                    (*mr).context = ctx;
+                    (*mr).pd = pd;
+                    (*mr).addr = addr;
+                    (*mr).length = req.len;
+                }
+                mr
             }
-            (*mr).context = ctx;
-            (*mr).pd = pd;
-            (*mr).addr = addr;
-            (*mr).length = req.len;
-            Ok(Mr {
-                ptr: mr as usize,
-                via_wrapper: false,
-            })
+        };
+        if mr.is_null() {
+            return Err(errno());
         }
+        let m = Mr { ptr: mr as usize, via_wrapper };
+        self.record(m, req.addr, req.len);
+        Ok(m)
     }
 
     fn deregister(&self, mr: Mr) -> Result<(), i32> {
@@ -72,7 +109,38 @@ impl Registrar for Provider {
                 f(p)
             }
         };
-        if rc == 0 { Ok(()) } else { Err(rc) }
+        if rc == 0 {
+            if self.verify {
+                self.frames.lock().unwrap_or_else(|e| e.into_inner()).remove(&mr.ptr);
+            }
+            Ok(())
+        } else {
+            Err(rc)
+        }
+    }
+
+    fn verify(&self, mr: Mr) -> bool {
+        if !self.verify {
+            return true;
+        }
+        let Some((first, then)) = self.frames.lock().unwrap_or_else(|e| e.into_inner()).get(&mr.ptr).cloned() else {
+            return true;
+        };
+        let Some(now) = page_frames(first, then.len()) else { return true };
+        match then.iter().zip(&now).position(|(a, b)| a != b) {
+            None => true,
+            Some(i) => {
+                // SAFETY: mr is a live MR of ours (the entry holds it).
+                let lkey = unsafe { (*(mr.ptr as *const IbvMr)).lkey };
+                eprintln!(
+                    "mrcache: VERIFY MISMATCH: a cached registration (lkey {lkey:#x}) pins page frame {:#x} at {:#x}, but that address is now backed by frame {:#x}: the cache missed an unmap; treated as a miss",
+                    then[i],
+                    first + i * PAGE,
+                    now[i]
+                );
+                false
+            }
+        }
     }
 
     fn alloc_shadow(&self) -> Option<usize> {

@@ -59,8 +59,13 @@ fn runtime() -> &'static Runtime {
                 );
             }
             coverage = Some(c);
+            let mut verify = config.verify_pfn;
+            if verify && !pagemap_shows_frames() {
+                eprintln!("mrcache: MRCACHE_VERIFY=pfn needs root (CAP_SYS_ADMIN) to read page frame numbers from /proc/self/pagemap; verification is off");
+                verify = false;
+            }
             let cache = Cache::with_queue(
-                Provider,
+                Provider::new(verify),
                 Limits {
                     max_entries: config.max_entries,
                     max_bytes: config.max_bytes,
@@ -74,6 +79,14 @@ fn runtime() -> &'static Runtime {
         });
         Runtime { cache, monitor: config.monitor, coverage }
     })
+}
+
+/// Whether /proc/self/pagemap gives real frame numbers here (it gives 0 without
+/// CAP_SYS_ADMIN).
+fn pagemap_shows_frames() -> bool {
+    let probe = Box::new([1u8; 64]);
+    let addr = probe.as_ptr() as usize;
+    crate::provider::page_frames(addr & !4095, 1).is_some_and(|f| f[0] != 0)
 }
 
 /// Deregisters idle entries whose memory went away even when the program makes no more
@@ -326,7 +339,7 @@ extern "C" fn print_stats() {
     let per_reg = s.reg_ns.checked_div(misses).unwrap_or(0);
     let hits = s.hits + s.hits_containing;
     eprintln!(
-        "mrcache: pid {}: {} hits ({} containing), {} misses, {} uncached, {} bypassed, {} evictions ({} for ENOMEM), {} invalidated, {} double deregs; {} entries / {} KiB cached now, peak {} / {} KiB; registration time {:.3} ms spent, ~{:.3} ms saved",
+        "mrcache: pid {}: {} hits ({} containing), {} misses, {} uncached, {} bypassed, {} evictions ({} for ENOMEM), {} invalidated, {} double deregs, {} verify mismatches; {} entries / {} KiB cached now, peak {} / {} KiB; registration time {:.3} ms spent, ~{:.3} ms saved",
         std::process::id(),
         hits,
         s.hits_containing,
@@ -337,6 +350,7 @@ extern "C" fn print_stats() {
         s.evictions_enomem,
         s.invalidated,
         s.double_releases,
+        s.verify_mismatches,
         s.entries,
         s.bytes / 1024,
         s.peak_entries,
