@@ -324,13 +324,20 @@ impl<R: Registrar> Cache<R> {
             st = self.lock();
         }
         let exact = st.exact.get(&key(req)).copied();
-        let found = exact.map(|id| (id, Outcome::Hit)).or_else(|| st.find_containing(req, self.limits).map(|id| (id, Outcome::HitContaining)));
+        let found = exact.map(|id| (id, Outcome::Hit)).or_else(|| {
+            st.find_containing(req, self.limits)
+                .map(|id| (id, Outcome::HitContaining))
+        });
         if let Some((id, outcome)) = found {
             let claim = st.claim(id, req, self.limits.shadow);
             drop(st);
             if let Some(h) = self.finish_claim(claim, req) {
                 if self.verified(id, h) {
-                    let counter = if outcome == Outcome::Hit { &self.stats.hits } else { &self.stats.hits_containing };
+                    let counter = if outcome == Outcome::Hit {
+                        &self.stats.hits
+                    } else {
+                        &self.stats.hits_containing
+                    };
                     counter.fetch_add(1, Relaxed);
                     return Ok((h, outcome));
                 }

@@ -25,14 +25,20 @@ pub struct Provider {
 
 impl Provider {
     pub fn new(verify: bool) -> Provider {
-        Provider { verify, frames: Mutex::new(HashMap::new()) }
+        Provider {
+            verify,
+            frames: Mutex::new(HashMap::new()),
+        }
     }
 
     fn record(&self, mr: Mr, addr: usize, len: usize) {
         if self.verify {
             let first = addr & !(PAGE - 1);
             if let Some(f) = page_frames(first, (addr + len).div_ceil(PAGE) - first / PAGE) {
-                self.frames.lock().unwrap_or_else(|e| e.into_inner()).insert(mr.ptr, (first, f));
+                self.frames
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(mr.ptr, (first, f));
             }
         }
     }
@@ -91,7 +97,10 @@ impl Registrar for Provider {
         if mr.is_null() {
             return Err(errno());
         }
-        let m = Mr { ptr: mr as usize, via_wrapper };
+        let m = Mr {
+            ptr: mr as usize,
+            via_wrapper,
+        };
         self.record(m, req.addr, req.len);
         Ok(m)
     }
@@ -111,7 +120,10 @@ impl Registrar for Provider {
         };
         if rc == 0 {
             if self.verify {
-                self.frames.lock().unwrap_or_else(|e| e.into_inner()).remove(&mr.ptr);
+                self.frames
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&mr.ptr);
             }
             Ok(())
         } else {
@@ -123,10 +135,18 @@ impl Registrar for Provider {
         if !self.verify {
             return true;
         }
-        let Some((first, then)) = self.frames.lock().unwrap_or_else(|e| e.into_inner()).get(&mr.ptr).cloned() else {
+        let Some((first, then)) = self
+            .frames
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&mr.ptr)
+            .cloned()
+        else {
             return true;
         };
-        let Some(now) = page_frames(first, then.len()) else { return true };
+        let Some(now) = page_frames(first, then.len()) else {
+            return true;
+        };
         match then.iter().zip(&now).position(|(a, b)| a != b) {
             None => true,
             Some(i) => {
