@@ -215,6 +215,31 @@ pub struct Cache<R: Registrar> {
     pub stats: Stats,
 }
 
+/// The cache lock, held from `fork()`'s prepare handler to its parent or child handler.
+pub struct ForkGuard<'a> {
+    guard: MutexGuard<'a, State>,
+    queue: &'static InvalidationQueue,
+}
+
+impl ForkGuard<'_> {
+    /// In the parent: carry on.
+    pub fn parent(self) {}
+
+    /// In the child: forget every entry without deregistering (the child cannot use the
+    /// parent's verbs objects) and start afresh for the child's own registrations.
+    pub fn child(mut self) {
+        let pending = self.guard.pending.clone();
+        pending.store(0, SeqCst);
+        *self.guard = State {
+            index: RangeIndex::new(),
+            pending,
+            ..State::default()
+        };
+        // Other threads' hooks may have been mid-push at the fork: they are gone.
+        self.queue.reset_after_fork();
+    }
+}
+
 enum Claim {
     Ready(usize),
     NeedShadow { id: u32, mr: Mr },
@@ -591,6 +616,27 @@ impl<R: Registrar> Cache<R> {
     /// Whether `ptr` is a handle the app currently holds from the cache.
     pub fn is_handle(&self, ptr: usize) -> bool {
         self.lock().handles.contains_key(&ptr)
+    }
+
+    /// `fork()` prepare: hold the cache lock across the fork, so the child never inherits it
+    /// mid-update. Returns the guard and the ranges of entries in use that this library
+    /// registered through the provider (no MADV_DONTFORK from libibverbs on them).
+    pub fn fork_prepare(&self) -> (ForkGuard<'_>, Vec<(usize, usize)>) {
+        let st = self.lock();
+        let ranges = st
+            .entries
+            .iter()
+            .flatten()
+            .filter(|e| e.refs > 0 && !e.mr.via_wrapper)
+            .map(|e| (e.req.addr, e.req.len))
+            .collect();
+        (
+            ForkGuard {
+                guard: st,
+                queue: self.queue,
+            },
+            ranges,
+        )
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {

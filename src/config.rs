@@ -49,6 +49,18 @@ pub const VARIABLES: &[Variable] = &[
         about: "pfn (root only): on every hit, compare the page frame numbers now backing the range (/proc/self/pagemap) with those recorded at registration; a mismatch is reported loudly and treated as a miss",
     },
     Variable {
+        name: "MRCACHE_FORK",
+        default: "auto",
+        allowed: "auto, keep, flush",
+        about: "what to do at fork(): auto = keep everything when the kernel copies pinned pages at fork (Linux >= 5.13), else flush; keep = never flush; flush = deregister idle entries before every fork and, when libibverbs' fork tracking is on, mark ranges in use MADV_DONTFORK for the fork",
+    },
+    Variable {
+        name: "MRCACHE_LOG",
+        default: "off",
+        allowed: "off, error, warn, info, debug, trace",
+        about: "decisions the library makes (fork handling, self-test) as lines on stderr at info and above",
+    },
+    Variable {
         name: "MRCACHE_STATS",
         default: "0",
         allowed: "1 or 0",
@@ -73,6 +85,51 @@ pub struct Config {
     pub stats: bool,
     pub monitor: Monitor,
     pub verify_pfn: bool,
+    pub fork: ForkMode,
+    pub log: LogLevel,
+}
+
+/// `MRCACHE_LOG`: how much the library says on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Off,
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn parse(v: &str) -> Option<LogLevel> {
+        Some(match v.to_ascii_lowercase().as_str() {
+            "off" | "0" => LogLevel::Off,
+            "error" => LogLevel::Error,
+            "warn" => LogLevel::Warn,
+            "info" => LogLevel::Info,
+            "debug" => LogLevel::Debug,
+            "trace" => LogLevel::Trace,
+            _ => return None,
+        })
+    }
+}
+
+/// What happens at `fork()` (`MRCACHE_FORK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkMode {
+    Auto,
+    Keep,
+    Flush,
+}
+
+impl ForkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForkMode::Auto => "auto",
+            ForkMode::Keep => "keep",
+            ForkMode::Flush => "flush",
+        }
+    }
 }
 
 /// How the library learns that memory goes away (`MRCACHE_MONITOR`).
@@ -117,6 +174,8 @@ impl Config {
             stats: false,
             monitor: Monitor::Patch,
             verify_pfn: false,
+            fork: ForkMode::Auto,
+            log: LogLevel::Off,
         }
     }
 }
@@ -210,6 +269,14 @@ where
                 _ => None,
             }
             .map(|v| cfg.verify_pfn = v),
+            "MRCACHE_FORK" => match value {
+                "auto" => Some(ForkMode::Auto),
+                "keep" => Some(ForkMode::Keep),
+                "flush" => Some(ForkMode::Flush),
+                _ => None,
+            }
+            .map(|m| cfg.fork = m),
+            "MRCACHE_LOG" => LogLevel::parse(value).map(|l| cfg.log = l),
             _ => None,
         };
         if ok.is_none() {
@@ -333,6 +400,8 @@ mod tests {
             ("MRCACHE_MONITOR", "uffd"),
             ("MRCACHE_STATS", "verbose"),
             ("MRCACHE_VERIFY", "always"),
+            ("MRCACHE_FORK", "sometimes"),
+            ("MRCACHE_LOG", "loud"),
         ];
         for (name, value) in cases {
             let (cfg, problems) = parse([(name, value)], 8 * GIB);

@@ -137,6 +137,20 @@ impl InvalidationQueue {
         }
     }
 
+    /// In a fork child, where only the forking thread exists: forget pending ranges (the
+    /// child's cache starts empty) and any push or hook another thread had in flight.
+    pub fn reset_after_fork(&self) {
+        for (i, slot) in self.slots.iter().enumerate() {
+            slot.seq.store(i, SeqCst);
+        }
+        self.head.store(0, SeqCst);
+        self.tail.store(0, SeqCst);
+        self.overflowed.store(false, SeqCst);
+        self.overflow_start.store(usize::MAX, SeqCst);
+        self.overflow_end.store(0, SeqCst);
+        self.finished.store(self.started.load(SeqCst), SeqCst);
+    }
+
     /// Whether anything is waiting to be drained.
     pub fn has_pending(&self) -> bool {
         self.head.load(Acquire) != self.tail.load(Acquire) || self.overflowed.load(Acquire)

@@ -545,3 +545,43 @@ fn remote_requests_never_hit_a_larger_entry_and_pds_never_share() {
         cache.release(x);
     }
 }
+
+#[test]
+fn fork_child_forgets_everything_without_deregistering() {
+    let hca = FakeHca::new(1000);
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 8,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
+    let a = request(0, 0, 2, LOCAL_WRITE);
+    let b = request(0, 10, 2, LOCAL_WRITE | REMOTE_WRITE);
+    let (ha, _) = cache.acquire(&a).unwrap();
+    cache.release(ha);
+    let (hb, _) = cache.acquire(&b).unwrap();
+    let (guard, in_use) = cache.fork_prepare();
+    assert_eq!(
+        in_use,
+        vec![(b.addr, b.len)],
+        "only entries in use need DONTFORK"
+    );
+    guard.child();
+    assert_eq!(
+        hca.live.lock().unwrap().len(),
+        2,
+        "the child never deregisters the parent's MRs"
+    );
+    assert_eq!(cache.snapshot().entries, 0);
+    assert_eq!(
+        cache.release(hb),
+        Released::NotOurs,
+        "the parent's handles are unknown in the child"
+    );
+    let (h, o) = cache.acquire(&a).unwrap();
+    assert_eq!(o, Outcome::Miss, "the child registers its own");
+    cache.release(h);
+}

@@ -7,6 +7,7 @@
 //! version script (which exports everything unversioned) does not claim them.
 
 mod ffi;
+mod fork;
 mod memory;
 mod patch;
 mod provider;

@@ -3,21 +3,38 @@
 //! configuration, prints nothing and starts nothing.
 
 use crate::ffi::{self, IbvContext, IbvMr, IbvPd};
+use crate::fork;
 use crate::memory::{self, QUEUE};
 use crate::provider::Provider;
 use crate::real;
 use crate::selftest::{self, Coverage};
 use mrcache::cache::{AcquireError, Cache, Detached, Limits, Released, Request};
-use mrcache::config::{self, Monitor};
+use mrcache::config::{self, LogLevel, Monitor};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 pub struct Runtime {
     pub cache: Option<Cache<Provider>>,
     pub monitor: Monitor,
     pub coverage: Option<Coverage>,
+    pub fork: Option<fork::Decision>,
+    pub log: LogLevel,
+}
+
+static FORKS: AtomicU64 = AtomicU64::new(0);
+static FORK_FLUSHED: AtomicU64 = AtomicU64::new(0);
+static FORK_DONTFORKED: AtomicU64 = AtomicU64::new(0);
+static DRAIN_RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// One line on stderr at or above the configured level (`MRCACHE_LOG`). Only ever called
+/// from verbs calls and fork handlers, never from memory hooks.
+pub fn log(level: LogLevel, msg: std::fmt::Arguments<'_>) {
+    if RUNTIME.get().is_some_and(|r| r.log >= level) {
+        eprintln!("mrcache[{}]: {msg}", std::process::id());
+    }
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -74,10 +91,14 @@ fn runtime() -> &'static Runtime {
                 },
                 &QUEUE,
             );
-            start_drain_thread();
             cache
         });
-        Runtime { cache, monitor: config.monitor, coverage }
+        let fork = cache.as_ref().map(|_| {
+            // SAFETY: registering plain extern "C" handlers.
+            unsafe { libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child)) };
+            fork::decide(config.fork)
+        });
+        Runtime { cache, monitor: config.monitor, coverage, fork, log: config.log }
     })
 }
 
@@ -89,9 +110,43 @@ fn pagemap_shows_frames() -> bool {
     crate::provider::page_frames(addr & !4095, 1).is_some_and(|f| f[0] != 0)
 }
 
+/// The cache and the fork decision, for the fork handlers.
+pub fn fork_state() -> Option<(&'static Cache<Provider>, &'static fork::Decision)> {
+    let rt = RUNTIME.get()?;
+    Some((rt.cache.as_ref()?, rt.fork.as_ref()?))
+}
+
+pub fn note_fork(flushed: usize, dontforked: usize) {
+    FORKS.fetch_add(1, Relaxed);
+    FORK_FLUSHED.fetch_add(flushed as u64, Relaxed);
+    FORK_DONTFORKED.fetch_add(dontforked as u64, Relaxed);
+    if let Some(d) = RUNTIME.get().and_then(|r| r.fork.as_ref()) {
+        log(
+            LogLevel::Info,
+            format_args!(
+                "fork: {}; {flushed} idle entries deregistered, {dontforked} ranges in use marked DONTFORK for the fork",
+                d.why
+            ),
+        );
+    }
+}
+
+/// In a fork child: the drain thread is gone (only the forking thread survives).
+pub fn after_fork_child() {
+    DRAIN_RUNNING.store(false, Relaxed);
+    log(
+        LogLevel::Info,
+        format_args!("fork child: cache emptied (the parent's registrations are not usable here)"),
+    );
+}
+
 /// Deregisters idle entries whose memory went away even when the program makes no more
-/// verbs calls, so their pinned pages are given back.
-fn start_drain_thread() {
+/// verbs calls, so their pinned pages are given back. Started at the first registration
+/// (and again in a fork child).
+fn ensure_drain_thread() {
+    if DRAIN_RUNNING.swap(true, Relaxed) {
+        return;
+    }
     let _ = std::thread::Builder::new()
         .name("mrcache-drain".into())
         .spawn(|| {
@@ -171,6 +226,7 @@ pub fn register(
             let Some(cache) = runtime().cache.as_ref() else {
                 return passthrough();
             };
+            ensure_drain_thread();
             if pd.is_null() {
                 return passthrough(); // libibverbs' own behaviour for a NULL pd
             }
@@ -358,6 +414,16 @@ extern "C" fn print_stats() {
         s.reg_ns as f64 / 1e6,
         (hits * per_reg) as f64 / 1e6,
     );
+    if let Some(d) = &rt.fork {
+        eprintln!(
+            "mrcache: pid {}: fork: {}; {} forks, {} idle entries deregistered at fork, {} ranges marked DONTFORK",
+            std::process::id(),
+            d.why,
+            FORKS.load(Relaxed),
+            FORK_FLUSHED.load(Relaxed),
+            FORK_DONTFORKED.load(Relaxed)
+        );
+    }
     if let Some(c) = &rt.coverage {
         eprintln!(
             "mrcache: pid {}: monitor {}, {} unmaps reported ({} merged on overflow); self-test {:.0} us: {}",

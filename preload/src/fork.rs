@@ -1,0 +1,180 @@
+//! fork(): the cache must never make fork less safe than libibverbs alone.
+//!
+//! Kernels since 5.13 copy pinned pages at fork (libibverbs reports IBV_FORK_UNNEEDED), so
+//! registrations survive a fork unchanged. On older kernels a registration the app has
+//! released but the cache still holds can go stale at the parent's first write after the
+//! fork (copy-on-write moves the parent to a new page), so the prepare handler deregisters
+//! idle entries; and when the app turned libibverbs' fork tracking on, the ranges of entries
+//! in use (registered through the provider, so without libibverbs' MADV_DONTFORK) are marked
+//! DONTFORK through `ibv_dontfork_range` for the fork's duration and unmarked after, which
+//! keeps libibverbs' reference counts balanced. The child forgets every entry (it cannot use
+//! the parent's verbs objects) and serves its own registrations.
+//!
+//! glibc's `fork()` runs the atfork handlers; `_Fork()` (glibc 2.34+) skips them, so it is
+//! hooked as well.
+
+use crate::runtime;
+use mrcache::cache::ForkGuard;
+use mrcache::config::ForkMode;
+use std::cell::RefCell;
+use std::ffi::{CStr, c_void};
+
+/// What this process does at fork, decided once when the cache is created.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub flush_idle: bool,
+    pub dontfork_in_use: bool,
+    pub why: String,
+}
+
+fn env_on(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v != "0")
+}
+
+fn verbs_sym(name: &CStr, version: &CStr) -> *mut c_void {
+    // SAFETY: dlvsym with valid strings; RTLD_DEFAULT searches the global scope.
+    let p = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, name.as_ptr(), version.as_ptr()) };
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: RTLD_NOLOAD never loads; the handle is dropped again at once.
+    unsafe {
+        let h = libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        );
+        if h.is_null() {
+            return std::ptr::null_mut();
+        }
+        let p = libc::dlvsym(h, name.as_ptr(), version.as_ptr());
+        libc::dlclose(h);
+        p
+    }
+}
+
+/// `ibv_is_fork_initialized()`: 2 (IBV_FORK_UNNEEDED) when the kernel copies pinned pages.
+fn copy_on_fork() -> Option<bool> {
+    let f = verbs_sym(c"ibv_is_fork_initialized", c"IBVERBS_1.13");
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: ibv_is_fork_initialized@IBVERBS_1.13 takes nothing, returns an enum (int).
+    let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(f) };
+    // SAFETY: as above.
+    Some(unsafe { f() } == 2)
+}
+
+/// Decide, from MRCACHE_FORK, the kernel and whether libibverbs' fork tracking is on
+/// (ibv_fork_init, RDMAV_FORK_SAFE, IBV_FORK_SAFE; rdma-core v35-v50 answer UNNEEDED even
+/// with tracking on, so tracking is tracked here, not asked).
+pub fn decide(mode: ForkMode) -> Decision {
+    let tracking = crate::FORK_INIT_CALLED.load(std::sync::atomic::Ordering::Relaxed)
+        || env_on("RDMAV_FORK_SAFE")
+        || env_on("IBV_FORK_SAFE");
+    // With tracking on, libibverbs alone would have every range in use marked DONTFORK (the
+    // child does not inherit it): keep that, whatever the kernel does.
+    let tracking_why = if tracking {
+        "libibverbs fork tracking is on: ranges in use are marked DONTFORK for the fork"
+    } else {
+        "libibverbs fork tracking is off"
+    };
+    let (flush_idle, why) = match mode {
+        ForkMode::Keep => (false, "MRCACHE_FORK=keep: idle entries are kept across fork".to_string()),
+        ForkMode::Flush => (true, "MRCACHE_FORK=flush: idle entries are deregistered before fork".to_string()),
+        ForkMode::Auto => match copy_on_fork() {
+            Some(true) => (false, "auto: the kernel copies pinned pages at fork (ibv_is_fork_initialized = IBV_FORK_UNNEEDED): idle entries are kept".to_string()),
+            Some(false) => (true, "auto: the kernel does not copy pinned pages at fork: idle entries are deregistered before fork".to_string()),
+            None => (true, "auto: libibverbs cannot say whether the kernel copies pinned pages (no ibv_is_fork_initialized): idle entries are deregistered before fork".to_string()),
+        },
+    };
+    Decision {
+        flush_idle,
+        dontfork_in_use: tracking,
+        why: format!("{why}; {tracking_why}"),
+    }
+}
+
+thread_local! {
+    /// The cache lock and the DONTFORK'd ranges, from prepare to parent/child (the same
+    /// thread runs all three handlers).
+    static HELD: RefCell<Option<(ForkGuard<'static>, Vec<(usize, usize)>)>> = const { RefCell::new(None) };
+}
+
+type RangeFn = unsafe extern "C" fn(*mut c_void, usize) -> i32;
+
+fn for_ranges(name: &CStr, ranges: &[(usize, usize)]) {
+    if ranges.is_empty() {
+        return;
+    }
+    let f = verbs_sym(name, c"IBVERBS_1.1");
+    if f.is_null() {
+        return;
+    }
+    // SAFETY: ibv_dontfork_range / ibv_dofork_range(void *base, size_t size).
+    let f: RangeFn = unsafe { std::mem::transmute(f) };
+    for &(a, l) in ranges {
+        // SAFETY: as above, on ranges of live registrations.
+        unsafe { f(a as *mut c_void, l) };
+    }
+}
+
+pub extern "C" fn prepare() {
+    let Some((cache, decision)) = runtime::fork_state() else {
+        return;
+    };
+    let flushed = if decision.flush_idle {
+        cache.flush_all()
+    } else {
+        0
+    };
+    let (guard, ranges) = cache.fork_prepare();
+    let ranges = if decision.dontfork_in_use {
+        ranges
+    } else {
+        Vec::new()
+    };
+    for_ranges(c"ibv_dontfork_range", &ranges);
+    runtime::note_fork(flushed, ranges.len());
+    let _ = HELD.try_with(|h| *h.borrow_mut() = Some((guard, ranges)));
+}
+
+pub extern "C" fn parent() {
+    if let Some((guard, ranges)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+        for_ranges(c"ibv_dofork_range", &ranges);
+        guard.parent();
+    }
+}
+
+pub extern "C" fn child() {
+    if let Some((guard, ranges)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+        // The child has no mapping there; libibverbs ignores the DOFORK error but its
+        // reference counts (inherited) come back into balance.
+        for_ranges(c"ibv_dofork_range", &ranges);
+        guard.child();
+        runtime::after_fork_child();
+    }
+}
+
+/// `_Fork()` skips the atfork handlers: run ours around it. (glibc's fork() calls its
+/// internal _Fork directly, never this.)
+#[unsafe(no_mangle)]
+pub extern "C" fn _Fork() -> libc::pid_t {
+    // SAFETY: dlsym on RTLD_NEXT with a valid name.
+    let real = unsafe { libc::dlsym(libc::RTLD_NEXT, c"_Fork".as_ptr()) };
+    if real.is_null() {
+        // SAFETY: __errno_location returns this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: glibc's _Fork: pid_t _Fork(void).
+    let real: unsafe extern "C" fn() -> libc::pid_t = unsafe { std::mem::transmute(real) };
+    prepare();
+    // SAFETY: as above.
+    let pid = unsafe { real() };
+    if pid == 0 {
+        child()
+    } else {
+        parent()
+    }
+    pid
+}

@@ -1,0 +1,246 @@
+/* fork() with cached registrations.
+ *
+ *   fork basic            parent with an idle and an in-use cached MR forks; the child
+ *                         writes its own copies and exits; the parent writes its buffers
+ *                         and proves an RDMA WRITE reaches each. FORK_EXPECT_IDLE=hit|miss
+ *                         says whether the idle one must still be cached (preload only).
+ *   fork underscore       the same through _Fork(), which skips atfork handlers.
+ *   fork child_registers  the child opens the device and registers its own memory.
+ *   fork tracking         with RDMAV_FORK_SAFE=1: the in-use range is not inherited by the
+ *                         child (DONTFORK during the fork), and libibverbs' DONTFORK
+ *                         reference counts are balanced afterwards (VmFlags "dc").
+ *   fork thread           a second thread forks while the first registers.
+ *   fork loop             200 forks with registrations between them; nothing leaks.
+ */
+#include "lib/loopback.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+#define LEN (1u << 20)
+
+static struct loopback lb;
+
+static char *map(void) {
+    char *p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED, "mmap");
+    memset(p, 1, LEN);
+    return p;
+}
+
+static int wait_child(pid_t pid) {
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Whether the VMA holding addr has VmFlags "dc" (VM_DONTCOPY, set by MADV_DONTFORK); -1 if
+ * unmapped. */
+static int dontfork(void *addr) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    int in = 0, r = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = (uintptr_t)addr >= a && (uintptr_t)addr < b;
+        else if (in && !strncmp(line, "VmFlags:", 8)) {
+            r = strstr(line, " dc") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return r;
+}
+
+static int basic(int use_underscore) {
+    char *a = map(), *b = map();
+    struct ibv_mr *ma = ibv_reg_mr(lb.pd, a, LEN, ACCESS);
+    CHECK(ma, "reg a");
+    uint32_t a_lkey = ma->lkey;
+    CHECK(ibv_dereg_mr(ma) == 0, "dereg a"); /* idle in the cache */
+    struct ibv_mr *mb = ibv_reg_mr(lb.pd, b, LEN, ACCESS); /* in use across the fork */
+    CHECK(mb, "reg b");
+    pid_t pid = use_underscore ? _Fork() : fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        memset(a, 0x33, LEN);
+        memset(b, 0x33, LEN);
+        _exit(0);
+    }
+    CHECK(wait_child(pid) == 0, "child failed");
+    memset(a, 0x44, LEN); /* the parent writes: a copy-on-write break would move it */
+    memset(b, 0x44, LEN);
+    ma = ibv_reg_mr(lb.pd, a, LEN, ACCESS);
+    CHECK(ma, "re-register a");
+    const char *expect = getenv("FORK_EXPECT_IDLE");
+    if (mrcache_loaded() && expect) {
+        int hit = ma->lkey == a_lkey;
+        CHECK(hit == !strcmp(expect, "hit"), "the idle entry was %s after fork, expected %s", hit ? "kept" : "flushed", expect);
+    }
+    CHECK(lb_prove_write(&lb, ma, a, LEN, 1) == 0, "data did not reach the idle buffer after fork");
+    CHECK(lb_prove_write(&lb, mb, b, LEN, 2) == 0, "data did not reach the in-use buffer after fork");
+    CHECK(ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0, "dereg");
+    return 0;
+}
+
+static int child_registers(void) {
+    char *a = map();
+    struct ibv_mr *ma = ibv_reg_mr(lb.pd, a, LEN, ACCESS);
+    CHECK(ma && ibv_dereg_mr(ma) == 0, "warm");
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct loopback own;
+        CHECK(lb_open(&own, NULL) == 0, "child: open the device");
+        char *c = map();
+        for (int i = 0; i < 20; i++) {
+            struct ibv_mr *m = ibv_reg_mr(own.pd, c, LEN, ACCESS);
+            CHECK(m, "child: reg");
+            CHECK(lb_prove_write(&own, m, c, LEN, 10 + i) == 0, "child: data");
+            CHECK(ibv_dereg_mr(m) == 0, "child: dereg");
+        }
+        /* The parent's buffer, registered in the child on the child's PD, works too. */
+        struct ibv_mr *m = ibv_reg_mr(own.pd, a, LEN, ACCESS);
+        CHECK(m && m->pd == own.pd, "child: reg of the parent's buffer on the child's PD");
+        CHECK(lb_prove_write(&own, m, a, LEN, 5) == 0, "child: data into the inherited buffer");
+        CHECK(ibv_dereg_mr(m) == 0, "child: dereg");
+        lb_close(&own);
+        _exit(0);
+    }
+    CHECK(pid > 0 && wait_child(pid) == 0, "the child failed");
+    ma = ibv_reg_mr(lb.pd, a, LEN, ACCESS);
+    CHECK(ma && lb_prove_write(&lb, ma, a, LEN, 3) == 0, "parent after the child");
+    CHECK(ibv_dereg_mr(ma) == 0, "dereg");
+    return 0;
+}
+
+typedef struct ibv_mr *(*reg_fn)(struct ibv_pd *, void *, size_t, uint64_t, unsigned);
+typedef int (*dereg_fn)(struct ibv_mr *);
+
+static int tracking(void) {
+    const char *safe = getenv("RDMAV_FORK_SAFE");
+    CHECK(safe && strcmp(safe, "0"), "run with RDMAV_FORK_SAFE=1");
+    char *b = map();
+    struct ibv_mr *mb = ibv_reg_mr(lb.pd, b, LEN, ACCESS);
+    CHECK(mb, "reg b");
+    /* libibverbs alone marks a registered range DONTFORK; the cache registers through
+     * the provider and marks it only for the duration of a fork. */
+    int dd = dontfork(b);
+    CHECK(dd == (mrcache_loaded() ? 0 : 1), "VmFlags dc while registered: %d", dd);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(dontfork(b) == -1 ? 0 : 1); /* DONTFORK: not inherited */
+    CHECK(pid > 0, "fork");
+    CHECK(wait_child(pid) == 0, "the child inherited the registered range: no DONTFORK at fork");
+    CHECK(dontfork(b) == dd, "the parent's DONTFORK state changed across the fork");
+    CHECK(lb_prove_write(&lb, mb, b, LEN, 6) == 0, "data after fork");
+    CHECK(ibv_dereg_mr(mb) == 0, "dereg");
+    /* libibverbs' reference counts are balanced: a registration made by libibverbs itself
+     * sets DONTFORK, and its deregistration clears it again. */
+    void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_NOW);
+    reg_fn real_reg = (reg_fn)dlvsym(h, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+    dereg_fn real_dereg = (dereg_fn)dlvsym(h, "ibv_dereg_mr", "IBVERBS_1.1");
+    struct ibv_mr *m = real_reg(lb.pd, b, LEN, (uintptr_t)b, ACCESS);
+    CHECK(m && dontfork(b) == 1, "libibverbs' own registration must set DONTFORK");
+    CHECK(real_dereg(m) == 0, "dereg");
+    CHECK(dontfork(b) == 0, "DONTFORK left behind: libibverbs' reference counts are unbalanced");
+    return 0;
+}
+
+static volatile int stop;
+
+static void *forker(void *arg) {
+    int *forks = arg;
+    while (!stop) {
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(0);
+        CHECK(pid > 0 && wait_child(pid) == 0, "fork from the second thread");
+        (*forks)++;
+    }
+    return NULL;
+}
+
+static int thread_fork(void) {
+    char *a = map();
+    int forks = 0;
+    pthread_t t;
+    pthread_create(&t, NULL, forker, &forks);
+    for (int i = 0; i < 300; i++) {
+        struct ibv_mr *m = ibv_reg_mr(lb.pd, a + (i % 4) * 4096, LEN / 2, ACCESS);
+        CHECK(m, "reg %d", i);
+        if (i % 10 == 0)
+            CHECK(lb_prove_write(&lb, m, a + (i % 4) * 4096, LEN / 2, i) == 0, "data %d", i);
+        CHECK(ibv_dereg_mr(m) == 0, "dereg");
+    }
+    stop = 1;
+    pthread_join(t, NULL);
+    printf("fork thread: %d forks while registering\n", forks);
+    CHECK(forks > 0, "no fork happened");
+    return 0;
+}
+
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6))
+            v = atol(line + 6);
+    fclose(f);
+    return v;
+}
+
+static int loop(void) {
+    char *bufs[4];
+    for (int i = 0; i < 4; i++)
+        bufs[i] = map();
+    long rss0 = 0;
+    for (int i = 0; i < 200; i++) {
+        char *p = bufs[i % 4];
+        struct ibv_mr *m = ibv_reg_mr(lb.pd, p, LEN, ACCESS);
+        CHECK(m, "reg %d", i);
+        if (i % 20 == 0)
+            CHECK(lb_prove_write(&lb, m, p, LEN, i) == 0, "data %d", i);
+        CHECK(ibv_dereg_mr(m) == 0, "dereg");
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(0);
+        CHECK(pid > 0 && wait_child(pid) == 0, "fork %d", i);
+        if (i == 20)
+            rss0 = rss_kib();
+    }
+    long grew = rss_kib() - rss0;
+    printf("fork loop: 200 forks, RSS grew %ld KiB over the last 180\n", grew);
+    CHECK(grew < 4096, "memory grows with forks: %ld KiB", grew);
+    return 0; /* lb_close checks the PD can be freed: no MR leaked */
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2, "usage: fork basic|underscore|child_registers|tracking|thread|loop");
+    CHECK(lb_open(&lb, NULL) == 0, "cannot open the loopback pair");
+    int rc;
+    if (!strcmp(argv[1], "basic"))
+        rc = basic(0);
+    else if (!strcmp(argv[1], "underscore"))
+        rc = basic(1);
+    else if (!strcmp(argv[1], "child_registers"))
+        rc = child_registers();
+    else if (!strcmp(argv[1], "tracking"))
+        rc = tracking();
+    else if (!strcmp(argv[1], "thread"))
+        rc = thread_fork();
+    else if (!strcmp(argv[1], "loop"))
+        rc = loop();
+    else
+        CHECK(0, "unknown scenario %s", argv[1]);
+    lb_close(&lb);
+    printf("fork %s: ok\n", argv[1]);
+    return rc;
+}
