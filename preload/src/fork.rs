@@ -94,10 +94,12 @@ pub fn decide(mode: ForkMode) -> Decision {
     }
 }
 
+/// The cache lock and the ranges marked DONTFORK, from prepare to parent/child.
+type Held = (ForkGuard<'static>, Vec<(usize, usize)>);
+
 thread_local! {
-    /// The cache lock and the DONTFORK'd ranges, from prepare to parent/child (the same
-    /// thread runs all three handlers).
-    static HELD: RefCell<Option<(ForkGuard<'static>, Vec<(usize, usize)>)>> = const { RefCell::new(None) };
+    /// The same thread runs all three handlers.
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
 type RangeFn = unsafe extern "C" fn(*mut c_void, usize) -> i32;
