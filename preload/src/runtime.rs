@@ -81,7 +81,7 @@ fn runtime() -> &'static Runtime {
                 eprintln!("mrcache: MRCACHE_VERIFY=pfn needs root (CAP_SYS_ADMIN) to read page frame numbers from /proc/self/pagemap; verification is off");
                 verify = false;
             }
-            let cache = Cache::with_queue(
+            Cache::with_queue(
                 Provider::new(verify),
                 Limits {
                     max_entries: config.max_entries,
@@ -90,8 +90,7 @@ fn runtime() -> &'static Runtime {
                     remote_superset: config.remote_superset,
                 },
                 &QUEUE,
-            );
-            cache
+            )
         });
         let fork = cache.as_ref().map(|_| {
             // SAFETY: registering plain extern "C" handlers.
