@@ -57,14 +57,26 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "MRCACHE_LOG",
         default: "off",
-        allowed: "off, error, warn, info, debug, trace",
-        about: "decisions the library makes (fork handling, self-test) as lines on stderr at info and above",
+        allowed: "off, error, warn, info, debug, trace, or tracing-subscriber env-filter syntax (info,mrcache=trace)",
+        about: "info: decisions the library makes (fork handling, the self-test); trace: also one line per interposed call (call, arguments, result, hit/miss/bypass/invalidate, duration)",
     },
     Variable {
         name: "MRCACHE_STATS",
         default: "0",
-        allowed: "1 or 0",
-        about: "1 prints a summary line of the cache's counters on stderr at exit",
+        allowed: "0, 1, json",
+        about: "1 prints a summary of the cache's counters on stderr at exit; json writes one JSON object per process (to MRCACHE_STATS_FILE, else MRCACHE_LOG_FILE, else stderr) for `mrcache stats`",
+    },
+    Variable {
+        name: "MRCACHE_STATS_FILE",
+        default: "(none)",
+        allowed: "a file path; %p is replaced by the pid, %h by the host name",
+        about: "where MRCACHE_STATS=json appends its JSON line",
+    },
+    Variable {
+        name: "MRCACHE_LOG_FILE",
+        default: "(none: stderr)",
+        allowed: "a file path; %p is replaced by the pid, %h by the host name",
+        about: "where log and trace lines go (appended); a fork child with %p in the name gets its own file",
     },
 ];
 
@@ -82,7 +94,9 @@ pub struct Config {
     pub max_bytes: u64,
     pub shadow: bool,
     pub remote_superset: bool,
-    pub stats: bool,
+    pub stats: StatsMode,
+    pub stats_file: Option<String>,
+    pub log_file: Option<String>,
     pub monitor: Monitor,
     pub verify_pfn: bool,
     pub fork: ForkMode,
@@ -112,6 +126,23 @@ impl LogLevel {
             _ => return None,
         })
     }
+
+    /// A level, or tracing-subscriber env-filter syntax (`info,mrcache=trace`): the most
+    /// verbose level among the directives for all targets or for `mrcache...` targets.
+    pub fn parse_filter(v: &str) -> Option<LogLevel> {
+        let mut level = None;
+        for d in v.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let (target, lvl) = match d.split_once('=') {
+                Some((t, l)) => (t.trim(), l.trim()),
+                None => ("", d),
+            };
+            let l = LogLevel::parse(lvl)?;
+            if target.is_empty() || target.starts_with("mrcache") {
+                level = Some(level.map_or(l, |m: LogLevel| m.max(l)));
+            }
+        }
+        Some(level.unwrap_or(LogLevel::Off))
+    }
 }
 
 /// What happens at `fork()` (`MRCACHE_FORK`).
@@ -130,6 +161,14 @@ impl ForkMode {
             ForkMode::Flush => "flush",
         }
     }
+}
+
+/// `MRCACHE_STATS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatsMode {
+    Off,
+    Summary,
+    Json,
 }
 
 /// How the library learns that memory goes away (`MRCACHE_MONITOR`).
@@ -171,7 +210,9 @@ impl Config {
             max_bytes: auto_max_bytes(physical_memory),
             shadow: true,
             remote_superset: false,
-            stats: false,
+            stats: StatsMode::Off,
+            stats_file: None,
+            log_file: None,
             monitor: Monitor::Patch,
             verify_pfn: false,
             fork: ForkMode::Auto,
@@ -261,7 +302,23 @@ where
             "MRCACHE_MAX_BYTES" => parse_bytes(value, physical_memory).map(|n| cfg.max_bytes = n),
             "MRCACHE_SHADOW" => parse_bool(value).map(|b| cfg.shadow = b),
             "MRCACHE_REMOTE_SUPERSET" => parse_bool(value).map(|b| cfg.remote_superset = b),
-            "MRCACHE_STATS" => parse_bool(value).map(|b| cfg.stats = b),
+            "MRCACHE_STATS" => match value {
+                "json" => Some(StatsMode::Json),
+                v => parse_bool(v).map(|on| {
+                    if on {
+                        StatsMode::Summary
+                    } else {
+                        StatsMode::Off
+                    }
+                }),
+            }
+            .map(|m| cfg.stats = m),
+            "MRCACHE_STATS_FILE" => {
+                (!value.is_empty()).then(|| cfg.stats_file = Some(value.to_string()))
+            }
+            "MRCACHE_LOG_FILE" => {
+                (!value.is_empty()).then(|| cfg.log_file = Some(value.to_string()))
+            }
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
             "MRCACHE_VERIFY" => match value {
                 "off" => Some(false),
@@ -276,7 +333,7 @@ where
                 _ => None,
             }
             .map(|m| cfg.fork = m),
-            "MRCACHE_LOG" => LogLevel::parse(value).map(|l| cfg.log = l),
+            "MRCACHE_LOG" => LogLevel::parse_filter(value).map(|l| cfg.log = l),
             _ => None,
         };
         if ok.is_none() {
@@ -402,6 +459,7 @@ mod tests {
             ("MRCACHE_VERIFY", "always"),
             ("MRCACHE_FORK", "sometimes"),
             ("MRCACHE_LOG", "loud"),
+            ("MRCACHE_LOG", "mrcache=chatty"),
         ];
         for (name, value) in cases {
             let (cfg, problems) = parse([(name, value)], 8 * GIB);
@@ -431,6 +489,24 @@ mod tests {
         assert!(problems.is_empty());
         assert!(cfg.enabled && !cfg.shadow && cfg.remote_superset);
         assert_eq!((cfg.max_entries, cfg.max_bytes), (8, 512 << 20));
+    }
+
+    #[test]
+    fn log_levels_and_filters() {
+        assert_eq!(LogLevel::parse_filter("trace"), Some(LogLevel::Trace));
+        assert_eq!(
+            LogLevel::parse_filter("warn,mrcache=trace"),
+            Some(LogLevel::Trace)
+        );
+        assert_eq!(
+            LogLevel::parse_filter("info,other=trace"),
+            Some(LogLevel::Info)
+        );
+        assert_eq!(
+            LogLevel::parse_filter("mrcache::memory=debug"),
+            Some(LogLevel::Debug)
+        );
+        assert_eq!(LogLevel::parse_filter("x=1"), None);
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub mod cache;
 pub mod config;
 pub mod index;
 pub mod invalidation;
+pub mod stats;
+pub mod trace;
 
 /// The version shared by the launcher and `libmrcache.so`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,90 +1,153 @@
 //! `mrcache`: the launcher. `mrcache run -- PROGRAM ARGS` runs PROGRAM with libmrcache.so
-//! preloaded, keeping any LD_PRELOAD the user already set.
+//! preloaded (keeping any LD_PRELOAD already set); `mrcache info` says what the library
+//! would do here; `mrcache stats FILES...` aggregates the JSON statistics of a job's ranks.
 
-use std::ffi::OsString;
+use clap::{Parser, Subcommand};
+use mrcache::config::{self, VARIABLES};
+use mrcache::stats::Report;
+use std::ffi::{CString, OsString, c_void};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "\
-mrcache: a transparent memory-registration cache for RDMA verbs applications
+#[derive(Parser)]
+#[command(
+    name = "mrcache",
+    version,
+    about = "A transparent memory-registration cache for RDMA verbs applications"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
 
-Usage:
-  mrcache run [--lib PATH] -- PROGRAM [ARGS...]   run PROGRAM with libmrcache.so preloaded
-  mrcache lib                                     print the path of libmrcache.so
-  mrcache --version | --help
-
-libmrcache.so is looked for next to this executable, in ../lib/ and ../lib/mrcache/
-relative to it; --lib or MRCACHE_LIB overrides.";
+// Parsed once; the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run PROGRAM with libmrcache.so preloaded; the exit status is PROGRAM's.
+    Run {
+        /// MRCACHE_LOG: off, error, warn, info, debug, trace
+        #[arg(long, value_name = "LEVEL")]
+        log: Option<String>,
+        /// MRCACHE_LOG_FILE (%p = pid, %h = host)
+        #[arg(long, value_name = "PATH")]
+        log_file: Option<String>,
+        /// MRCACHE_MAX_BYTES (e.g. 4G, 512M, unlimited)
+        #[arg(long, value_name = "SIZE")]
+        max_bytes: Option<String>,
+        /// MRCACHE_MAX_ENTRIES
+        #[arg(long, value_name = "N")]
+        max_entries: Option<String>,
+        /// MRCACHE_STATS: 0, 1 or json
+        #[arg(long, value_name = "MODE")]
+        stats: Option<String>,
+        /// MRCACHE_STATS_FILE (%p = pid, %h = host)
+        #[arg(long, value_name = "PATH")]
+        stats_file: Option<String>,
+        /// MRCACHE_MONITOR: patch, symbols, none
+        #[arg(long, value_name = "MONITOR")]
+        monitor: Option<String>,
+        /// MRCACHE_FORK: auto, keep, flush
+        #[arg(long, value_name = "MODE")]
+        fork: Option<String>,
+        /// The library to preload (default: next to this program, or ../lib, or MRCACHE_LIB)
+        #[arg(long, value_name = "PATH")]
+        lib: Option<PathBuf>,
+        /// The program and its arguments
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<OsString>,
+    },
+    /// Print the version, the effective configuration and where each value comes from, the
+    /// libibverbs found, the fork mode that would be chosen and what each monitor covers.
+    Info {
+        /// The library to inspect (as for run)
+        #[arg(long, value_name = "PATH")]
+        lib: Option<PathBuf>,
+    },
+    /// Aggregate MRCACHE_STATS=json files (one JSON object per process) into a table.
+    Stats {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the path of libmrcache.so.
+    Lib,
+    #[command(hide = true, name = "__selftest")]
+    SelfTest,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    match run(&args) {
-        Ok(code) => code,
-        Err(msg) => {
-            eprintln!("mrcache: {msg}");
-            ExitCode::from(2)
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Run {
+            log,
+            log_file,
+            max_bytes,
+            max_entries,
+            stats,
+            stats_file,
+            monitor,
+            fork,
+            lib,
+            program,
+        } => {
+            let env = [
+                ("MRCACHE_LOG", log),
+                ("MRCACHE_LOG_FILE", log_file),
+                ("MRCACHE_MAX_BYTES", max_bytes),
+                ("MRCACHE_MAX_ENTRIES", max_entries),
+                ("MRCACHE_STATS", stats),
+                ("MRCACHE_STATS_FILE", stats_file),
+                ("MRCACHE_MONITOR", monitor),
+                ("MRCACHE_FORK", fork),
+            ];
+            launch(lib, &env, &program)
         }
-    }
+        Cmd::Info { lib } => info(lib),
+        Cmd::Stats { files } => stats(&files),
+        Cmd::Lib => find_library(None).map(|p| {
+            println!("{}", p.display());
+            ExitCode::SUCCESS
+        }),
+        Cmd::SelfTest => self_test(),
+    };
+    result.unwrap_or_else(|msg| {
+        eprintln!("mrcache: {msg}");
+        ExitCode::from(2)
+    })
 }
 
-fn run(args: &[OsString]) -> Result<ExitCode, String> {
-    let first = args.first().and_then(|a| a.to_str());
-    match first {
-        None | Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            Ok(ExitCode::SUCCESS)
-        }
-        Some("-V" | "--version") => {
-            println!("mrcache {}", mrcache::VERSION);
-            Ok(ExitCode::SUCCESS)
-        }
-        Some("lib") => {
-            println!("{}", find_library(None)?.display());
-            Ok(ExitCode::SUCCESS)
-        }
-        Some("run") => launch(&args[1..]),
-        Some(other) => Err(format!(
-            "unknown command '{other}'; expected run, lib, --version or --help"
-        )),
+fn launch(
+    lib: Option<PathBuf>,
+    env: &[(&str, Option<String>)],
+    program: &[OsString],
+) -> Result<ExitCode, String> {
+    let set: Vec<(&str, &str)> = env
+        .iter()
+        .filter_map(|(k, v)| Some((*k, v.as_deref()?)))
+        .collect();
+    // Catch a bad option here, with the same words the library would use.
+    let (_, problems) = config::parse(set.iter().copied(), 0);
+    if let Some(p) = problems.iter().find(|p| p.is_fatal()) {
+        return Err(p
+            .to_string()
+            .trim_start_matches("mrcache: ")
+            .replace("; the cache is off for this process", ""));
     }
-}
-
-fn launch(args: &[OsString]) -> Result<ExitCode, String> {
-    let mut lib = None;
-    let mut rest = args;
-    while let Some(a) = rest.first() {
-        match a.to_str() {
-            Some("--") => {
-                rest = &rest[1..];
-                break;
-            }
-            Some("--lib") => {
-                let p = rest.get(1).ok_or("--lib needs a path")?;
-                lib = Some(PathBuf::from(p));
-                rest = &rest[2..];
-            }
-            Some(opt) if opt.starts_with('-') => {
-                return Err(format!(
-                    "unknown option '{opt}' for run; expected --lib PATH or --"
-                ));
-            }
-            _ => break,
-        }
-    }
-    let (program, program_args) = rest
+    let lib = find_library(lib)?;
+    let (prog, args) = program
         .split_first()
         .ok_or("run needs a program: mrcache run -- PROGRAM [ARGS...]")?;
-    let lib = find_library(lib)?;
-    let preload = compose_preload(&lib, std::env::var_os("LD_PRELOAD"));
-    let err = Command::new(program)
-        .args(program_args)
-        .env("LD_PRELOAD", preload)
-        .exec();
-    Err(format!(
-        "cannot run {}: {err}",
-        Path::new(program).display()
-    ))
+    let mut cmd = Command::new(prog);
+    cmd.args(args).env(
+        "LD_PRELOAD",
+        compose_preload(&lib, std::env::var_os("LD_PRELOAD")),
+    );
+    for (k, v) in set {
+        cmd.env(k, v);
+    }
+    let err = cmd.exec();
+    Err(format!("cannot run {}: {err}", Path::new(prog).display()))
 }
 
 /// Prepend our library to an existing LD_PRELOAD so the user's own preloads still load,
@@ -117,12 +180,7 @@ fn find_library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
     let dir = exe.parent().ok_or("executable has no directory")?;
-    let candidates = [
-        dir.join("libmrcache.so"),
-        dir.join("../lib/libmrcache.so"),
-        dir.join("../lib/mrcache/libmrcache.so"),
-    ];
-    candidates
+    [dir.join("libmrcache.so"), dir.join("../lib/libmrcache.so"), dir.join("../lib/mrcache/libmrcache.so")]
         .iter()
         .find(|p| p.is_file())
         .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
@@ -132,6 +190,281 @@ fn find_library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
                 exe.display()
             )
         })
+}
+
+/// libibverbs, opened privately (this launcher is not the preloaded program).
+struct Verbs(*mut c_void);
+
+impl Verbs {
+    fn open() -> Option<Verbs> {
+        // SAFETY: dlopen with a valid name.
+        let h = unsafe {
+            libc::dlopen(
+                c"libibverbs.so.1".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            )
+        };
+        (!h.is_null()).then_some(Verbs(h))
+    }
+
+    fn sym(&self, name: &str, version: &str) -> *mut c_void {
+        let (n, v) = (
+            CString::new(name).unwrap_or_default(),
+            CString::new(version).unwrap_or_default(),
+        );
+        // SAFETY: dlvsym on a live handle.
+        unsafe { libc::dlvsym(self.0, n.as_ptr(), v.as_ptr()) }
+    }
+
+    /// The file it was loaded from (its name carries rdma-core's version).
+    fn path(&self) -> Option<String> {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        maps.lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("libibverbs.so"))
+            .map(str::to_string)
+    }
+}
+
+fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
+    println!("mrcache {}", mrcache::VERSION);
+    let lib = find_library(lib);
+    match &lib {
+        Ok(p) => println!("library: {}", p.display()),
+        Err(e) => println!("library: not found ({e})"),
+    }
+
+    println!("\nconfiguration (MRCACHE_* variables):");
+    let vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("MRCACHE_"))
+        .collect();
+    let (cfg, problems) = config::parse(
+        vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        physical_memory(),
+    );
+    for v in VARIABLES {
+        match vars.iter().find(|(k, _)| k == v.name) {
+            Some((_, value)) => println!("  {:<24} {:<28} (environment)", v.name, value),
+            None => println!("  {:<24} {:<28} (default)", v.name, v.default),
+        }
+    }
+    println!(
+        "  effective: cache {}, max {} entries, max {} bytes, shadows {}, monitor {}, fork {}",
+        if cfg.enabled { "on" } else { "OFF" },
+        if cfg.max_entries == usize::MAX {
+            "unlimited".to_string()
+        } else {
+            cfg.max_entries.to_string()
+        },
+        if cfg.max_bytes == u64::MAX {
+            "unlimited".to_string()
+        } else {
+            cfg.max_bytes.to_string()
+        },
+        if cfg.shadow { "on" } else { "off" },
+        cfg.monitor.as_str(),
+        cfg.fork.as_str()
+    );
+    for p in &problems {
+        println!("  {p}");
+    }
+
+    println!("\nlibibverbs:");
+    match Verbs::open() {
+        None => println!(
+            "  not found (apt-get install libibverbs1 ibverbs-providers); nothing to cache"
+        ),
+        Some(v) => {
+            println!("  {}", v.path().unwrap_or_else(|| "libibverbs.so.1".into()));
+            let syms = [
+                ("ibv_reg_mr", "IBVERBS_1.1"),
+                ("ibv_reg_mr_iova", "IBVERBS_1.7"),
+                ("ibv_reg_mr_iova2", "IBVERBS_1.8"),
+                ("ibv_dereg_mr", "IBVERBS_1.1"),
+                ("ibv_rereg_mr", "IBVERBS_1.1"),
+                ("ibv_reg_dmabuf_mr", "IBVERBS_1.12"),
+                ("ibv_dealloc_pd", "IBVERBS_1.1"),
+                ("ibv_close_device", "IBVERBS_1.1"),
+                ("ibv_fork_init", "IBVERBS_1.1"),
+                ("ibv_is_fork_initialized", "IBVERBS_1.13"),
+                ("ibv_dontfork_range", "IBVERBS_1.1"),
+            ];
+            let found: Vec<String> = syms
+                .iter()
+                .map(|(n, ver)| {
+                    format!(
+                        "{n}@{ver}: {}",
+                        if v.sym(n, ver).is_null() {
+                            "MISSING"
+                        } else {
+                            "found"
+                        }
+                    )
+                })
+                .collect();
+            for f in found {
+                println!("  {f}");
+            }
+            let get = v.sym("ibv_get_device_list", "IBVERBS_1.1");
+            if !get.is_null() {
+                // SAFETY: ibv_get_device_list(int *) -> struct ibv_device **, freed below.
+                let get: unsafe extern "C" fn(*mut i32) -> *mut *mut c_void =
+                    unsafe { std::mem::transmute(get) };
+                let mut n = 0;
+                // SAFETY: as above.
+                let list = unsafe { get(&mut n) };
+                println!("  RDMA devices: {n}");
+                let free = v.sym("ibv_free_device_list", "IBVERBS_1.1");
+                if !list.is_null() && !free.is_null() {
+                    // SAFETY: ibv_free_device_list(struct ibv_device **).
+                    let free: unsafe extern "C" fn(*mut *mut c_void) =
+                        unsafe { std::mem::transmute(free) };
+                    // SAFETY: as above.
+                    unsafe { free(list) };
+                }
+            }
+            let f = v.sym("ibv_is_fork_initialized", "IBVERBS_1.13");
+            let tracking = ["RDMAV_FORK_SAFE", "IBV_FORK_SAFE"]
+                .iter()
+                .any(|k| std::env::var_os(k).is_some_and(|x| x != "0"));
+            let cof = if f.is_null() {
+                None
+            } else {
+                // SAFETY: ibv_is_fork_initialized(void) -> enum.
+                let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(f) };
+                // SAFETY: as above.
+                Some(unsafe { f() } == 2)
+            };
+            let idle = match (cfg.fork, cof) {
+                (config::ForkMode::Keep, _) => "idle entries kept (MRCACHE_FORK=keep)",
+                (config::ForkMode::Flush, _) => {
+                    "idle entries deregistered before fork (MRCACHE_FORK=flush)"
+                }
+                (config::ForkMode::Auto, Some(true)) => {
+                    "idle entries kept: the kernel copies pinned pages at fork (IBV_FORK_UNNEEDED)"
+                }
+                (config::ForkMode::Auto, Some(false)) => {
+                    "idle entries deregistered before fork: the kernel does not report copy-on-fork (no RDMA netlink here, or Linux < 5.13)"
+                }
+                (config::ForkMode::Auto, None) => {
+                    "idle entries deregistered before fork: libibverbs has no ibv_is_fork_initialized"
+                }
+            };
+            println!(
+                "\nfork: {idle}; libibverbs fork tracking {} ({})",
+                if tracking {
+                    "on: ranges in use are marked DONTFORK for each fork"
+                } else {
+                    "off"
+                },
+                "RDMAV_FORK_SAFE/IBV_FORK_SAFE; ibv_fork_init() at run time also counts"
+            );
+        }
+    }
+
+    println!("\nmonitors (startup self-test, run in a child under each):");
+    if let Ok(lib) = &lib {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        for m in ["patch", "symbols", "none"] {
+            let out = Command::new(&exe)
+                .arg("__selftest")
+                .env("LD_PRELOAD", lib)
+                .env("MRCACHE_MONITOR", m)
+                .output()
+                .map_err(|e| e.to_string())?;
+            println!("  {m}:");
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                println!("    {line}");
+            }
+        }
+    } else {
+        println!("  (library not found)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs under LD_PRELOAD=libmrcache.so: call its self-test and print the result.
+fn self_test() -> Result<ExitCode, String> {
+    // SAFETY: dlsym for our own library's exported report function.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mrcache_selftest_report".as_ptr()) };
+    if f.is_null() {
+        return Err("libmrcache.so is not preloaded".into());
+    }
+    let mut buf = vec![0u8; 8192];
+    // SAFETY: mrcache_selftest_report(char *buf, size_t len) -> size_t (bytes written).
+    let f: unsafe extern "C" fn(*mut u8, usize) -> usize = unsafe { std::mem::transmute(f) };
+    // SAFETY: as above, with our buffer.
+    let n = unsafe { f(buf.as_mut_ptr(), buf.len()) };
+    print!("{}", String::from_utf8_lossy(&buf[..n.min(buf.len())]));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && size > 0 {
+        pages as u64 * size as u64
+    } else {
+        0
+    }
+}
+
+fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
+    let mut reports = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        reports.extend(Report::parse_lines(&text).map_err(|e| format!("{}: {e}", f.display()))?);
+    }
+    if reports.is_empty() {
+        return Err("no statistics found (run with MRCACHE_STATS=json)".into());
+    }
+    println!(
+        "{:<16} {:>8} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>10} {:>10} {:>10}",
+        "host",
+        "pid",
+        "hits",
+        "misses",
+        "uncached",
+        "hit%",
+        "invalidated",
+        "peak",
+        "peak MiB",
+        "reg ms",
+        "saved ms"
+    );
+    let row = |r: &Report, pid: String| {
+        println!(
+            "{:<16} {:>8} {:>10} {:>8} {:>8} {:>5.1}% {:>11} {:>8} {:>10.1} {:>10.1} {:>10.1}",
+            r.host,
+            pid,
+            r.hits_total(),
+            r.misses,
+            r.uncached,
+            r.hit_rate() * 100.0,
+            r.invalidated_entries,
+            r.peak_entries,
+            r.peak_bytes as f64 / (1 << 20) as f64,
+            r.registration_ns as f64 / 1e6,
+            r.saved_ns_estimate as f64 / 1e6
+        );
+    };
+    for r in &reports {
+        row(r, r.pid.to_string());
+    }
+    let t = Report::total(&reports);
+    row(&t, format!("{} procs", reports.len()));
+    if t.double_deregs + t.verify_mismatches + t.trace_records_dropped > 0 {
+        println!(
+            "attention: {} double deregistrations, {} verify mismatches, {} trace records dropped",
+            t.double_deregs, t.verify_mismatches, t.trace_records_dropped
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

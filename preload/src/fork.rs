@@ -95,7 +95,11 @@ pub fn decide(mode: ForkMode) -> Decision {
 }
 
 /// The cache lock and the ranges marked DONTFORK, from prepare to parent/child.
-type Held = (ForkGuard<'static>, Vec<(usize, usize)>);
+type Held = (
+    ForkGuard<'static>,
+    Vec<(usize, usize)>,
+    crate::trace::ForkSink,
+);
 
 thread_local! {
     /// The same thread runs all three handlers.
@@ -137,18 +141,22 @@ pub extern "C" fn prepare() {
     };
     for_ranges(c"ibv_dontfork_range", &ranges);
     runtime::note_fork(flushed, ranges.len());
-    let _ = HELD.try_with(|h| *h.borrow_mut() = Some((guard, ranges)));
+    // Last: nothing may log while the sink is held.
+    let sink = crate::trace::prepare_fork();
+    let _ = HELD.try_with(|h| *h.borrow_mut() = Some((guard, ranges, sink)));
 }
 
 pub extern "C" fn parent() {
-    if let Some((guard, ranges)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+    if let Some((guard, ranges, sink)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+        sink.parent();
         for_ranges(c"ibv_dofork_range", &ranges);
         guard.parent();
     }
 }
 
 pub extern "C" fn child() {
-    if let Some((guard, ranges)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+    if let Some((guard, ranges, sink)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+        sink.child();
         // The child has no mapping there; libibverbs ignores the DOFORK error but its
         // reference counts (inherited) come back into balance.
         for_ranges(c"ibv_dofork_range", &ranges);

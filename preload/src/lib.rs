@@ -14,8 +14,10 @@ mod provider;
 mod real;
 mod runtime;
 mod selftest;
+mod trace;
 
 use ffi::{IbvContext, IbvMr, IbvPd};
+use mrcache::trace::Call;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicBool;
 
@@ -32,6 +34,20 @@ pub static mrcache_version: [u8; mrcache::VERSION.len() + 1] = {
     }
     out
 };
+
+/// For `mrcache info`: run the unmap self-test in this process and write its result (text,
+/// one path a line) into `buf`; returns the bytes written.
+///
+/// # Safety
+/// `buf` must be writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mrcache_selftest_report(buf: *mut u8, len: usize) -> usize {
+    let text = std::panic::catch_unwind(runtime::selftest_report).unwrap_or_default();
+    let n = text.len().min(len);
+    // SAFETY: the caller passes a writable buffer of len bytes.
+    unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
+    n
+}
 
 /// The app turned on libibverbs' fork tracking with `ibv_fork_init()`.
 pub(crate) static FORK_INIT_CALLED: AtomicBool = AtomicBool::new(false);
@@ -59,7 +75,7 @@ export!("ibv_close_device" = close_device);
 export!("ibv_fork_init" = fork_init);
 
 extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_int) -> *mut IbvMr {
-    runtime::register(pd, addr, len, addr as u64, access as u32)
+    runtime::register(Call::RegMr, pd, addr, len, addr as u64, access as u32)
 }
 
 extern "C" fn reg_mr_iova(
@@ -69,7 +85,7 @@ extern "C" fn reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut IbvMr {
-    runtime::register(pd, addr, len, iova, access as u32)
+    runtime::register(Call::RegMrIova, pd, addr, len, iova, access as u32)
 }
 
 extern "C" fn reg_mr_iova2(
@@ -79,7 +95,7 @@ extern "C" fn reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut IbvMr {
-    runtime::register(pd, addr, len, iova, access)
+    runtime::register(Call::RegMrIova2, pd, addr, len, iova, access)
 }
 
 extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
@@ -106,7 +122,7 @@ extern "C" fn reg_dmabuf_mr(
     access: c_int,
 ) -> *mut IbvMr {
     // dma-buf memory is not process memory: nothing to cache or invalidate.
-    real::reg_dmabuf_mr(pd, offset, len, iova, fd, access)
+    runtime::reg_dmabuf_mr(pd, offset, len, iova, fd, access)
 }
 
 extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {

@@ -8,7 +8,9 @@
 //! allocators: they take no lock, allocate nothing, print nothing, and when no cache
 //! exists they only bump two counters around the syscall.
 
+use crate::trace;
 use mrcache::invalidation::InvalidationQueue;
+use mrcache::trace::{Call, Outcome};
 use std::ffi::{c_int, c_long, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 
@@ -23,6 +25,45 @@ const MAP_FIXED: c_int = 0x10;
 const MAP_FIXED_NOREPLACE: c_int = 0x10_0000;
 const MREMAP_FIXED: c_int = 2;
 const SHM_REMAP: c_int = 0o40000;
+
+/// Unmaps reported, by hook (for the statistics): munmap, madvise, mremap, mmap MAP_FIXED,
+/// brk, sbrk, shmat SHM_REMAP, shmdt, realloc.
+pub static REPORTED: [AtomicUsize; 9] = [const { AtomicUsize::new(0) }; 9];
+pub const SOURCES: [&str; 9] = [
+    "munmap",
+    "madvise",
+    "mremap",
+    "mmap-fixed",
+    "brk",
+    "sbrk",
+    "shmat-remap",
+    "shmdt",
+    "realloc",
+];
+
+fn count(source: usize) {
+    if QUEUE.is_active() {
+        REPORTED[source].fetch_add(1, Relaxed);
+    }
+}
+
+/// Start time for a trace record, or 0 when not tracing (the common case: one load).
+#[inline]
+fn t0() -> u64 {
+    if trace::enabled() { trace::now_ns() } else { 0 }
+}
+
+#[inline]
+fn traced(call: Call, invalidated: bool, args: [u64; 5], result: i64, t0: u64) {
+    if t0 != 0 {
+        let outcome = if invalidated && REPORTING.load(Relaxed) {
+            Outcome::Invalidate
+        } else {
+            Outcome::Passthrough
+        };
+        trace::emit(call, outcome, args, result, t0);
+    }
+}
 
 /// Run `f` (the syscall) with `[addr, addr + len)` reported as going away.
 #[inline]
@@ -51,9 +92,19 @@ fn sys(n: c_long, a: usize, b: usize, c: usize, d: usize, e: usize, f: usize) ->
 
 #[unsafe(no_mangle)]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
-    invalidating(addr as usize, len, || {
+    let t = t0();
+    count(0);
+    let r = invalidating(addr as usize, len, || {
         sys(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int
-    })
+    });
+    traced(
+        Call::Munmap,
+        true,
+        [addr as u64, len as u64, 0, 0, 0],
+        r as i64,
+        t,
+    );
+    r
 }
 
 /// The advice values that drop pages: the range is backed by new pages at the next touch.
@@ -66,6 +117,7 @@ fn zaps(advice: c_int) -> bool {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let t = t0();
     let call = || {
         sys(
             libc::SYS_madvise,
@@ -77,11 +129,21 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
             0,
         ) as c_int
     };
-    if zaps(advice) {
+    let zap = zaps(advice);
+    let r = if zap {
+        count(1);
         invalidating(addr as usize, len, call)
     } else {
         call()
-    }
+    };
+    traced(
+        Call::Madvise,
+        zap,
+        [addr as u64, len as u64, advice as u64, 0, 0],
+        r as i64,
+        t,
+    );
+    r
 }
 
 #[unsafe(no_mangle)]
@@ -109,6 +171,8 @@ pub extern "C" fn mremap(
     flags: c_int,
     new_addr: *mut c_void,
 ) -> *mut c_void {
+    let t = t0();
+    count(2);
     let call = || {
         sys(
             libc::SYS_mremap,
@@ -120,13 +184,21 @@ pub extern "C" fn mremap(
             0,
         ) as *mut c_void
     };
-    if flags & MREMAP_FIXED != 0 {
+    let r = if flags & MREMAP_FIXED != 0 {
         invalidating(new_addr as usize, new_len, || {
             invalidating(old as usize, old_len, call)
         })
     } else {
         invalidating(old as usize, old_len, call)
-    }
+    };
+    traced(
+        Call::Mremap,
+        true,
+        [old as u64, old_len as u64, new_len as u64, flags as u64, 0],
+        r as i64,
+        t,
+    );
+    r
 }
 
 #[unsafe(no_mangle)]
@@ -142,6 +214,7 @@ pub extern "C" fn mmap(
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     }
+    let t = t0();
     let call = || {
         sys(
             libc::SYS_mmap,
@@ -153,11 +226,21 @@ pub extern "C" fn mmap(
             off as usize,
         ) as *mut c_void
     };
-    if flags & MAP_FIXED != 0 && flags & MAP_FIXED_NOREPLACE == 0 {
+    let fixed = flags & MAP_FIXED != 0 && flags & MAP_FIXED_NOREPLACE == 0;
+    let r = if fixed {
+        count(3);
         invalidating(addr as usize, len, call)
     } else {
         call()
-    }
+    };
+    traced(
+        Call::Mmap,
+        fixed,
+        [addr as u64, len as u64, flags as u64, 0, 0],
+        r as i64,
+        t,
+    );
+    r
 }
 
 /// libc's `__curbrk`, which its brk keeps; our brk must keep it too.
@@ -165,6 +248,7 @@ pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut())
 
 #[unsafe(no_mangle)]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
+    let t = t0();
     let curbrk = CURBRK.load(Relaxed);
     // SAFETY: CURBRK is null or libc's exported __curbrk variable.
     let cur = if curbrk.is_null() {
@@ -173,7 +257,9 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
         unsafe { *curbrk as usize }
     };
     let call = || sys(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
-    let got = if !addr.is_null() && (addr as usize) < cur {
+    let shrink = !addr.is_null() && (addr as usize) < cur;
+    let got = if shrink {
+        count(4);
         invalidating(addr as usize, cur - addr as usize, call)
     } else {
         call()
@@ -182,11 +268,14 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
         // SAFETY: as above; libc's own brk stores the kernel's answer the same way.
         unsafe { *curbrk = got as *mut c_void };
     }
-    if got < addr as usize {
+    let r = if got < addr as usize {
         set_errno(libc::ENOMEM);
-        return -1;
-    }
-    0
+        -1
+    } else {
+        0
+    };
+    traced(Call::Brk, shrink, [addr as u64, 0, 0, 0, 0], r as i64, t);
+    r
 }
 
 type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
@@ -199,9 +288,11 @@ pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return usize::MAX as *mut c_void;
     }
+    let t = t0();
     // SAFETY: f is libc's sbrk.
     let f: SbrkFn = unsafe { std::mem::transmute(f) };
-    if incr < 0 {
+    let r = if incr < 0 {
+        count(5);
         // SAFETY: sbrk(0) only reads the break.
         let cur = unsafe { f(0) } as usize;
         let shrink = incr.unsigned_abs();
@@ -210,7 +301,9 @@ pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
     } else {
         // SAFETY: as above.
         unsafe { f(incr) }
-    }
+    };
+    traced(Call::Sbrk, incr < 0, [incr as u64, 0, 0, 0, 0], r as i64, t);
+    r
 }
 
 /// Attached System V segments (address, size), so that shmdt knows how much goes away.
@@ -232,6 +325,7 @@ fn shm_size(id: c_int) -> usize {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    let t = t0();
     let size = shm_size(id);
     let call = || {
         sys(
@@ -244,7 +338,9 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
             0,
         ) as *mut c_void
     };
-    let p = if flags & SHM_REMAP != 0 && !addr.is_null() {
+    let remap = flags & SHM_REMAP != 0 && !addr.is_null();
+    let p = if remap {
+        count(6);
         invalidating(addr as usize, size, call)
     } else {
         call()
@@ -257,11 +353,19 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
             }
         }
     }
+    traced(
+        Call::Shmat,
+        remap,
+        [id as u64, addr as u64, flags as u64, 0, 0],
+        p as i64,
+        t,
+    );
     p
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
+    let t = t0();
     let mut size = 0;
     for (a, s) in &SHM {
         if a.load(Acquire) == addr as usize {
@@ -270,6 +374,7 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
             break;
         }
     }
+    count(7);
     // A segment attached before we were loaded (or beyond the table): assume everything
     // above it goes, as libfabric does.
     let len = if size > 0 {
@@ -277,9 +382,11 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
     } else {
         usize::MAX - addr as usize
     };
-    invalidating(addr as usize, len, || {
+    let r = invalidating(addr as usize, len, || {
         sys(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int
-    })
+    });
+    traced(Call::Shmdt, true, [addr as u64, 0, 0, 0, 0], r as i64, t);
+    r
 }
 
 type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
@@ -306,12 +413,22 @@ pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
         let (prev, size_field) =
             unsafe { (*(ptr as *const usize).sub(2), *(ptr as *const usize).sub(1)) };
         if size_field & 2 != 0 {
+            let t = t0();
+            count(8);
             let chunk = ptr as usize - 16;
             let start = chunk.wrapping_sub(prev);
             // SAFETY: as above.
-            return invalidating(start, prev + (size_field & !7), || unsafe {
+            let r = invalidating(start, prev + (size_field & !7), || unsafe {
                 real(ptr, size)
             });
+            traced(
+                Call::Realloc,
+                true,
+                [ptr as u64, size as u64, 0, 0, 0],
+                r as i64,
+                t,
+            );
+            return r;
         }
     }
     // SAFETY: as above.

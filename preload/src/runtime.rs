@@ -8,8 +8,12 @@ use crate::memory::{self, QUEUE};
 use crate::provider::Provider;
 use crate::real;
 use crate::selftest::{self, Coverage};
+use crate::trace;
+use mrcache::access::Bypass;
 use mrcache::cache::{AcquireError, Cache, Detached, Limits, Released, Request};
-use mrcache::config::{self, LogLevel, Monitor};
+use mrcache::config::{self, LogLevel, Monitor, StatsMode};
+use mrcache::stats::Report;
+use mrcache::trace::{Call, Outcome};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -22,6 +26,32 @@ pub struct Runtime {
     pub coverage: Option<Coverage>,
     pub fork: Option<fork::Decision>,
     pub log: LogLevel,
+    pub stats: StatsMode,
+    pub stats_file: Option<String>,
+}
+
+/// Registrations passed to libibverbs untouched, by reason (`Bypass`, plus a NULL pd).
+static BYPASSED: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+const BYPASS_NAMES: [&str; 8] = [
+    "on-demand",
+    "zero-based",
+    "unknown-access-flags",
+    "bad-range",
+    "nested",
+    "disabled",
+    "null-pd",
+    "panic",
+];
+
+fn bypass_index(b: Bypass) -> usize {
+    match b {
+        Bypass::OnDemand => 0,
+        Bypass::ZeroBased => 1,
+        Bypass::UnknownFlags => 2,
+        Bypass::BadRange => 3,
+        Bypass::Nested => 4,
+        Bypass::Disabled => 5,
+    }
 }
 
 static FORKS: AtomicU64 = AtomicU64::new(0);
@@ -33,7 +63,7 @@ static DRAIN_RUNNING: AtomicBool = AtomicBool::new(false);
 /// from verbs calls and fork handlers, never from memory hooks.
 pub fn log(level: LogLevel, msg: std::fmt::Arguments<'_>) {
     if RUNTIME.get().is_some_and(|r| r.log >= level) {
-        eprintln!("mrcache[{}]: {msg}", std::process::id());
+        trace::write_line(&format!("mrcache[{}]: {msg}", std::process::id()));
     }
 }
 
@@ -48,9 +78,13 @@ fn runtime() -> &'static Runtime {
         for p in &problems {
             eprintln!("{p}");
         }
-        if config.stats {
+        trace::set_log_file(config.log_file.as_deref());
+        if config.stats != StatsMode::Off {
             // SAFETY: registering a plain extern "C" fn with atexit.
             unsafe { libc::atexit(print_stats) };
+        }
+        if config.log >= LogLevel::Trace {
+            trace::start();
         }
         if config.enabled && config.monitor == Monitor::None {
             eprintln!(
@@ -59,14 +93,7 @@ fn runtime() -> &'static Runtime {
         }
         let mut coverage = None;
         let cache = config.enabled.then(|| {
-            QUEUE.activate();
-            let libc_handle = memory::LIBC.load(std::sync::atomic::Ordering::Relaxed);
-            let patched = memory::PATCHED.load(std::sync::atomic::Ordering::Relaxed);
-            // The allocator probes only mean something when the program's malloc is glibc's.
-            // SAFETY: dlsym lookups of malloc in the global scope and in libc.
-            let glibc_malloc = !libc_handle.is_null()
-                && unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) == libc::dlsym(libc_handle, c"malloc".as_ptr()) };
-            let c = selftest::run(libc_handle, glibc_malloc, patched & 4 != 0);
+            let c = run_selftest();
             let missed = c.missed();
             if config.monitor != Monitor::None && !missed.is_empty() {
                 eprintln!(
@@ -97,7 +124,14 @@ fn runtime() -> &'static Runtime {
             unsafe { libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child)) };
             fork::decide(config.fork)
         });
-        Runtime { cache, monitor: config.monitor, coverage, fork, log: config.log }
+        if let (Some(d), Some(c)) = (&fork, &coverage)
+            && config.log >= LogLevel::Info
+        {
+            let pid = std::process::id();
+            trace::write_line(&format!("mrcache[{pid}]: monitor {}; self-test {:.0} us: {}", config.monitor.as_str(), c.nanos as f64 / 1e3, c.summary()));
+            trace::write_line(&format!("mrcache[{pid}]: fork policy: {}", d.why));
+        }
+        Runtime { cache, monitor: config.monitor, coverage, fork, log: config.log, stats: config.stats, stats_file: config.stats_file.clone() }
     })
 }
 
@@ -107,6 +141,40 @@ fn pagemap_shows_frames() -> bool {
     let probe = Box::new([1u8; 64]);
     let addr = probe.as_ptr() as usize;
     crate::provider::page_frames(addr & !4095, 1).is_some_and(|f| f[0] != 0)
+}
+
+/// The startup self-test, on this process's monitor.
+fn run_selftest() -> Coverage {
+    QUEUE.activate();
+    let libc_handle = memory::LIBC.load(Relaxed);
+    let patched = memory::PATCHED.load(Relaxed);
+    // The allocator probes only mean something when the program's malloc is glibc's.
+    // SAFETY: dlsym lookups of malloc in the global scope and in libc.
+    let glibc_malloc = !libc_handle.is_null()
+        && unsafe {
+            libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr())
+                == libc::dlsym(libc_handle, c"malloc".as_ptr())
+        };
+    selftest::run(libc_handle, glibc_malloc, patched & 4 != 0)
+}
+
+/// For `mrcache info`: the self-test's result as lines of text.
+pub fn selftest_report() -> String {
+    if RUNTIME.get().and_then(|r| r.cache.as_ref()).is_some() {
+        return "the cache is running in this process; the self-test ran at its start\n".into();
+    }
+    let c = run_selftest();
+    let mut out = String::new();
+    for (path, status) in &c.results {
+        let s = match status {
+            crate::selftest::Status::Caught => "caught".to_string(),
+            crate::selftest::Status::Missed => "MISSED".to_string(),
+            crate::selftest::Status::NotRun(why) => why.to_string(),
+        };
+        out.push_str(&format!("{path}: {s}\n"));
+    }
+    out.push_str(&format!("(self-test took {} us)\n", c.nanos / 1000));
+    out
 }
 
 /// The cache and the fork decision, for the fork handlers.
@@ -210,24 +278,56 @@ fn shielded<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
 
 /// Every registration entry point lands here.
 pub fn register(
+    call: Call,
     pd: *mut IbvPd,
     addr: *mut c_void,
     len: usize,
     iova: u64,
     access: u32,
 ) -> *mut IbvMr {
-    let passthrough = || real::reg_mr_iova2(pd, addr, len, iova, access);
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let (mr, outcome) = register_inner(pd, addr, len, iova, access);
+    if t != 0 {
+        let mut args = [pd as u64, addr as u64, len as u64, iova, access as u64];
+        if call == Call::RegMr {
+            args = [pd as u64, addr as u64, len as u64, access as u64, 0];
+        }
+        trace::emit(call, outcome, args, mr as i64, t);
+    }
+    mr
+}
+
+fn register_inner(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> (*mut IbvMr, Outcome) {
+    let passthrough = |why: usize| {
+        BYPASSED[why].fetch_add(1, Relaxed);
+        let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
+        (
+            mr,
+            if mr.is_null() {
+                Outcome::Failed
+            } else {
+                Outcome::Bypass
+            },
+        )
+    };
     let Some(_guard) = Guard::enter() else {
-        return passthrough();
+        return passthrough(bypass_index(Bypass::Nested));
     };
     shielded(
         || {
             let Some(cache) = runtime().cache.as_ref() else {
-                return passthrough();
+                return passthrough(bypass_index(Bypass::Disabled));
             };
             ensure_drain_thread();
+            trace::ensure_writer();
             if pd.is_null() {
-                return passthrough(); // libibverbs' own behaviour for a NULL pd
+                return passthrough(6); // libibverbs' own behaviour for a NULL pd
             }
             // SAFETY: pd is the app's non-null PD.
             let context = unsafe { (*pd).context } as usize;
@@ -240,23 +340,46 @@ pub fn register(
                 access,
             };
             match cache.acquire(&req) {
-                Ok((handle, _)) => handle as *mut IbvMr,
-                Err(AcquireError::Bypass(_)) => passthrough(),
+                Ok((handle, o)) => (
+                    handle as *mut IbvMr,
+                    match o {
+                        mrcache::cache::Outcome::Hit => Outcome::Hit,
+                        mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
+                        mrcache::cache::Outcome::Miss => Outcome::Miss,
+                        mrcache::cache::Outcome::Uncached => Outcome::Uncached,
+                    },
+                ),
+                Err(AcquireError::Bypass(b)) => passthrough(bypass_index(b)),
                 Err(AcquireError::Failed(e)) => {
                     real::set_errno(e);
-                    std::ptr::null_mut()
+                    (std::ptr::null_mut(), Outcome::Failed)
                 }
             }
         },
-        passthrough,
+        || passthrough(7),
     )
 }
 
 pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
-    if mr.is_null() {
-        return libc::EINVAL;
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let (rc, outcome) = dereg_inner(mr);
+    if t != 0 {
+        trace::emit(
+            Call::DeregMr,
+            outcome,
+            [mr as u64, 0, 0, 0, 0],
+            rc as i64,
+            t,
+        );
     }
-    let passthrough = || real::dereg_mr(mr);
+    rc
+}
+
+fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
+    if mr.is_null() {
+        return (libc::EINVAL, Outcome::Failed);
+    }
+    let passthrough = || (real::dereg_mr(mr), Outcome::Passthrough);
     let Some(_guard) = Guard::enter() else {
         return passthrough();
     };
@@ -266,15 +389,16 @@ pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
                 return passthrough();
             };
             match cache.release(mr as usize) {
-                Released::Kept | Released::Deregistered => 0,
+                Released::Kept => (0, Outcome::Kept),
+                Released::Deregistered => (0, Outcome::Deregistered),
                 Released::NotOurs => passthrough(),
                 Released::DoubleRelease => {
-                    eprintln!(
+                    trace::write_line(&format!(
                         "mrcache: ibv_dereg_mr({mr:p}): this registration was already deregistered (a second ibv_dereg_mr of the same MR); returning EINVAL"
-                    );
-                    libc::EINVAL
+                    ));
+                    (libc::EINVAL, Outcome::DoubleDereg)
                 }
-                Released::Failed(e) => e,
+                Released::Failed(e) => (e, Outcome::Failed),
             }
         },
         passthrough,
@@ -282,6 +406,33 @@ pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
 }
 
 pub fn rereg_mr(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let rc = rereg_inner(mr, flags, pd, addr, len, access);
+    if t != 0 {
+        let o = if rc == 0 {
+            Outcome::Passthrough
+        } else {
+            Outcome::Failed
+        };
+        trace::emit(
+            Call::ReregMr,
+            o,
+            [mr as u64, flags as u64, addr as u64, len as u64, 0],
+            rc as i64,
+            t,
+        );
+    }
+    rc
+}
+
+fn rereg_inner(
     mr: *mut IbvMr,
     flags: i32,
     pd: *mut IbvPd,
@@ -304,8 +455,11 @@ pub fn rereg_mr(
             match cache.detach(mr as usize) {
                 Detached::NotOurs => passthrough(),
                 Detached::Shared => {
-                    eprintln!(
-                        "mrcache: ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_SHADOW=0/MRCACHE_ENABLE=0"
+                    log(
+                        LogLevel::Error,
+                        format_args!(
+                            "ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_ENABLE=0"
+                        ),
                     );
                     ffi::IBV_REREG_MR_ERR_INPUT
                 }
@@ -366,72 +520,205 @@ fn provider_rereg(
 }
 
 pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
-    if let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) {
-        shielded(|| cache.flush_pd(pd as usize), || 0);
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let flushed = RUNTIME
+        .get()
+        .and_then(|r| r.cache.as_ref())
+        .map_or(0, |c| shielded(|| c.flush_pd(pd as usize), || 0));
+    let rc = real::dealloc_pd(pd);
+    if t != 0 {
+        let o = if flushed > 0 {
+            Outcome::Flush
+        } else {
+            Outcome::Passthrough
+        };
+        trace::emit(Call::DeallocPd, o, [pd as u64, 0, 0, 0, 0], rc as i64, t);
     }
-    real::dealloc_pd(pd)
+    rc
 }
 
 pub fn close_device(ctx: *mut IbvContext) -> i32 {
-    if let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) {
-        shielded(|| cache.flush_context(ctx as usize), || 0);
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let flushed = RUNTIME
+        .get()
+        .and_then(|r| r.cache.as_ref())
+        .map_or(0, |c| shielded(|| c.flush_context(ctx as usize), || 0));
+    let rc = real::close_device(ctx);
+    if t != 0 {
+        let o = if flushed > 0 {
+            Outcome::Flush
+        } else {
+            Outcome::Passthrough
+        };
+        trace::emit(Call::CloseDevice, o, [ctx as u64, 0, 0, 0, 0], rc as i64, t);
     }
-    real::close_device(ctx)
+    rc
 }
 
 pub fn fork_init() -> i32 {
-    crate::FORK_INIT_CALLED.store(true, std::sync::atomic::Ordering::Relaxed);
-    real::fork_init()
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    crate::FORK_INIT_CALLED.store(true, Relaxed);
+    let rc = real::fork_init();
+    if t != 0 {
+        trace::emit(Call::ForkInit, Outcome::Passthrough, [0; 5], rc as i64, t);
+    }
+    rc
+}
+
+pub fn reg_dmabuf_mr(
+    pd: *mut IbvPd,
+    offset: u64,
+    len: usize,
+    iova: u64,
+    fd: i32,
+    access: i32,
+) -> *mut IbvMr {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let mr = real::reg_dmabuf_mr(pd, offset, len, iova, fd, access);
+    if t != 0 {
+        trace::emit(
+            Call::RegDmabufMr,
+            Outcome::Passthrough,
+            [pd as u64, offset, len as u64, fd as u64, 0],
+            mr as i64,
+            t,
+        );
+    }
+    mr
+}
+
+/// This process's statistics.
+pub fn report() -> Option<Report> {
+    let rt = RUNTIME.get()?;
+    let cache = rt.cache.as_ref()?;
+    let s = cache.snapshot();
+    let registrations = s.misses + s.uncached;
+    let per_reg = s.reg_ns.checked_div(registrations).unwrap_or(0);
+    let mut r = Report {
+        version: mrcache::VERSION.into(),
+        pid: std::process::id(),
+        host: trace::host_name(),
+        hits: s.hits,
+        hits_containing: s.hits_containing,
+        misses: s.misses,
+        uncached: s.uncached,
+        evictions: s.evictions,
+        evictions_enomem: s.evictions_enomem,
+        invalidated_entries: s.invalidated,
+        unmaps_merged_on_overflow: QUEUE.overflows.load(Relaxed),
+        double_deregs: s.double_releases,
+        verify_mismatches: s.verify_mismatches,
+        dereg_failures: s.dereg_failures,
+        entries_at_exit: s.entries,
+        bytes_at_exit: s.bytes,
+        peak_entries: s.peak_entries,
+        peak_bytes: s.peak_bytes,
+        registration_ns: s.reg_ns,
+        saved_ns_estimate: (s.hits + s.hits_containing) * per_reg,
+        forks: FORKS.load(Relaxed),
+        fork_decision: rt.fork.as_ref().map(|d| d.why.clone()).unwrap_or_default(),
+        monitor: rt.monitor.as_str().into(),
+        selftest_us: rt.coverage.as_ref().map_or(0, |c| c.nanos / 1000),
+        trace_records_dropped: trace::dropped(),
+        ..Report::default()
+    };
+    for (name, n) in BYPASS_NAMES.iter().zip(&BYPASSED) {
+        let n = n.load(Relaxed);
+        if n > 0 {
+            r.bypassed.insert((*name).into(), n);
+        }
+    }
+    for (name, n) in memory::SOURCES.iter().zip(&memory::REPORTED) {
+        let n = n.load(Relaxed) as u64;
+        if n > 0 {
+            r.unmaps_by_source.insert((*name).into(), n);
+        }
+    }
+    if let Some(c) = &rt.coverage {
+        for (path, status) in &c.results {
+            let v = match status {
+                crate::selftest::Status::Caught => "caught".to_string(),
+                crate::selftest::Status::Missed => "missed".to_string(),
+                crate::selftest::Status::NotRun(why) => format!("not run: {why}"),
+            };
+            r.selftest.insert((*path).into(), v);
+        }
+    }
+    Some(r)
 }
 
 extern "C" fn print_stats() {
     let Some(rt) = RUNTIME.get() else { return };
-    let Some(cache) = rt.cache.as_ref() else {
-        return;
-    };
-    let s = cache.snapshot();
-    let misses = s.misses + s.uncached;
-    let per_reg = s.reg_ns.checked_div(misses).unwrap_or(0);
-    let hits = s.hits + s.hits_containing;
-    eprintln!(
-        "mrcache: pid {}: {} hits ({} containing), {} misses, {} uncached, {} bypassed, {} evictions ({} for ENOMEM), {} invalidated, {} double deregs, {} verify mismatches; {} entries / {} KiB cached now, peak {} / {} KiB; registration time {:.3} ms spent, ~{:.3} ms saved",
-        std::process::id(),
-        hits,
-        s.hits_containing,
-        s.misses,
-        s.uncached,
-        s.bypassed,
-        s.evictions + s.evictions_enomem,
-        s.evictions_enomem,
-        s.invalidated,
-        s.double_releases,
-        s.verify_mismatches,
-        s.entries,
-        s.bytes / 1024,
-        s.peak_entries,
-        s.peak_bytes / 1024,
-        s.reg_ns as f64 / 1e6,
-        (hits * per_reg) as f64 / 1e6,
-    );
-    if let Some(d) = &rt.fork {
-        eprintln!(
-            "mrcache: pid {}: fork: {}; {} forks, {} idle entries deregistered at fork, {} ranges marked DONTFORK",
-            std::process::id(),
-            d.why,
-            FORKS.load(Relaxed),
-            FORK_FLUSHED.load(Relaxed),
-            FORK_DONTFORKED.load(Relaxed)
-        );
-    }
-    if let Some(c) = &rt.coverage {
-        eprintln!(
-            "mrcache: pid {}: monitor {}, {} unmaps reported ({} merged on overflow); self-test {:.0} us: {}",
-            std::process::id(),
-            rt.monitor.as_str(),
-            QUEUE.pushed.load(std::sync::atomic::Ordering::Relaxed),
-            QUEUE.overflows.load(std::sync::atomic::Ordering::Relaxed),
-            c.nanos as f64 / 1e3,
-            c.summary()
-        );
+    let Some(r) = report() else { return };
+    match rt.stats {
+        StatsMode::Off => {}
+        StatsMode::Json => {
+            let line = r.to_json();
+            match rt.stats_file.as_deref() {
+                Some(pattern) => {
+                    let path = mrcache::stats::expand_path(pattern, r.pid, &r.host);
+                    let written = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                        .and_then(|mut f| {
+                            std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
+                        });
+                    if let Err(e) = written {
+                        eprintln!("mrcache: cannot write MRCACHE_STATS_FILE {path}: {e}");
+                        eprintln!("{line}");
+                    }
+                }
+                None => trace::write_line(&line),
+            }
+        }
+        StatsMode::Summary => {
+            let pid = r.pid;
+            let bypassed: u64 = r.bypassed.values().sum();
+            trace::write_line(&format!(
+                "mrcache: pid {pid}: {} hits ({} containing), {} misses, {} uncached, {bypassed} bypassed, {} evictions ({} for ENOMEM), {} invalidated, {} double deregs, {} verify mismatches; {} entries / {} KiB cached now, peak {} / {} KiB; registration time {:.3} ms spent, ~{:.3} ms saved",
+                r.hits_total(),
+                r.hits_containing,
+                r.misses,
+                r.uncached,
+                r.evictions + r.evictions_enomem,
+                r.evictions_enomem,
+                r.invalidated_entries,
+                r.double_deregs,
+                r.verify_mismatches,
+                r.entries_at_exit,
+                r.bytes_at_exit / 1024,
+                r.peak_entries,
+                r.peak_bytes / 1024,
+                r.registration_ns as f64 / 1e6,
+                r.saved_ns_estimate as f64 / 1e6,
+            ));
+            trace::write_line(&format!(
+                "mrcache: pid {pid}: fork: {}; {} forks, {} idle entries deregistered at fork, {} ranges marked DONTFORK",
+                r.fork_decision,
+                r.forks,
+                FORK_FLUSHED.load(Relaxed),
+                FORK_DONTFORKED.load(Relaxed)
+            ));
+            if let Some(c) = &rt.coverage {
+                let by_source: Vec<String> = r
+                    .unmaps_by_source
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                trace::write_line(&format!(
+                    "mrcache: pid {pid}: monitor {}, unmaps reported: {} ({} merged on overflow); self-test {:.0} us: {}",
+                    r.monitor,
+                    if by_source.is_empty() {
+                        "none".into()
+                    } else {
+                        by_source.join(", ")
+                    },
+                    r.unmaps_merged_on_overflow,
+                    c.nanos as f64 / 1e3,
+                    c.summary()
+                ));
+            }
+        }
     }
 }

@@ -1,0 +1,382 @@
+//! Call trace records: what a hook says about one interposed call, as a fixed-size record
+//! pushed into a bounded lock-free ring (`TraceRing`). Hooks never format or allocate; a
+//! writer thread pops the records and formats them into lines. A full ring drops the new
+//! record and counts it: tracing never blocks and never changes what the app sees.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+
+/// The interposed calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Call {
+    RegMr = 1,
+    RegMrIova,
+    RegMrIova2,
+    DeregMr,
+    ReregMr,
+    RegDmabufMr,
+    DeallocPd,
+    CloseDevice,
+    ForkInit,
+    Munmap,
+    Madvise,
+    Mremap,
+    Mmap,
+    Brk,
+    Sbrk,
+    Shmat,
+    Shmdt,
+    Realloc,
+    Fork,
+}
+
+const CALLS: [Call; 19] = [
+    Call::RegMr,
+    Call::RegMrIova,
+    Call::RegMrIova2,
+    Call::DeregMr,
+    Call::ReregMr,
+    Call::RegDmabufMr,
+    Call::DeallocPd,
+    Call::CloseDevice,
+    Call::ForkInit,
+    Call::Munmap,
+    Call::Madvise,
+    Call::Mremap,
+    Call::Mmap,
+    Call::Brk,
+    Call::Sbrk,
+    Call::Shmat,
+    Call::Shmdt,
+    Call::Realloc,
+    Call::Fork,
+];
+
+impl Call {
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::RegMr => "ibv_reg_mr",
+            Call::RegMrIova => "ibv_reg_mr_iova",
+            Call::RegMrIova2 => "ibv_reg_mr_iova2",
+            Call::DeregMr => "ibv_dereg_mr",
+            Call::ReregMr => "ibv_rereg_mr",
+            Call::RegDmabufMr => "ibv_reg_dmabuf_mr",
+            Call::DeallocPd => "ibv_dealloc_pd",
+            Call::CloseDevice => "ibv_close_device",
+            Call::ForkInit => "ibv_fork_init",
+            Call::Munmap => "munmap",
+            Call::Madvise => "madvise",
+            Call::Mremap => "mremap",
+            Call::Mmap => "mmap",
+            Call::Brk => "brk",
+            Call::Sbrk => "sbrk",
+            Call::Shmat => "shmat",
+            Call::Shmdt => "shmdt",
+            Call::Realloc => "realloc",
+            Call::Fork => "fork",
+        }
+    }
+
+    /// Argument names, in record order.
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Call::RegMr => &["pd", "addr", "len", "access"],
+            Call::RegMrIova | Call::RegMrIova2 => &["pd", "addr", "len", "iova", "access"],
+            Call::DeregMr => &["mr"],
+            Call::ReregMr => &["mr", "flags", "addr", "len"],
+            Call::RegDmabufMr => &["pd", "offset", "len", "fd"],
+            Call::DeallocPd => &["pd"],
+            Call::CloseDevice => &["context"],
+            Call::ForkInit => &[],
+            Call::Munmap => &["addr", "len"],
+            Call::Madvise => &["addr", "len", "advice"],
+            Call::Mremap => &["old", "old_len", "new_len", "flags"],
+            Call::Mmap => &["addr", "len", "flags"],
+            Call::Brk => &["addr"],
+            Call::Sbrk => &["incr"],
+            Call::Shmat => &["shmid", "addr", "flags"],
+            Call::Shmdt => &["addr"],
+            Call::Realloc => &["ptr", "size"],
+            Call::Fork => &[],
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Call> {
+        CALLS.iter().copied().find(|c| *c as u8 == v)
+    }
+}
+
+/// What the library did with the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Outcome {
+    Hit = 1,
+    HitContaining,
+    Miss,
+    Uncached,
+    Bypass,
+    Failed,
+    Kept,
+    Deregistered,
+    Passthrough,
+    DoubleDereg,
+    Invalidate,
+    Flush,
+}
+
+const OUTCOMES: [Outcome; 12] = [
+    Outcome::Hit,
+    Outcome::HitContaining,
+    Outcome::Miss,
+    Outcome::Uncached,
+    Outcome::Bypass,
+    Outcome::Failed,
+    Outcome::Kept,
+    Outcome::Deregistered,
+    Outcome::Passthrough,
+    Outcome::DoubleDereg,
+    Outcome::Invalidate,
+    Outcome::Flush,
+];
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Hit => "hit",
+            Outcome::HitContaining => "hit-containing",
+            Outcome::Miss => "miss",
+            Outcome::Uncached => "uncached",
+            Outcome::Bypass => "bypass",
+            Outcome::Failed => "failed",
+            Outcome::Kept => "kept",
+            Outcome::Deregistered => "deregistered",
+            Outcome::Passthrough => "passthrough",
+            Outcome::DoubleDereg => "double-dereg",
+            Outcome::Invalidate => "invalidate",
+            Outcome::Flush => "flush",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Outcome> {
+        OUTCOMES.iter().copied().find(|o| *o as u8 == v)
+    }
+}
+
+/// One interposed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// Nanoseconds since the trace started.
+    pub at_ns: u64,
+    pub dur_ns: u64,
+    pub call: Call,
+    pub outcome: Outcome,
+    pub tid: u32,
+    pub args: [u64; 5],
+    pub result: i64,
+}
+
+const WORDS: usize = 10;
+
+struct Slot {
+    seq: AtomicUsize,
+    words: [AtomicU64; WORDS],
+}
+
+/// Bounded multi-producer ring of records; one consumer (the writer thread).
+pub struct TraceRing {
+    slots: Box<[Slot]>,
+    head: AtomicUsize,
+    tail: AtomicUsize,
+    pub dropped: AtomicU64,
+}
+
+impl TraceRing {
+    pub fn new(capacity: usize) -> TraceRing {
+        TraceRing {
+            slots: (0..capacity)
+                .map(|i| Slot {
+                    seq: AtomicUsize::new(i),
+                    words: std::array::from_fn(|_| AtomicU64::new(0)),
+                })
+                .collect(),
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Lock-free, allocation-free; a full ring drops the record and counts it.
+    pub fn push(&self, r: &Record) {
+        let n = self.slots.len();
+        loop {
+            let pos = self.tail.load(Relaxed);
+            let slot = &self.slots[pos % n];
+            let diff = slot.seq.load(Acquire) as isize - pos as isize;
+            if diff == 0 {
+                if self
+                    .tail
+                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
+                    .is_ok()
+                {
+                    let w = &slot.words;
+                    w[0].store(r.at_ns, Relaxed);
+                    w[1].store(r.dur_ns, Relaxed);
+                    w[2].store(
+                        r.call as u64 | (r.outcome as u64) << 8 | (r.tid as u64) << 32,
+                        Relaxed,
+                    );
+                    for (i, a) in r.args.iter().enumerate() {
+                        w[3 + i].store(*a, Relaxed);
+                    }
+                    w[8].store(r.result as u64, Relaxed);
+                    slot.seq.store(pos + 1, Release);
+                    return;
+                }
+            } else if diff < 0 {
+                self.dropped.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// The next record, if one is complete.
+    pub fn pop(&self) -> Option<Record> {
+        let n = self.slots.len();
+        let pos = self.head.load(Relaxed);
+        let slot = &self.slots[pos % n];
+        if slot.seq.load(Acquire) != pos + 1 {
+            return None;
+        }
+        let w = &slot.words;
+        let tag = w[2].load(Relaxed);
+        let rec = Record {
+            at_ns: w[0].load(Relaxed),
+            dur_ns: w[1].load(Relaxed),
+            call: Call::from_u8(tag as u8)?,
+            outcome: Outcome::from_u8((tag >> 8) as u8)?,
+            tid: (tag >> 32) as u32,
+            args: std::array::from_fn(|i| w[3 + i].load(Relaxed)),
+            result: w[8].load(Relaxed) as i64,
+        };
+        slot.seq.store(pos + n, Release);
+        self.head.store(pos + 1, Release);
+        Some(rec)
+    }
+}
+
+/// One line for a record: `+<ms> [<tid>] call(arg=value, ...) = result outcome <ns>ns`.
+pub fn format(r: &Record) -> String {
+    let mut s = String::with_capacity(128);
+    let _ = write!(
+        s,
+        "+{}.{:06}ms [{}] {}(",
+        r.at_ns / 1_000_000,
+        r.at_ns % 1_000_000,
+        r.tid,
+        r.call.name()
+    );
+    for (i, name) in r.call.args().iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let v = r.args[i];
+        match *name {
+            "len" | "old_len" | "new_len" | "size" | "fd" | "shmid" | "advice" => {
+                let _ = write!(s, "{name}={v}");
+            }
+            "incr" => {
+                let _ = write!(s, "{name}={}", v as i64);
+            }
+            _ => {
+                let _ = write!(s, "{name}={v:#x}");
+            }
+        }
+    }
+    let result = match r.call {
+        Call::RegMr
+        | Call::RegMrIova
+        | Call::RegMrIova2
+        | Call::RegDmabufMr
+        | Call::Mremap
+        | Call::Mmap
+        | Call::Sbrk
+        | Call::Shmat
+        | Call::Realloc => {
+            format!("{:#x}", r.result)
+        }
+        _ => r.result.to_string(),
+    };
+    let _ = write!(s, ") = {result} {} {}ns", r.outcome.name(), r.dur_ns);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(call: Call, outcome: Outcome, args: [u64; 5], result: i64) -> Record {
+        Record {
+            at_ns: 1_500_000,
+            dur_ns: 812,
+            call,
+            outcome,
+            tid: 7,
+            args,
+            result,
+        }
+    }
+
+    #[test]
+    fn lines_have_exact_fields() {
+        let r = rec(
+            Call::RegMr,
+            Outcome::Hit,
+            [0x10, 0x7f00, 4096, 3, 0],
+            0x5500,
+        );
+        assert_eq!(
+            format(&r),
+            "+1.500000ms [7] ibv_reg_mr(pd=0x10, addr=0x7f00, len=4096, access=0x3) = 0x5500 hit 812ns"
+        );
+        let r = rec(
+            Call::Munmap,
+            Outcome::Invalidate,
+            [0x7f00, 8192, 0, 0, 0],
+            0,
+        );
+        assert_eq!(
+            format(&r),
+            "+1.500000ms [7] munmap(addr=0x7f00, len=8192) = 0 invalidate 812ns"
+        );
+        let r = rec(
+            Call::DeregMr,
+            Outcome::DoubleDereg,
+            [0x5500, 0, 0, 0, 0],
+            22,
+        );
+        assert_eq!(
+            format(&r),
+            "+1.500000ms [7] ibv_dereg_mr(mr=0x5500) = 22 double-dereg 812ns"
+        );
+    }
+
+    #[test]
+    fn ring_round_trips_and_counts_overflow() {
+        let ring = TraceRing::new(4);
+        for i in 0..6 {
+            ring.push(&rec(Call::Munmap, Outcome::Invalidate, [i, 1, 0, 0, 0], 0));
+        }
+        assert_eq!(ring.dropped.load(Relaxed), 2);
+        let got: Vec<u64> = std::iter::from_fn(|| ring.pop())
+            .map(|r| r.args[0])
+            .collect();
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        ring.push(&rec(Call::Fork, Outcome::Flush, [0; 5], 123));
+        assert_eq!(
+            ring.pop().map(|r| (r.call, r.outcome, r.result)),
+            Some((Call::Fork, Outcome::Flush, 123))
+        );
+        assert_eq!(ring.pop(), None);
+    }
+}
