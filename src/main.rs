@@ -350,14 +350,13 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
                     "idle entries deregistered before fork: libibverbs has no ibv_is_fork_initialized"
                 }
             };
+            let tracking = if tracking {
+                "on: ranges in use are marked DONTFORK for each fork"
+            } else {
+                "off"
+            };
             println!(
-                "\nfork: {idle}; libibverbs fork tracking {} ({})",
-                if tracking {
-                    "on: ranges in use are marked DONTFORK for each fork"
-                } else {
-                    "off"
-                },
-                "RDMAV_FORK_SAFE/IBV_FORK_SAFE; ibv_fork_init() at run time also counts"
+                "\nfork: {idle}; libibverbs fork tracking {tracking} (RDMAV_FORK_SAFE/IBV_FORK_SAFE; ibv_fork_init() at run time also counts)"
             );
         }
     }
