@@ -17,6 +17,8 @@ use std::time::Instant;
 const ENOMEM: i32 = 12;
 /// How many drained invalidations are remembered for the registration race check.
 const RECENT: usize = 1024;
+/// How many deregistered MR pointers are remembered to catch double deregistrations.
+const TOMBSTONES: usize = 4096;
 const EAGAIN: i32 = 11;
 
 /// A provider registration: the `ibv_mr *` and the path that made it (the deregistration
@@ -194,6 +196,11 @@ struct State {
     spare_shadows: HashSet<usize>,
     count: usize,
     bytes: u64,
+    /// Pointers of MRs the cache deregistered after the app had released them, newest last
+    /// (bounded): a later `ibv_dereg_mr` of one is a double deregistration, and must not
+    /// reach libibverbs with freed memory.
+    tombstones: std::collections::VecDeque<usize>,
+    tombstone_set: HashSet<usize>,
     /// Recently drained invalidations (number, start, end), newest last: a registration
     /// checks the ones that began while it was pinning pages.
     recent: std::collections::VecDeque<(u64, usize, usize)>,
@@ -411,6 +418,7 @@ impl<R: Registrar> Cache<R> {
             self.stats.misses.fetch_add(1, Relaxed);
             Ok((mr.ptr, Outcome::Miss))
         } else {
+            st.unbury(mr.ptr);
             st.handles.insert(mr.ptr, Handle::Uncached { mr });
             drop(st);
             self.deregister_all(&stale);
@@ -478,6 +486,7 @@ impl<R: Registrar> Cache<R> {
         let mut st = self.lock();
         let Some(handle) = st.handles.remove(&ptr) else {
             let double = st.spare_shadows.contains(&ptr)
+                || st.tombstone_set.contains(&ptr)
                 || st
                     .by_mr
                     .get(&ptr)
@@ -598,6 +607,7 @@ impl<R: Registrar> Cache<R> {
                 match st.remove(id) {
                     Some(mr) => {
                         // Handed to the app, not to a deregistration.
+                        st.unbury(mr.ptr);
                         self.pending.fetch_sub(1, SeqCst);
                         Detached::Sole(mr)
                     }
@@ -611,6 +621,12 @@ impl<R: Registrar> Cache<R> {
     /// path that made it.
     pub fn adopt_uncached(&self, mr: Mr) {
         self.lock().handles.insert(mr.ptr, Handle::Uncached { mr });
+    }
+
+    /// A registration made outside the cache (passed through to libibverbs) has this
+    /// address: it is live, not a tombstone.
+    pub fn note_foreign(&self, ptr: usize) {
+        self.lock().unbury(ptr);
     }
 
     /// Whether `ptr` is a handle the app currently holds from the cache.
@@ -683,6 +699,24 @@ impl<R: Registrar> Cache<R> {
 }
 
 impl State {
+    fn bury(&mut self, ptr: usize) {
+        if self.tombstone_set.insert(ptr) {
+            self.tombstones.push_back(ptr);
+            if self.tombstones.len() > TOMBSTONES
+                && let Some(old) = self.tombstones.pop_front()
+            {
+                self.tombstone_set.remove(&old);
+            }
+        }
+    }
+
+    /// A live MR now has this address (the allocator reused it).
+    fn unbury(&mut self, ptr: usize) {
+        if self.tombstone_set.remove(&ptr) {
+            self.tombstones.retain(|&p| p != ptr);
+        }
+    }
+
     /// Whether a registration that started when `started` invalidations had begun (none
     /// in flight) may have pinned pages that an invalidation begun since is taking away.
     /// Every invalidation numbered in `started..now` must have been drained (else we
@@ -839,6 +873,7 @@ impl State {
                 (self.entries.len() - 1) as u32
             }
         };
+        self.unbury(mr.ptr);
         self.index.insert(req.addr, req.end(), id);
         self.exact.insert(key(&req), id);
         self.by_mr.insert(mr.ptr, id);
@@ -871,6 +906,7 @@ impl State {
             self.lru.remove(&t);
         }
         self.by_mr.remove(&e.mr.ptr);
+        self.bury(e.mr.ptr);
         self.pending.fetch_add(1, SeqCst);
         self.free_ids.push(id);
         self.count -= 1;

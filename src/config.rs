@@ -61,6 +61,12 @@ pub const VARIABLES: &[Variable] = &[
         about: "info: decisions the library makes (fork handling, the self-test); trace: also one line per interposed call (call, arguments, result, hit/miss/bypass/invalidate, duration)",
     },
     Variable {
+        name: "MRCACHE_TRACE_BUFFER",
+        default: "8192",
+        allowed: "an integer from 16 to 16777216 (records)",
+        about: "size of the trace ring at MRCACHE_LOG=trace; when the writer falls behind, new records are dropped and counted, never waited for",
+    },
+    Variable {
         name: "MRCACHE_STATS",
         default: "0",
         allowed: "0, 1, json",
@@ -101,6 +107,7 @@ pub struct Config {
     pub verify_pfn: bool,
     pub fork: ForkMode,
     pub log: LogLevel,
+    pub trace_buffer: usize,
 }
 
 /// `MRCACHE_LOG`: how much the library says on stderr.
@@ -217,6 +224,7 @@ impl Config {
             verify_pfn: false,
             fork: ForkMode::Auto,
             log: LogLevel::Off,
+            trace_buffer: 8192,
         }
     }
 }
@@ -334,6 +342,11 @@ where
             }
             .map(|m| cfg.fork = m),
             "MRCACHE_LOG" => LogLevel::parse_filter(value).map(|l| cfg.log = l),
+            "MRCACHE_TRACE_BUFFER" => value
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (16..=1 << 24).contains(n))
+                .map(|n| cfg.trace_buffer = n),
             _ => None,
         };
         if ok.is_none() {
@@ -352,6 +365,7 @@ where
 
 /// Names in the MRCACHE_ namespace that are read elsewhere (launcher, test rig).
 const OTHER_KNOWN: &[&str] = &[
+    "MRCACHE_BIN",
     "MRCACHE_LIB",
     "MRCACHE_TEST_EXPECT_HITS",
     "MRCACHE_PRELOAD",
@@ -460,6 +474,7 @@ mod tests {
             ("MRCACHE_FORK", "sometimes"),
             ("MRCACHE_LOG", "loud"),
             ("MRCACHE_LOG", "mrcache=chatty"),
+            ("MRCACHE_TRACE_BUFFER", "8"),
         ];
         for (name, value) in cases {
             let (cfg, problems) = parse([(name, value)], 8 * GIB);

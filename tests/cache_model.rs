@@ -585,3 +585,30 @@ fn fork_child_forgets_everything_without_deregistering() {
     assert_eq!(o, Outcome::Miss, "the child registers its own");
     cache.release(h);
 }
+
+#[test]
+fn a_second_release_after_the_cache_deregistered_is_still_a_double_release() {
+    let hca = FakeHca::new(1000);
+    let cache = Cache::new(
+        &hca,
+        Limits {
+            max_entries: 8,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    );
+    let req = request(0, 2, 4, LOCAL_WRITE);
+    let (h, _) = cache.acquire(&req).unwrap();
+    assert_eq!(cache.release(h), Released::Kept);
+    cache.invalidate(req.addr, req.addr + req.len); // the memory went: the entry is deregistered
+    assert!(hca.live.lock().unwrap().is_empty());
+    assert_eq!(
+        cache.release(h),
+        Released::DoubleRelease,
+        "must not reach libibverbs with a freed MR"
+    );
+    // A new registration at the same address (allocator reuse) is live again.
+    cache.note_foreign(h);
+    assert_eq!(cache.release(h), Released::NotOurs);
+}

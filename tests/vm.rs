@@ -101,6 +101,11 @@ fn case_script(case: &Case, repo: &Path, bin: &Path, preload: &Path) -> Result<S
         s,
         "export JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
     );
+    let _ = writeln!(
+        s,
+        "export MRCACHE_BIN='{}'",
+        preload.with_file_name("mrcache").display()
+    );
     if case.variant == Variant::Preload {
         let _ = writeln!(s, "export LD_PRELOAD='{}'", preload.display());
     }

@@ -84,7 +84,7 @@ fn runtime() -> &'static Runtime {
             unsafe { libc::atexit(print_stats) };
         }
         if config.log >= LogLevel::Trace {
-            trace::start();
+            trace::start(config.trace_buffer);
         }
         if config.enabled && config.monitor == Monitor::None {
             eprintln!(
@@ -324,8 +324,6 @@ fn register_inner(
             let Some(cache) = runtime().cache.as_ref() else {
                 return passthrough(bypass_index(Bypass::Disabled));
             };
-            ensure_drain_thread();
-            trace::ensure_writer();
             if pd.is_null() {
                 return passthrough(6); // libibverbs' own behaviour for a NULL pd
             }
@@ -339,7 +337,12 @@ fn register_inner(
                 iova,
                 access,
             };
-            match cache.acquire(&req) {
+            let result = cache.acquire(&req);
+            // After the registration: a new thread's start-up unmaps (arena set-up) would
+            // otherwise race this very registration and leave it uncached.
+            ensure_drain_thread();
+            trace::ensure_writer();
+            match result {
                 Ok((handle, o)) => (
                     handle as *mut IbvMr,
                     match o {

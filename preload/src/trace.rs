@@ -111,12 +111,12 @@ pub fn emit(call: Call, outcome: Outcome, args: [u64; 5], result: i64, start: u6
 }
 
 /// Start tracing (MRCACHE_LOG=trace), at the first verbs call.
-pub fn start() {
+pub fn start(records: usize) {
     if enabled() {
         return;
     }
     T0.store(now_ns(), Relaxed);
-    let ring = Box::leak(Box::new(TraceRing::new(8192)));
+    let ring = Box::leak(Box::new(TraceRing::new(records)));
     RING.store(ring, Release);
     // SAFETY: registering a plain extern "C" fn.
     unsafe { libc::atexit(flush_at_exit) };
