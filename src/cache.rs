@@ -379,9 +379,8 @@ impl<R: Registrar> Cache<R> {
         // Miss: make room first, register without the lock, then insert.
         let (evicted, fits) = st.make_room(req.len as u64, self.limits);
         drop(st);
-        let (started, finished) = self.queue.counters();
-        let quiet = started == finished;
         self.deregister_all(&evicted);
+        let (started, quiet) = self.quiet_moment();
         self.stats
             .evictions
             .fetch_add(evicted.len() as u64, Relaxed);
@@ -425,6 +424,20 @@ impl<R: Registrar> Cache<R> {
             self.stats.uncached.fetch_add(1, Relaxed);
             Ok((mr.ptr, Outcome::Uncached))
         }
+    }
+
+    /// A moment with no invalidation in flight, from which on those begun can be checked
+    /// one by one. Unmap hooks are a system call long: wait for a few of them rather than
+    /// give up caching this registration because another thread happened to be unmapping.
+    fn quiet_moment(&self) -> (u64, bool) {
+        for _ in 0..256 {
+            let (started, finished) = self.queue.counters();
+            if started == finished {
+                return (started, true);
+            }
+            std::thread::yield_now();
+        }
+        (self.queue.started(), false)
     }
 
     /// `MRCACHE_VERIFY`: check the entry behind a hit; on a mismatch the entry leaves the

@@ -74,6 +74,8 @@ const PAGES: usize = 64;
 /// scratch page of the fake address space inside every register and deregister.
 struct UnmappingHca {
     queue: &'static InvalidationQueue,
+    /// A page (index + 1) that another thread unmaps while a registration is being made.
+    during_register: AtomicUsize,
     gens: Vec<AtomicU64>,
     live: Mutex<HashMap<usize, (Request, Vec<u64>)>>,
     next: AtomicUsize,
@@ -98,6 +100,10 @@ impl Registrar for &UnmappingHca {
         // libfabric #9594: the allocator madvises in the middle of a registration.
         let scratch: Vec<u8> = vec![0; 4096];
         drop(scratch);
+        let page = self.during_register.swap(0, SeqCst);
+        if page > 0 {
+            self.replace(page - 1);
+        }
         let gens = UnmappingHca::pages(req.addr, req.len)
             .map(|p| self.gens[p].load(SeqCst))
             .collect();
@@ -128,6 +134,7 @@ impl Registrar for &UnmappingHca {
 fn hooks_inside_the_cache_never_deadlock_or_lose_an_invalidation() {
     let hca = UnmappingHca {
         queue: &QUEUE,
+        during_register: AtomicUsize::new(0),
         gens: (0..PAGES).map(|_| AtomicU64::new(0)).collect(),
         live: Mutex::new(HashMap::new()),
         next: AtomicUsize::new(1),
@@ -205,6 +212,7 @@ fn hooks_inside_the_cache_never_deadlock_or_lose_an_invalidation() {
 fn an_unmap_inside_a_deregistration_invalidates_other_entries() {
     let hca = UnmappingHca {
         queue: &QUIET_QUEUE,
+        during_register: AtomicUsize::new(0),
         gens: (0..PAGES).map(|_| AtomicU64::new(0)).collect(),
         live: Mutex::new(HashMap::new()),
         next: AtomicUsize::new(1),
@@ -246,12 +254,58 @@ fn an_unmap_inside_a_deregistration_invalidates_other_entries() {
     );
     cache.release(h);
     let (h, o) = cache.acquire(&a).unwrap();
-    // Registering `a` again evicts `b`, whose deregistration unmaps `a`'s page once more
-    // while `a` is being registered: it must not be cached either.
-    assert_eq!(o, Outcome::Uncached);
+    // Registering `a` again evicts `b`, whose deregistration unmaps `a`'s page once more,
+    // before `a` is registered: a new registration, of the new page.
+    assert_ne!(o, Outcome::Hit);
     let (r, gens) = hca.live.lock().unwrap().get(&h).cloned().unwrap();
     assert_eq!(r, a);
     assert_eq!(gens, vec![hca.gens[PAGES - 1].load(SeqCst)]);
+    cache.release(h);
+    cache.flush_all();
+}
+
+/// An unmap of the registered range while the registration pins pages: the result may hold
+/// the old pages, so it must not be cached; an unmap elsewhere changes nothing.
+#[test]
+fn an_unmap_during_a_registration_keeps_only_that_range_out_of_the_cache() {
+    static Q: InvalidationQueue = InvalidationQueue::new();
+    let hca = UnmappingHca {
+        queue: &Q,
+        during_register: AtomicUsize::new(0),
+        gens: (0..PAGES).map(|_| AtomicU64::new(0)).collect(),
+        live: Mutex::new(HashMap::new()),
+        next: AtomicUsize::new(1),
+        double: AtomicU64::new(0),
+    };
+    let cache = Cache::with_queue(
+        &hca,
+        Limits {
+            max_entries: 8,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+        &Q,
+    );
+    let a = Request {
+        pd: 1,
+        context: 1,
+        addr: BASE + 4 * PAGE,
+        len: 2 * PAGE,
+        iova: (BASE + 4 * PAGE) as u64,
+        access: LOCAL_WRITE,
+    };
+    hca.during_register.store(5 + 1, SeqCst); // page 5: inside `a`
+    let (h, o) = cache.acquire(&a).unwrap();
+    assert_eq!(
+        o,
+        Outcome::Uncached,
+        "pinned while its pages were being replaced"
+    );
+    cache.release(h);
+    hca.during_register.store(20 + 1, SeqCst); // page 20: elsewhere
+    let (h, o) = cache.acquire(&a).unwrap();
+    assert_eq!(o, Outcome::Miss);
     cache.release(h);
     cache.flush_all();
 }
