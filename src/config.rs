@@ -237,6 +237,18 @@ fn auto_max_bytes(physical_memory: u64) -> u64 {
     }
 }
 
+/// Physical memory in bytes (from /proc/meminfo), 0 when unknown.
+pub fn physical_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
+}
+
 /// A problem with one variable.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Problem {

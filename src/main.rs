@@ -240,7 +240,7 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
         .collect();
     let (cfg, problems) = config::parse(
         vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        physical_memory(),
+        config::physical_memory(),
     );
     for v in VARIABLES {
         match vars.iter().find(|(k, _)| k == v.name) {
@@ -396,21 +396,6 @@ fn self_test() -> Result<ExitCode, String> {
     let n = unsafe { f(buf.as_mut_ptr(), buf.len()) };
     print!("{}", String::from_utf8_lossy(&buf[..n.min(buf.len())]));
     Ok(ExitCode::SUCCESS)
-}
-
-fn physical_memory() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let (pages, size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    if pages > 0 && size > 0 {
-        pages as u64 * size as u64
-    } else {
-        0
-    }
 }
 
 fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {

@@ -65,6 +65,23 @@ fn traced(call: Call, invalidated: bool, args: [u64; 5], result: i64, t0: u64) {
     }
 }
 
+/// `invalidating` when `cond` holds (counted under `source`), else just the call.
+#[inline]
+fn invalidating_if<T>(
+    cond: bool,
+    source: usize,
+    addr: usize,
+    len: usize,
+    f: impl FnOnce() -> T,
+) -> T {
+    if cond {
+        count(source);
+        invalidating(addr, len, f)
+    } else {
+        f()
+    }
+}
+
 /// Run `f` (the syscall) with `[addr, addr + len)` reported as going away.
 #[inline]
 fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
@@ -130,12 +147,7 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
         ) as c_int
     };
     let zap = zaps(advice);
-    let r = if zap {
-        count(1);
-        invalidating(addr as usize, len, call)
-    } else {
-        call()
-    };
+    let r = invalidating_if(zap, 1, addr as usize, len, call);
     traced(
         Call::Madvise,
         zap,
@@ -227,12 +239,7 @@ pub extern "C" fn mmap(
         ) as *mut c_void
     };
     let fixed = flags & MAP_FIXED != 0 && flags & MAP_FIXED_NOREPLACE == 0;
-    let r = if fixed {
-        count(3);
-        invalidating(addr as usize, len, call)
-    } else {
-        call()
-    };
+    let r = invalidating_if(fixed, 3, addr as usize, len, call);
     traced(
         Call::Mmap,
         fixed,
@@ -258,12 +265,13 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     };
     let call = || sys(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
     let shrink = !addr.is_null() && (addr as usize) < cur;
-    let got = if shrink {
-        count(4);
-        invalidating(addr as usize, cur - addr as usize, call)
-    } else {
-        call()
-    };
+    let got = invalidating_if(
+        shrink,
+        4,
+        addr as usize,
+        cur.saturating_sub(addr as usize),
+        call,
+    );
     if !curbrk.is_null() {
         // SAFETY: as above; libc's own brk stores the kernel's answer the same way.
         unsafe { *curbrk = got as *mut c_void };
@@ -339,12 +347,7 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
         ) as *mut c_void
     };
     let remap = flags & SHM_REMAP != 0 && !addr.is_null();
-    let p = if remap {
-        count(6);
-        invalidating(addr as usize, size, call)
-    } else {
-        call()
-    };
+    let p = invalidating_if(remap, 6, addr as usize, size, call);
     if p as isize != -1 && size > 0 {
         for (a, s) in &SHM {
             if a.compare_exchange(0, p as usize, AcqRel, Relaxed).is_ok() {

@@ -71,7 +71,7 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
 fn runtime() -> &'static Runtime {
     RUNTIME.get_or_init(|| {
-        let phys = physical_memory();
+        let phys = config::physical_memory();
         let vars = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
         let (config, problems) = config::parse(vars, phys);
@@ -224,21 +224,6 @@ fn ensure_drain_thread() {
                 }
             }
         });
-}
-
-fn physical_memory() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let (pages, size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    if pages > 0 && size > 0 {
-        pages as u64 * size as u64
-    } else {
-        0
-    }
 }
 
 thread_local! {
@@ -522,40 +507,47 @@ fn provider_rereg(
     0
 }
 
-pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
+/// `ibv_dealloc_pd` / `ibv_close_device`: deregister the idle entries of that PD or context
+/// first (libibverbs would refuse with EBUSY while any MR of it exists), then the real call.
+fn flushed_then(
+    call: Call,
+    object: u64,
+    flush: impl Fn(&Cache<Provider>) -> usize,
+    real: impl FnOnce() -> i32,
+) -> i32 {
     let t = if trace::enabled() { trace::now_ns() } else { 0 };
     let flushed = RUNTIME
         .get()
         .and_then(|r| r.cache.as_ref())
-        .map_or(0, |c| shielded(|| c.flush_pd(pd as usize), || 0));
-    let rc = real::dealloc_pd(pd);
+        .map_or(0, |c| shielded(|| flush(c), || 0));
+    let rc = real();
     if t != 0 {
         let o = if flushed > 0 {
             Outcome::Flush
         } else {
             Outcome::Passthrough
         };
-        trace::emit(Call::DeallocPd, o, [pd as u64, 0, 0, 0, 0], rc as i64, t);
+        trace::emit(call, o, [object, 0, 0, 0, 0], rc as i64, t);
     }
     rc
 }
 
+pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
+    flushed_then(
+        Call::DeallocPd,
+        pd as u64,
+        |c| c.flush_pd(pd as usize),
+        || real::dealloc_pd(pd),
+    )
+}
+
 pub fn close_device(ctx: *mut IbvContext) -> i32 {
-    let t = if trace::enabled() { trace::now_ns() } else { 0 };
-    let flushed = RUNTIME
-        .get()
-        .and_then(|r| r.cache.as_ref())
-        .map_or(0, |c| shielded(|| c.flush_context(ctx as usize), || 0));
-    let rc = real::close_device(ctx);
-    if t != 0 {
-        let o = if flushed > 0 {
-            Outcome::Flush
-        } else {
-            Outcome::Passthrough
-        };
-        trace::emit(Call::CloseDevice, o, [ctx as u64, 0, 0, 0, 0], rc as i64, t);
-    }
-    rc
+    flushed_then(
+        Call::CloseDevice,
+        ctx as u64,
+        |c| c.flush_context(ctx as usize),
+        || real::close_device(ctx),
+    )
 }
 
 pub fn fork_init() -> i32 {
