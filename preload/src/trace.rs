@@ -133,11 +133,16 @@ pub fn dropped() -> u64 {
     }
 }
 
+/// One consumer at a time (the writer thread, the exit flush): the ring's pop is
+/// single-consumer, and lines must come out in the order the calls were recorded.
+static DRAINING: Mutex<()> = Mutex::new(());
+
 fn drain() {
     let ring = RING.load(Acquire);
     if ring.is_null() {
         return;
     }
+    let _one = DRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let pid = std::process::id();
     // SAFETY: leaked, never freed.
     while let Some(r) = unsafe { (*ring).pop() } {
