@@ -214,6 +214,19 @@ fn limits() -> impl Strategy<Value = Limits> {
     })
 }
 
+/// A cache over `hca` with shadows on and room for `max_entries`.
+fn cache_of(hca: &FakeHca, max_entries: usize) -> Cache<&FakeHca> {
+    Cache::new(
+        hca,
+        Limits {
+            max_entries,
+            max_bytes: 1 << 30,
+            shadow: true,
+            remote_superset: false,
+        },
+    )
+}
+
 fn request(pd: usize, page: usize, pages: usize, access: u32) -> Request {
     // Ranges are not page-aligned at the start half of the time, like real buffers.
     let addr = BASE + page * PAGE + if page % 2 == 1 { 100 } else { 0 };
@@ -343,15 +356,7 @@ proptest! {
 #[test]
 fn repeated_registration_of_one_buffer_hits() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 8,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 8);
     let req = request(0, 2, 4, LOCAL_WRITE | REMOTE_WRITE);
     let (h, o) = cache.acquire(&req).unwrap();
     assert_eq!(o, Outcome::Miss);
@@ -373,15 +378,7 @@ fn repeated_registration_of_one_buffer_hits() {
 fn two_live_users_get_distinct_pointers_and_release_in_any_order() {
     for first_primary in [true, false] {
         let hca = FakeHca::new(1000);
-        let cache = Cache::new(
-            &hca,
-            Limits {
-                max_entries: 8,
-                max_bytes: 1 << 30,
-                shadow: true,
-                remote_superset: false,
-            },
-        );
+        let cache = cache_of(&hca, 8);
         let req = request(0, 2, 4, LOCAL_WRITE);
         let (a, _) = cache.acquire(&req).unwrap();
         let (b, o) = cache.acquire(&req).unwrap();
@@ -400,15 +397,7 @@ fn two_live_users_get_distinct_pointers_and_release_in_any_order() {
 #[test]
 fn invalidation_while_in_use_defers_the_deregistration() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 8,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 8);
     let req = request(0, 2, 4, LOCAL_WRITE);
     let (h, _) = cache.acquire(&req).unwrap();
     cache.invalidate(req.addr + 5000, req.addr + 5001);
@@ -427,15 +416,7 @@ fn invalidation_while_in_use_defers_the_deregistration() {
 #[test]
 fn a_registration_that_races_an_invalidation_is_not_cached() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 8,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 8);
     let req = request(0, 2, 4, LOCAL_WRITE);
     // An unmap hook has begun (entries dropped) but the syscall has not happened yet: a
     // registration now pins the old pages.
@@ -450,15 +431,7 @@ fn a_registration_that_races_an_invalidation_is_not_cached() {
 #[test]
 fn enomem_evicts_idle_entries_and_retries() {
     let hca = FakeHca::new(8);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 100,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 100);
     let a = request(0, 0, 4, LOCAL_WRITE);
     let b = request(0, 10, 4, LOCAL_WRITE);
     let (h, _) = cache.acquire(&a).unwrap();
@@ -482,15 +455,7 @@ fn enomem_evicts_idle_entries_and_retries() {
 #[test]
 fn full_cache_of_busy_entries_registers_uncached() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 1,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 1);
     let (h, _) = cache.acquire(&request(0, 0, 2, LOCAL_WRITE)).unwrap();
     let (h2, o) = cache.acquire(&request(0, 10, 2, LOCAL_WRITE)).unwrap();
     assert_eq!(o, Outcome::Uncached);
@@ -501,15 +466,7 @@ fn full_cache_of_busy_entries_registers_uncached() {
 #[test]
 fn remote_requests_never_hit_a_larger_entry_and_pds_never_share() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 8,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 8);
     let big = request(0, 0, 8, LOCAL_WRITE | REMOTE_WRITE);
     let (h, _) = cache.acquire(&big).unwrap();
     let small = Request {
@@ -549,15 +506,7 @@ fn remote_requests_never_hit_a_larger_entry_and_pds_never_share() {
 #[test]
 fn fork_child_forgets_everything_without_deregistering() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 8,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 8);
     let a = request(0, 0, 2, LOCAL_WRITE);
     let b = request(0, 10, 2, LOCAL_WRITE | REMOTE_WRITE);
     let (ha, _) = cache.acquire(&a).unwrap();
@@ -589,15 +538,7 @@ fn fork_child_forgets_everything_without_deregistering() {
 #[test]
 fn a_second_release_after_the_cache_deregistered_is_still_a_double_release() {
     let hca = FakeHca::new(1000);
-    let cache = Cache::new(
-        &hca,
-        Limits {
-            max_entries: 8,
-            max_bytes: 1 << 30,
-            shadow: true,
-            remote_superset: false,
-        },
-    );
+    let cache = cache_of(&hca, 8);
     let req = request(0, 2, 4, LOCAL_WRITE);
     let (h, _) = cache.acquire(&req).unwrap();
     assert_eq!(cache.release(h), Released::Kept);

@@ -83,6 +83,17 @@ struct UnmappingHca {
 }
 
 impl UnmappingHca {
+    fn new(queue: &'static InvalidationQueue) -> UnmappingHca {
+        UnmappingHca {
+            queue,
+            during_register: AtomicUsize::new(0),
+            gens: (0..PAGES).map(|_| AtomicU64::new(0)).collect(),
+            live: Mutex::new(HashMap::new()),
+            next: AtomicUsize::new(1),
+            double: AtomicU64::new(0),
+        }
+    }
+
     fn pages(addr: usize, len: usize) -> std::ops::Range<usize> {
         (addr - BASE) / PAGE..(addr + len - BASE).div_ceil(PAGE)
     }
@@ -132,14 +143,7 @@ impl Registrar for &UnmappingHca {
 
 #[test]
 fn hooks_inside_the_cache_never_deadlock_or_lose_an_invalidation() {
-    let hca = UnmappingHca {
-        queue: &QUEUE,
-        during_register: AtomicUsize::new(0),
-        gens: (0..PAGES).map(|_| AtomicU64::new(0)).collect(),
-        live: Mutex::new(HashMap::new()),
-        next: AtomicUsize::new(1),
-        double: AtomicU64::new(0),
-    };
+    let hca = UnmappingHca::new(&QUEUE);
     let cache = Cache::with_queue(
         &hca,
         Limits {
@@ -210,14 +214,7 @@ fn hooks_inside_the_cache_never_deadlock_or_lose_an_invalidation() {
 /// must not be hit.
 #[test]
 fn an_unmap_inside_a_deregistration_invalidates_other_entries() {
-    let hca = UnmappingHca {
-        queue: &QUIET_QUEUE,
-        during_register: AtomicUsize::new(0),
-        gens: (0..PAGES).map(|_| AtomicU64::new(0)).collect(),
-        live: Mutex::new(HashMap::new()),
-        next: AtomicUsize::new(1),
-        double: AtomicU64::new(0),
-    };
+    let hca = UnmappingHca::new(&QUIET_QUEUE);
     let cache = Cache::with_queue(
         &hca,
         Limits {
@@ -269,14 +266,7 @@ fn an_unmap_inside_a_deregistration_invalidates_other_entries() {
 #[test]
 fn an_unmap_during_a_registration_keeps_only_that_range_out_of_the_cache() {
     static Q: InvalidationQueue = InvalidationQueue::new();
-    let hca = UnmappingHca {
-        queue: &Q,
-        during_register: AtomicUsize::new(0),
-        gens: (0..PAGES).map(|_| AtomicU64::new(0)).collect(),
-        live: Mutex::new(HashMap::new()),
-        next: AtomicUsize::new(1),
-        double: AtomicU64::new(0),
-    };
+    let hca = UnmappingHca::new(&Q);
     let cache = Cache::with_queue(
         &hca,
         Limits {

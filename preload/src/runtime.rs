@@ -256,6 +256,21 @@ impl Drop for Guard {
     }
 }
 
+/// Run `f` on the cache inside the re-entrancy guard and the panic shield; `passthrough`
+/// when nested in another of our hooks, when there is no cache, or after a panic.
+fn with_cache<T>(passthrough: impl Fn() -> T, f: impl FnOnce(&'static Cache<Provider>) -> T) -> T {
+    let Some(_guard) = Guard::enter() else {
+        return passthrough();
+    };
+    shielded(
+        || match RUNTIME.get().and_then(|r| r.cache.as_ref()) {
+            Some(cache) => f(cache),
+            None => passthrough(),
+        },
+        &passthrough,
+    )
+}
+
 /// Run `f`; a panic (a bug) falls back to `fallback` instead of unwinding into C.
 fn shielded<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| fallback())
@@ -368,29 +383,18 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
         return (libc::EINVAL, Outcome::Failed);
     }
     let passthrough = || (real::dereg_mr(mr), Outcome::Passthrough);
-    let Some(_guard) = Guard::enter() else {
-        return passthrough();
-    };
-    shielded(
-        || {
-            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else {
-                return passthrough();
-            };
-            match cache.release(mr as usize) {
-                Released::Kept => (0, Outcome::Kept),
-                Released::Deregistered => (0, Outcome::Deregistered),
-                Released::NotOurs => passthrough(),
-                Released::DoubleRelease => {
-                    trace::write_line(&format!(
-                        "mrcache: ibv_dereg_mr({mr:p}): this registration was already deregistered (a second ibv_dereg_mr of the same MR); returning EINVAL"
-                    ));
-                    (libc::EINVAL, Outcome::DoubleDereg)
-                }
-                Released::Failed(e) => (e, Outcome::Failed),
-            }
-        },
-        passthrough,
-    )
+    with_cache(passthrough, |cache| match cache.release(mr as usize) {
+        Released::Kept => (0, Outcome::Kept),
+        Released::Deregistered => (0, Outcome::Deregistered),
+        Released::NotOurs => passthrough(),
+        Released::DoubleRelease => {
+            trace::write_line(&format!(
+                "mrcache: ibv_dereg_mr({mr:p}): this registration was already deregistered (a second ibv_dereg_mr of the same MR); returning EINVAL"
+            ));
+            (libc::EINVAL, Outcome::DoubleDereg)
+        }
+        Released::Failed(e) => (e, Outcome::Failed),
+    })
 }
 
 pub fn rereg_mr(
@@ -432,39 +436,30 @@ fn rereg_inner(
     if mr.is_null() {
         return passthrough();
     }
-    let Some(_guard) = Guard::enter() else {
-        return passthrough();
-    };
-    shielded(
-        || {
-            let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) else {
-                return passthrough();
-            };
-            match cache.detach(mr as usize) {
-                Detached::NotOurs => passthrough(),
-                Detached::Shared => {
-                    log(
-                        LogLevel::Error,
-                        format_args!(
-                            "ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_ENABLE=0"
-                        ),
-                    );
-                    ffi::IBV_REREG_MR_ERR_INPUT
-                }
-                Detached::Sole(m) => {
-                    // Now the app's own, uncached registration; its dereg takes m's path.
-                    let rc = if m.via_wrapper {
-                        passthrough()
-                    } else {
-                        provider_rereg(mr, flags, pd, addr, len, access)
-                    };
-                    cache.adopt_uncached(m);
-                    rc
-                }
+    with_cache(passthrough, |cache| {
+        match cache.detach(mr as usize) {
+            Detached::NotOurs => passthrough(),
+            Detached::Shared => {
+                log(
+                    LogLevel::Error,
+                    format_args!(
+                        "ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_ENABLE=0"
+                    ),
+                );
+                ffi::IBV_REREG_MR_ERR_INPUT
             }
-        },
-        passthrough,
-    )
+            Detached::Sole(m) => {
+                // Now the app's own, uncached registration; its dereg takes m's path.
+                let rc = if m.via_wrapper {
+                    passthrough()
+                } else {
+                    provider_rereg(mr, flags, pd, addr, len, access)
+                };
+                cache.adopt_uncached(m);
+                rc
+            }
+        }
+    })
 }
 
 /// `ibv_rereg_mr` for an MR made through the provider op: libibverbs' checks, then the
