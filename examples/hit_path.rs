@@ -19,7 +19,7 @@ impl Registrar for NullHca {
         Ok(())
     }
     fn alloc_shadow(&self) -> Option<usize> {
-        Some(1 << 40 | 64 * self.0.fetch_add(1, Relaxed))
+        Some((1 << 40) | (64 * self.0.fetch_add(1, Relaxed)))
     }
     fn fill_shadow(&self, _: usize, _: Mr, _: usize, _: usize) -> bool {
         true
