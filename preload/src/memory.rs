@@ -291,10 +291,16 @@ pub static REAL_SBRK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 #[unsafe(no_mangle)]
 pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
-    let f = REAL_SBRK.load(Relaxed);
+    let mut f = REAL_SBRK.load(Relaxed);
     if f.is_null() {
-        set_errno(libc::ENOMEM);
-        return usize::MAX as *mut c_void;
+        // Called before our constructor: find libc's sbrk now.
+        // SAFETY: dlsym with a valid name; RTLD_NEXT finds the definition below us.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sbrk".as_ptr()) };
+        if f.is_null() {
+            set_errno(libc::ENOMEM);
+            return usize::MAX as *mut c_void;
+        }
+        REAL_SBRK.store(f, Relaxed);
     }
     let t = t0();
     // SAFETY: f is libc's sbrk.
