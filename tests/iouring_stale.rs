@@ -167,6 +167,10 @@ fn change(kind: &str, p: usize) -> (usize, usize) {
 /// Register, release, change the memory (telling the cache or not), register again, DMA.
 /// Returns whether the data reached the pages now at the address.
 fn scenario(kind: &str, tell_the_cache: bool) -> bool {
+    // One scenario at a time: each unmaps an address and maps it again, and a parallel
+    // test's mmap could take that address in between.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut file = tempfile();
     file.write_all(&vec![0x5a; LEN]).unwrap();
     let hca = IoUringHca {
