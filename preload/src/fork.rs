@@ -13,11 +13,12 @@
 //! glibc's `fork()` runs the atfork handlers; `_Fork()` (glibc 2.34+) skips them, so it is
 //! hooked as well.
 
+use crate::real;
 use crate::runtime;
 use mrcache::cache::ForkGuard;
 use mrcache::config::ForkMode;
 use std::cell::RefCell;
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 
 /// What this process does at fork, decided once when the cache is created.
 #[derive(Debug, Clone)]
@@ -31,33 +32,9 @@ fn env_on(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| v != "0")
 }
 
-fn verbs_sym(name: &CStr, version: &CStr) -> *mut c_void {
-    // SAFETY: dlvsym with valid strings; RTLD_DEFAULT searches the global scope.
-    let p = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, name.as_ptr(), version.as_ptr()) };
-    if !p.is_null() {
-        return p;
-    }
-    // SAFETY: RTLD_NOLOAD never loads; the handle is dropped again at once.
-    unsafe {
-        let h = libc::dlopen(
-            c"libibverbs.so.1".as_ptr(),
-            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
-        );
-        if h.is_null() {
-            return std::ptr::null_mut();
-        }
-        let p = libc::dlvsym(h, name.as_ptr(), version.as_ptr());
-        libc::dlclose(h);
-        p
-    }
-}
-
 /// `ibv_is_fork_initialized()`: 2 (IBV_FORK_UNNEEDED) when the kernel copies pinned pages.
 fn copy_on_fork() -> Option<bool> {
-    let f = verbs_sym(c"ibv_is_fork_initialized", c"IBVERBS_1.13");
-    if f.is_null() {
-        return None;
-    }
+    let f = real::IS_FORK_INITIALIZED.get()?;
     // SAFETY: ibv_is_fork_initialized@IBVERBS_1.13 takes nothing, returns an enum (int).
     let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(f) };
     // SAFETY: as above.
@@ -108,14 +85,11 @@ thread_local! {
 
 type RangeFn = unsafe extern "C" fn(*mut c_void, usize) -> i32;
 
-fn for_ranges(name: &CStr, ranges: &[(usize, usize)]) {
+fn for_ranges(sym: &real::Symbol, ranges: &[(usize, usize)]) {
     if ranges.is_empty() {
         return;
     }
-    let f = verbs_sym(name, c"IBVERBS_1.1");
-    if f.is_null() {
-        return;
-    }
+    let Some(f) = sym.get() else { return };
     // SAFETY: ibv_dontfork_range / ibv_dofork_range(void *base, size_t size).
     let f: RangeFn = unsafe { std::mem::transmute(f) };
     for &(a, l) in ranges {
@@ -139,7 +113,7 @@ pub extern "C" fn prepare() {
     } else {
         Vec::new()
     };
-    for_ranges(c"ibv_dontfork_range", &ranges);
+    for_ranges(&real::DONTFORK_RANGE, &ranges);
     runtime::note_fork(flushed, ranges.len());
     // Last: nothing may log while the sink is held.
     let sink = crate::trace::prepare_fork();
@@ -149,7 +123,7 @@ pub extern "C" fn prepare() {
 pub extern "C" fn parent() {
     if let Some((guard, ranges, sink)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
         sink.parent();
-        for_ranges(c"ibv_dofork_range", &ranges);
+        for_ranges(&real::DOFORK_RANGE, &ranges);
         guard.parent();
     }
 }
@@ -159,7 +133,7 @@ pub extern "C" fn child() {
         sink.child();
         // The child has no mapping there; libibverbs ignores the DOFORK error but its
         // reference counts (inherited) come back into balance.
-        for_ranges(c"ibv_dofork_range", &ranges);
+        for_ranges(&real::DOFORK_RANGE, &ranges);
         guard.child();
         runtime::after_fork_child();
     }

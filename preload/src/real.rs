@@ -71,6 +71,9 @@ pub static REG_DMABUF_MR: Symbol = Symbol::new(c"ibv_reg_dmabuf_mr", c"IBVERBS_1
 pub static DEALLOC_PD: Symbol = Symbol::new(c"ibv_dealloc_pd", c"IBVERBS_1.1");
 pub static CLOSE_DEVICE: Symbol = Symbol::new(c"ibv_close_device", c"IBVERBS_1.1");
 pub static FORK_INIT: Symbol = Symbol::new(c"ibv_fork_init", c"IBVERBS_1.1");
+pub static IS_FORK_INITIALIZED: Symbol = Symbol::new(c"ibv_is_fork_initialized", c"IBVERBS_1.13");
+pub static DONTFORK_RANGE: Symbol = Symbol::new(c"ibv_dontfork_range", c"IBVERBS_1.1");
+pub static DOFORK_RANGE: Symbol = Symbol::new(c"ibv_dofork_range", c"IBVERBS_1.1");
 
 const ALL: [&Symbol; 7] = [
     &REG_MR_IOVA2,
