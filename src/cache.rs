@@ -9,8 +9,7 @@ use crate::access::{self, Bypass};
 use crate::index::RangeIndex;
 use crate::invalidation::InvalidationQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -20,6 +19,8 @@ const RECENT: usize = 1024;
 /// How many deregistered MR pointers are remembered to catch double deregistrations.
 const TOMBSTONES: usize = 4096;
 const EAGAIN: i32 = 11;
+/// The longest a flush waits for other threads' deregistrations of the same PD or context.
+const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A provider registration: the `ibv_mr *` and the path that made it (the deregistration
 /// must take the same path).
@@ -204,9 +205,10 @@ struct State {
     /// Recently drained invalidations (number, start, end), newest last: a registration
     /// checks the ones that began while it was pinning pages.
     recent: std::collections::VecDeque<(u64, usize, usize)>,
-    /// MRs taken out of the cache and not yet deregistered (shared with `Cache`): a flush
-    /// before `ibv_dealloc_pd` waits for them, or the PD would still be busy.
-    pending: Arc<AtomicUsize>,
+    /// MRs taken out of the cache and not yet deregistered, with their (pd, context): a
+    /// flush before `ibv_dealloc_pd` waits for those of that PD, or the PD would still be
+    /// busy. An entry leaves when its deregistration returns or unwinds.
+    in_flight: HashMap<usize, (usize, usize)>,
 }
 
 pub struct Cache<R: Registrar> {
@@ -218,7 +220,6 @@ pub struct Cache<R: Registrar> {
     /// it started, and none may have begun before it is inserted (between an unmap hook and
     /// the unmap syscall itself, a new registration would still pin the old pages).
     queue: &'static InvalidationQueue,
-    pending: Arc<AtomicUsize>,
     pub stats: Stats,
 }
 
@@ -235,11 +236,8 @@ impl ForkGuard<'_> {
     /// In the child: forget every entry without deregistering (the child cannot use the
     /// parent's verbs objects) and start afresh for the child's own registrations.
     pub fn child(mut self) {
-        let pending = self.guard.pending.clone();
-        pending.store(0, SeqCst);
         *self.guard = State {
             index: RangeIndex::new(),
-            pending,
             ..State::default()
         };
         // Other threads' hooks may have been mid-push at the fork: they are gone.
@@ -265,17 +263,14 @@ impl<R: Registrar> Cache<R> {
 
     pub fn with_queue(registrar: R, limits: Limits, queue: &'static InvalidationQueue) -> Cache<R> {
         queue.activate();
-        let pending = Arc::new(AtomicUsize::new(0));
         Cache {
             registrar,
             limits,
             state: Mutex::new(State {
                 index: RangeIndex::new(),
-                pending: pending.clone(),
                 ..State::default()
             }),
             queue,
-            pending,
             stats: Stats::default(),
         }
     }
@@ -409,7 +404,10 @@ impl<R: Registrar> Cache<R> {
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
         let raced = !quiet || st.raced(req, started, self.queue.started());
-        if fits && !raced && st.fits(req.len as u64, self.limits) {
+        // Another thread may have missed on the same key and inserted meanwhile: one
+        // cached registration per key (this one is released uncached).
+        let duplicate = st.exact.contains_key(&key(req));
+        if fits && !raced && !duplicate && st.fits(req.len as u64, self.limits) {
             st.insert(*req, mr);
             self.note_peak(&st);
             drop(st);
@@ -431,8 +429,7 @@ impl<R: Registrar> Cache<R> {
     /// give up caching this registration because another thread happened to be unmapping.
     fn quiet_moment(&self) -> (u64, bool) {
         for _ in 0..256 {
-            let (started, finished) = self.queue.counters();
-            if started == finished {
+            if let Some(started) = self.queue.quiet() {
                 return (started, true);
             }
             std::thread::yield_now();
@@ -574,26 +571,35 @@ impl<R: Registrar> Cache<R> {
     /// Deregister every idle entry of this PD (before `ibv_dealloc_pd`, which would fail
     /// with EBUSY while any MR of the PD exists).
     pub fn flush_pd(&self, pd: usize) -> usize {
-        self.flush(|e| e.req.pd == pd)
+        self.flush(|e| e.req.pd == pd, |p, _| p == pd)
     }
 
     /// Deregister every idle entry of this device context (before `ibv_close_device`).
     pub fn flush_context(&self, context: usize) -> usize {
-        self.flush(|e| e.req.context == context)
+        self.flush(|e| e.req.context == context, |_, c| c == context)
     }
 
     /// Deregister every idle entry.
     pub fn flush_all(&self) -> usize {
-        self.flush(|_| true)
+        self.flush(|_| true, |_, _| true)
     }
 
-    fn flush(&self, pred: impl Fn(&Entry) -> bool) -> usize {
+    fn flush(&self, pred: impl Fn(&Entry) -> bool, owned: impl Fn(usize, usize) -> bool) -> usize {
         let idle = self.lock().evict_idle(pred);
         self.deregister_all(&idle);
-        // Other threads (the background drain) may be deregistering entries they took out
-        // just before: wait for them, a handful of provider calls at most.
-        while self.pending.load(SeqCst) > 0 {
-            std::thread::yield_now();
+        // Other threads (the background drain) may be deregistering entries of the same PD
+        // or context they took out just before: wait for those, a handful of provider calls
+        // normally, and never longer than FLUSH_WAIT (a stuck provider call elsewhere must
+        // not hang this one; the caller then gets the provider's own EBUSY).
+        let deadline = Instant::now() + FLUSH_WAIT;
+        while self
+            .lock()
+            .in_flight
+            .values()
+            .any(|&(pd, ctx)| owned(pd, ctx))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_micros(50));
         }
         idle.len()
     }
@@ -621,7 +627,7 @@ impl<R: Registrar> Cache<R> {
                     Some(mr) => {
                         // Handed to the app, not to a deregistration.
                         st.unbury(mr.ptr);
-                        self.pending.fetch_sub(1, SeqCst);
+                        st.in_flight.remove(&mr.ptr);
                         Detached::Sole(mr)
                     }
                     None => Detached::NotOurs,
@@ -702,11 +708,19 @@ impl<R: Registrar> Cache<R> {
 
     /// Deregister MRs that `State::remove` took out of the cache.
     fn deregister_all(&self, mrs: &[Mr]) {
+        /// Takes the MR off the in-flight list when the provider call returns or unwinds.
+        struct Landed<'a>(&'a Mutex<State>, usize);
+        impl Drop for Landed<'_> {
+            fn drop(&mut self) {
+                let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                st.in_flight.remove(&self.1);
+            }
+        }
         for &mr in mrs {
+            let _landed = Landed(&self.state, mr.ptr);
             if self.registrar.deregister(mr).is_err() {
                 self.stats.dereg_failures.fetch_add(1, Relaxed);
             }
-            self.pending.fetch_sub(1, SeqCst);
         }
     }
 }
@@ -920,7 +934,7 @@ impl State {
         }
         self.by_mr.remove(&e.mr.ptr);
         self.bury(e.mr.ptr);
-        self.pending.fetch_add(1, SeqCst);
+        self.in_flight.insert(e.mr.ptr, (e.req.pd, e.req.context));
         self.free_ids.push(id);
         self.count -= 1;
         self.bytes -= e.req.len as u64;

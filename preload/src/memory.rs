@@ -256,7 +256,15 @@ pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut())
 #[unsafe(no_mangle)]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     let t = t0();
-    let curbrk = CURBRK.load(Relaxed);
+    let mut curbrk = CURBRK.load(Relaxed);
+    if curbrk.is_null() {
+        // Called before our constructor (another library's initialisation): find libc's
+        // __curbrk now, or libc's sbrk and malloc would go on from a stale break.
+        // SAFETY: dlsym with a valid name; the default scope holds libc's definition.
+        curbrk =
+            unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__curbrk".as_ptr()) } as *mut *mut c_void;
+        CURBRK.store(curbrk, Relaxed);
+    }
     // SAFETY: CURBRK is null or libc's exported __curbrk variable.
     let cur = if curbrk.is_null() {
         0

@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-/// Room for one shadow `ibv_mr`: the provider's whole object (rxe, mlx5, efa allocate a
-/// few dozen bytes; mlx5 reads a private field after `struct verbs_mr` in bind_mw).
+/// Room for one shadow `ibv_mr`: `struct verbs_mr` is copied in, the rest stays zero, so a
+/// provider that reads a private field past it (mlx5's bind_mw) reads zeros, not beyond
+/// our allocation.
 const SHADOW_BYTES: usize = 256;
 
 /// Registers through the provider; with `MRCACHE_VERIFY=pfn` also records, per MR, the
@@ -170,20 +171,62 @@ impl Registrar for Provider {
     }
 
     fn fill_shadow(&self, slot: usize, mr: Mr, addr: usize, len: usize) -> bool {
-        let src = mr.ptr as *mut c_void;
-        // SAFETY: providers allocate their MR object with calloc (struct verbs_mr first), so
-        // malloc_usable_size tells its size; we copy it whole into our slot and set the
-        // range the app asked for.
+        let src = mr.ptr as *const u8;
+        // SAFETY: every provider's MR object starts with libibverbs' struct verbs_mr
+        // (ibv_cmd_reg_mr requires it), so VERBS_MR_SIZE bytes are readable whatever
+        // allocator made it; the slot holds SHADOW_BYTES (zeroed past the copy). We copy
+        // that part and set the range the app asked for.
         unsafe {
-            let size = libc::malloc_usable_size(src).max(VERBS_MR_SIZE);
-            if size > SHADOW_BYTES {
-                return false;
-            }
-            std::ptr::copy_nonoverlapping(src as *const u8, slot as *mut u8, size);
+            std::ptr::copy_nonoverlapping(src, slot as *mut u8, VERBS_MR_SIZE);
             let shadow = slot as *mut IbvMr;
             (*shadow).addr = addr as *mut c_void;
             (*shadow).length = len;
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A provider object that malloc did not make (here: the first bytes of a page whose
+    /// preceding page is unmapped): a shadow of it is made from the known struct size, never
+    /// from malloc's chunk header (reading it would fault here).
+    #[test]
+    fn shadow_of_an_object_malloc_did_not_make() {
+        let page = 4096;
+        // SAFETY: a fresh private mapping of two pages; the first is unmapped again so that
+        // nothing readable precedes the object.
+        let obj = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p, page);
+            (p as *mut u8).add(page)
+        };
+        // SAFETY: obj points to a writable page; IbvMr is plain data.
+        unsafe {
+            let mr = obj as *mut IbvMr;
+            (*mr).lkey = 0x1234;
+            (*mr).rkey = 0x5678;
+        }
+        let provider = Provider::new(false);
+        let slot = provider.alloc_shadow().unwrap();
+        let m = Mr {
+            ptr: obj as usize,
+            via_wrapper: false,
+        };
+        assert!(provider.fill_shadow(slot, m, 0x1000, 0x2000));
+        // SAFETY: slot is a SHADOW_BYTES allocation holding the copy.
+        let shadow = unsafe { &*(slot as *const IbvMr) };
+        assert_eq!((shadow.lkey, shadow.rkey), (0x1234, 0x5678));
+        assert_eq!((shadow.addr as usize, shadow.length), (0x1000, 0x2000));
     }
 }
