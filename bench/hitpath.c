@@ -1,0 +1,204 @@
+/* The hit path through the whole library, as an application sees it, beside UCX's rcache in
+ * the same process: no RDMA device. mrcache side: ibv_reg_mr + ibv_dereg_mr on a fake
+ * ibv_context whose provider ops (_compat_reg_mr/_compat_dereg_mr) do nothing but hand out
+ * an object, with libmrcache.so preloaded (MRCACHE_MAX_ENTRIES=unlimited). UCX side:
+ * ucs_rcache_get + ucs_rcache_region_put with a registrar that does nothing and no memory
+ * events. Both on the same pattern: N buffers of 4 KiB a gap page apart, visited in random
+ * (or sequential) order; each figure is the median over 201 batches of 1,000
+ * registration+deregistration pairs, in ns per pair, after every buffer was registered once.
+ *
+ *   hitpath [-t THREADS] [-o random|seq] N...      (ci/bench-hitpath runs it)
+ * Prints one line per N: regions, order, threads, mrcache ns, ucx ns, ratio.
+ * Not a test: figures depend on the machine; compare the ratio. */
+#define _GNU_SOURCE
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <ucs/memory/rcache.h>
+
+#define BUF 4096ul
+#define STRIDE (2 * BUF)
+#define BATCH 1000
+#define BATCHES 201
+
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+/* ---- the fake provider ---- */
+static struct ibv_context fake_ctx;
+static struct ibv_pd fake_pd;
+
+static struct ibv_mr *fake_reg(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access) {
+    (void)pd, (void)addr, (void)len, (void)iova, (void)access;
+    /* Providers allocate struct verbs_mr (ibv_mr + 8 bytes) or more. */
+    return calloc(1, sizeof(struct ibv_mr) + 64);
+}
+
+static int fake_dereg(struct ibv_mr *mr) {
+    free(mr);
+    return 0;
+}
+
+/* ---- UCX rcache with a no-op registrar ---- */
+static ucs_status_t ucx_reg(void *c, ucs_rcache_t *r, void *arg, ucs_rcache_region_t *reg, uint16_t f) {
+    (void)c, (void)r, (void)arg, (void)reg, (void)f;
+    return UCS_OK;
+}
+static void ucx_dereg(void *c, ucs_rcache_t *r, ucs_rcache_region_t *reg) { (void)c, (void)r, (void)reg; }
+static void ucx_dump(void *c, ucs_rcache_t *r, ucs_rcache_region_t *reg, char *b, size_t m) {
+    (void)c, (void)r, (void)reg;
+    if (m) b[0] = 0;
+}
+static const ucs_rcache_ops_t ucx_ops = {ucx_reg, ucx_dereg, ucx_dump};
+static ucs_rcache_t *rcache;
+
+static ucs_rcache_t *make_rcache(void) {
+    ucs_rcache_params_t p;
+    memset(&p, 0, sizeof p);
+    p.region_struct_size = sizeof(ucs_rcache_region_t);
+    p.alignment = UCS_RCACHE_MIN_ALIGNMENT;
+    p.max_alignment = 4096;
+    p.ucm_events = 0; /* no memory hooks: lookups only, like the fake provider */
+    p.ucm_event_priority = 1000;
+    p.ops = &ucx_ops;
+    p.flags = UCS_RCACHE_FLAG_NO_PFN_CHECK;
+    p.max_regions = (unsigned long)-1;
+    p.max_size = (size_t)-1;
+    p.max_unreleased = (size_t)-1;
+    ucs_rcache_t *r = NULL;
+    if (ucs_rcache_create(&p, "bench", NULL, &r) != UCS_OK) {
+        fprintf(stderr, "ucs_rcache_create failed\n");
+        exit(1);
+    }
+    return r;
+}
+
+/* ---- the pattern ---- */
+struct run {
+    char *base;      /* this thread's buffers */
+    size_t n;
+    uint32_t *order; /* visiting order, cycled */
+    int use_ucx;
+    double median;   /* ns per pair */
+    pthread_barrier_t *start;
+};
+
+static int access_flags = IBV_ACCESS_LOCAL_WRITE; /* not a constant: ibv_reg_mr -> _iova2 */
+
+static inline void pair(struct run *r, size_t i) {
+    void *buf = r->base + (size_t)r->order[i % r->n] * STRIDE;
+    if (r->use_ucx) {
+        ucs_rcache_region_t *reg;
+        if (ucs_rcache_get(rcache, buf, BUF, PROT_READ | PROT_WRITE, NULL, &reg) != UCS_OK) {
+            fprintf(stderr, "ucs_rcache_get failed\n");
+            exit(1);
+        }
+        ucs_rcache_region_put(rcache, reg);
+    } else {
+        struct ibv_mr *mr = ibv_reg_mr(&fake_pd, buf, BUF, access_flags);
+        if (!mr || ibv_dereg_mr(mr)) {
+            fprintf(stderr, "ibv_reg_mr/ibv_dereg_mr failed\n");
+            exit(1);
+        }
+    }
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void *run(void *arg) {
+    struct run *r = arg;
+    for (size_t i = 0; i < r->n; i++) pair(r, i); /* every buffer registered once */
+    pthread_barrier_wait(r->start);
+    static __thread double t[BATCHES];
+    size_t k = 0;
+    for (int b = 0; b < BATCHES; b++) {
+        double t0 = now_ns();
+        for (int i = 0; i < BATCH; i++) pair(r, k++);
+        t[b] = (now_ns() - t0) / BATCH;
+    }
+    qsort(t, BATCHES, sizeof t[0], cmp);
+    r->median = t[BATCHES / 2];
+    return NULL;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t next_rand(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)rng;
+}
+
+/* Median ns per pair on `threads` threads with private buffers (the slowest thread's). */
+static double measure(size_t n, int threads, int random, int use_ucx) {
+    struct run runs[16];
+    pthread_t tid[16];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, threads);
+    for (int t = 0; t < threads; t++) {
+        struct run *r = &runs[t];
+        r->n = n, r->use_ucx = use_ucx, r->start = &start;
+        r->base = mmap(NULL, n * STRIDE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (r->base == MAP_FAILED) {
+            perror("mmap");
+            exit(1);
+        }
+        r->order = malloc(n * sizeof *r->order);
+        for (size_t i = 0; i < n; i++) r->order[i] = (uint32_t)i;
+        if (random)
+            for (size_t i = n; i > 1; i--) {
+                size_t j = next_rand() % i;
+                uint32_t x = r->order[i - 1];
+                r->order[i - 1] = r->order[j], r->order[j] = x;
+            }
+        pthread_create(&tid[t], NULL, run, r);
+    }
+    double worst = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(tid[t], NULL);
+        if (runs[t].median > worst) worst = runs[t].median;
+        /* Unmapping invalidates what mrcache holds for the next round. */
+        munmap(runs[t].base, n * STRIDE);
+        free(runs[t].order);
+    }
+    pthread_barrier_destroy(&start);
+    return worst;
+}
+
+int main(int argc, char **argv) {
+    int threads = 1, random = 1, i = 1;
+    for (; i < argc && argv[i][0] == '-'; i += 2) {
+        if (i + 1 >= argc) break;
+        if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-o")) random = strcmp(argv[i + 1], "seq") != 0;
+    }
+    if (threads < 1 || threads > 16 || i >= argc) {
+        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] N...\n");
+        return 2;
+    }
+    fake_ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
+    fake_ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
+    fake_pd.context = &fake_ctx;
+    rcache = make_rcache();
+    printf("%10s %6s %7s %12s %12s %8s\n", "regions", "order", "threads", "mrcache_ns", "ucx_ns", "ratio");
+    for (; i < argc; i++) {
+        size_t n = strtoul(argv[i], NULL, 10);
+        double ucx = measure(n, threads, random, 1);
+        double mrc = measure(n, threads, random, 0);
+        printf("%10zu %6s %7d %12.1f %12.1f %7.2fx\n", n, random ? "random" : "seq", threads, mrc,
+               ucx, mrc / ucx);
+        fflush(stdout);
+    }
+    ucs_rcache_destroy(rcache);
+    return 0;
+}
