@@ -208,7 +208,7 @@ struct State {
     /// MRs taken out of the cache and not yet deregistered, with their (pd, context): a
     /// flush before `ibv_dealloc_pd` waits for those of that PD, or the PD would still be
     /// busy. An entry leaves when its deregistration returns or unwinds.
-    in_flight: HashMap<usize, (usize, usize)>,
+    in_flight: HashMap<usize, Vec<(usize, usize)>>,
 }
 
 pub struct Cache<R: Registrar> {
@@ -596,6 +596,7 @@ impl<R: Registrar> Cache<R> {
             .lock()
             .in_flight
             .values()
+            .flatten()
             .any(|&(pd, ctx)| owned(pd, ctx))
             && Instant::now() < deadline
         {
@@ -627,7 +628,7 @@ impl<R: Registrar> Cache<R> {
                     Some(mr) => {
                         // Handed to the app, not to a deregistration.
                         st.unbury(mr.ptr);
-                        st.in_flight.remove(&mr.ptr);
+                        st.land(mr.ptr);
                         Detached::Sole(mr)
                     }
                     None => Detached::NotOurs,
@@ -713,19 +714,42 @@ impl<R: Registrar> Cache<R> {
         impl Drop for Landed<'_> {
             fn drop(&mut self) {
                 let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
-                st.in_flight.remove(&self.1);
+                st.land(self.1);
             }
         }
+        let mut panicked = None;
         for &mr in mrs {
             let _landed = Landed(&self.state, mr.ptr);
-            if self.registrar.deregister(mr).is_err() {
-                self.stats.dereg_failures.fetch_add(1, Relaxed);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.registrar.deregister(mr)
+            })) {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    self.stats.dereg_failures.fetch_add(1, Relaxed);
+                }
+                Err(p) => {
+                    self.stats.dereg_failures.fetch_add(1, Relaxed);
+                    panicked.get_or_insert(p);
+                }
             }
+        }
+        if let Some(p) = panicked {
+            std::panic::resume_unwind(p);
         }
     }
 }
 
 impl State {
+    /// One deregistration of `ptr` returned (or the MR went back to the app).
+    fn land(&mut self, ptr: usize) {
+        if let Some(v) = self.in_flight.get_mut(&ptr) {
+            v.remove(0);
+            if v.is_empty() {
+                self.in_flight.remove(&ptr);
+            }
+        }
+    }
+
     fn bury(&mut self, ptr: usize) {
         if self.tombstone_set.insert(ptr) {
             self.tombstones.push_back(ptr);
@@ -934,7 +958,10 @@ impl State {
         }
         self.by_mr.remove(&e.mr.ptr);
         self.bury(e.mr.ptr);
-        self.in_flight.insert(e.mr.ptr, (e.req.pd, e.req.context));
+        self.in_flight
+            .entry(e.mr.ptr)
+            .or_default()
+            .push((e.req.pd, e.req.context));
         self.free_ids.push(id);
         self.count -= 1;
         self.bytes -= e.req.len as u64;

@@ -494,3 +494,157 @@ mod overflow_stress {
         );
     }
 }
+
+#[cfg(test)]
+mod edge_cases {
+    use super::*;
+
+    /// Packing: every range (including unit edges, ranges ending at 2^47, beyond, usize::MAX)
+    /// unpacks to a superset, and merges cover both inputs.
+    #[test]
+    fn packing_edges_cover() {
+        use super::packed::*;
+        let lim = 1usize << 47;
+        let u = 1usize << 16;
+        let mut pts = vec![
+            0usize,
+            1,
+            4095,
+            4096,
+            u - 1,
+            u,
+            u + 1,
+            2 * u - 1,
+            2 * u,
+            lim - u - 1,
+            lim - u,
+            lim - u + 1,
+            lim - 4096,
+            lim - 1,
+            lim,
+            lim + 1,
+            lim + u,
+            usize::MAX - 1,
+            usize::MAX,
+        ];
+        let mut x = 0x9e3779b97f4a7c15u64;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pts.push((x as usize) % (lim + 2 * u));
+        }
+        let ranges: Vec<(usize, usize)> = pts
+            .iter()
+            .flat_map(|&a| pts.iter().take(40).map(move |&b| (a.min(b), a.max(b))))
+            .filter(|&(s, e)| e > s)
+            .collect();
+        for &(s, e) in &ranges {
+            let (a, b) = unpack(pack(s, e));
+            assert!(a <= s && e <= b, "{s:#x}..{e:#x} -> {a:#x}..{b:#x}");
+        }
+        for w in ranges.windows(2) {
+            let m = unpack(merge(pack(w[0].0, w[0].1), pack(w[1].0, w[1].1)));
+            for &(s, e) in w {
+                assert!(m.0 <= s && e <= m.1, "merge lost {s:#x}..{e:#x}: {m:?}");
+            }
+        }
+        println!("checked {} ranges", ranges.len());
+    }
+
+    #[test]
+    fn stalled_producer_peeks_are_consistent() {
+        use std::sync::atomic::AtomicUsize as AU;
+        const PAGE: usize = 4096;
+        const MAXID: usize = 1 << 22;
+        let q: &'static InvalidationQueue = Box::leak(Box::new(InvalidationQueue::new()));
+        q.activate();
+        let stop = AtomicBool::new(false);
+        let all_done = AtomicBool::new(false);
+        let drains = AU::new(0);
+        let next_id = AU::new(0);
+        let mut bits = vec![false; MAXID];
+        let (mut bad, mut peeks) = (0usize, 0usize);
+        std::thread::scope(|s| {
+            let (stop, all_done, drains, next_id) = (&stop, &all_done, &drains, &next_id);
+            // The staller: claims a slot, waits for two drains, fills it.
+            s.spawn(move || {
+                for _ in 0..200 {
+                    let id = next_id.fetch_add(1, SeqCst);
+                    let number = q.started.fetch_add(1, SeqCst);
+                    loop {
+                        let pos = q.tail.load(Relaxed);
+                        let slot = &q.slots[pos % CAPACITY];
+                        let diff = slot.seq.load(Acquire) as isize - pos as isize;
+                        if diff == 0 {
+                            if q.tail
+                                .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
+                                .is_ok()
+                            {
+                                while q.tail.load(SeqCst) < pos + 10 {
+                                    std::thread::yield_now();
+                                }
+                                let d0 = drains.load(SeqCst);
+                                while drains.load(SeqCst) < d0 + 2 {
+                                    std::thread::yield_now();
+                                }
+                                slot.number.store(number, Relaxed);
+                                slot.start.store(id * PAGE, Relaxed);
+                                slot.end.store(id * PAGE + PAGE, Relaxed);
+                                slot.seq.store(pos + 1, Release);
+                                break;
+                            }
+                        } else if diff < 0 {
+                            let mine = packed::pack(id * PAGE, id * PAGE + PAGE);
+                            let _ = q
+                                .overflow
+                                .fetch_update(SeqCst, SeqCst, |w| Some(packed::merge(w, mine)));
+                            break;
+                        }
+                    }
+                    q.end();
+                }
+                stop.store(true, SeqCst);
+            });
+            s.spawn(move || {
+                while !stop.load(SeqCst) {
+                    let id = next_id.fetch_add(1, SeqCst);
+                    assert!(id < MAXID);
+                    q.begin(id * PAGE, id * PAGE + PAGE);
+                    q.end();
+                }
+                all_done.store(true, SeqCst);
+            });
+            let bits = &mut bits;
+            let (bad, peeks) = (&mut bad, &mut peeks);
+            s.spawn(move || {
+                loop {
+                    let fin = all_done.load(SeqCst);
+                    q.drain(|n, a, b| {
+                        let page = b - a == PAGE && a % PAGE == 0;
+                        match n {
+                            Some(_) if !page => *bad += 1,
+                            None if page => *peeks += 1,
+                            None if a % (1 << 16) != 0 || b % (1 << 16) != 0 => *bad += 1,
+                            _ => {}
+                        }
+                        let lo = a / PAGE;
+                        let hi = b.div_ceil(PAGE).min(bits.len());
+                        for x in bits.iter_mut().take(hi).skip(lo) {
+                            *x = true;
+                        }
+                    });
+                    drains.fetch_add(1, SeqCst);
+                    if fin {
+                        break;
+                    }
+                }
+            });
+        });
+        let n = next_id.load(SeqCst);
+        let uncovered = bits[..n].iter().filter(|&&b| !b).count();
+        eprintln!("{n} ranges, peeked {peeks}; bad {bad}; uncovered {uncovered}");
+        assert!(peeks > 0);
+        assert_eq!((bad, uncovered), (0, 0));
+    }
+}
