@@ -3,6 +3,7 @@ VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VM_CACHE=${MRCACHE_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mrcache-vm}
 SYSROOT=$VM_CACHE/sysroot
 INITRAMFS=$VM_CACHE/initramfs.cpio.gz
+TRIXIE_ROOT=$VM_CACHE/trixie-root  # Debian 13 userland for the second-glibc run (trixie-root.sh)
 QEMU=$SYSROOT/usr/bin/qemu-system-x86_64
 QEMU_LIBS=$SYSROOT/usr/lib/x86_64-linux-gnu:$SYSROOT/lib/x86_64-linux-gnu
 

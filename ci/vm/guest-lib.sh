@@ -32,3 +32,20 @@ pair() {
   echo "pair: client exit $crc, server exit $src"
   [ "$crc" = 0 ] && [ "$src" = 0 ]
 }
+
+# in_trixie COMMAND [ARG...]: run COMMAND in the Debian 13 root ($TRIXIE_ROOT: glibc 2.41,
+# trixie's libibverbs and providers; ci/vm/trixie-root.sh builds it) instead of the host's,
+# in the current directory. /proc, /sys, /dev, /tmp, the test programs ($BIN), the directory
+# of libmrcache.so and the job directory are bound in at their own paths, so the host-built
+# programs and the preload run unmodified against that userland. The environment (LD_PRELOAD,
+# MRCACHE_*) goes with it.
+in_trixie() {
+  [ -f "$TRIXIE_ROOT/.complete" ] ||
+    { echo "in_trixie: no finished root at '$TRIXIE_ROOT' (run ci/vm/trixie-root.sh)"; return 2; }
+  for d in /proc /sys /dev /tmp "$BIN" "$(dirname "$MRCACHE_PRELOAD")" "$JOB"; do
+    mountpoint -q "$TRIXIE_ROOT$d" && continue
+    mkdir -p "$TRIXIE_ROOT$d" && mount --rbind "$d" "$TRIXIE_ROOT$d" ||
+      { echo "in_trixie: cannot bind $d into $TRIXIE_ROOT"; return 2; }
+  done
+  chroot "$TRIXIE_ROOT" /bin/sh -c 'cd "$0" && exec "$@"' "$PWD" "$@"
+}
