@@ -128,7 +128,11 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 fn zaps(advice: c_int) -> bool {
     matches!(
         advice,
-        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE | 24 /* MADV_DONTNEED_LOCKED */
+        libc::MADV_DONTNEED
+            | libc::MADV_FREE
+            | libc::MADV_REMOVE
+            | 24 /* MADV_DONTNEED_LOCKED */
+            | 102 /* MADV_GUARD_INSTALL (Linux 6.13): zaps, and GUARD_REMOVE brings new pages */
     )
 }
 
@@ -171,6 +175,50 @@ pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) ->
         // SAFETY: __errno_location returns this thread's errno.
         unsafe { *libc::__errno_location() }
     }
+}
+
+/// `process_madvise` on the process's own pidfd takes any advice on recent kernels, and a
+/// zapping one drops the pages like madvise. Which process a pidfd names is not cheap to
+/// tell, so every range of a zapping call is reported (over-invalidating is safe).
+#[unsafe(no_mangle)]
+pub extern "C" fn process_madvise(
+    pidfd: c_int,
+    iov: *const libc::iovec,
+    vlen: usize,
+    advice: c_int,
+    flags: libc::c_uint,
+) -> isize {
+    let call = || {
+        sys(
+            libc::SYS_process_madvise,
+            pidfd as usize,
+            iov as usize,
+            vlen,
+            advice as usize,
+            flags as usize,
+            0,
+        )
+    };
+    // The kernel refuses more than IOV_MAX ranges; report nothing for a call it refuses.
+    if !zaps(advice) || iov.is_null() || vlen > 1024 || !REPORTING.load(Relaxed) {
+        return call();
+    }
+    count(1);
+    // SAFETY: the caller passes vlen iovecs at iov (the kernel reads the same array).
+    let ranges = unsafe { std::slice::from_raw_parts(iov, vlen) };
+    for r in ranges {
+        let start = r.iov_base as usize & !(PAGE - 1);
+        let end = (r.iov_base as usize)
+            .saturating_add(r.iov_len)
+            .saturating_add(PAGE - 1)
+            & !(PAGE - 1);
+        QUEUE.begin(start, end);
+    }
+    let rc = call();
+    for _ in ranges {
+        QUEUE.end();
+    }
+    rc
 }
 
 /// mremap is variadic in C; on x86-64 a five-argument definition receives the optional

@@ -143,11 +143,15 @@ int main(int argc, char **argv) {
             pats[i] = p[i];
         expect_lines(slurp("trace.log"), pats, 9);
         char *json = slurp("stats.json");
-        /* lb_open registers its staging buffer (a miss); then the sequence above. */
+        /* lb_open registers its staging buffer (a miss); then the sequence above, and the
+         * idle entry kept for ibv_dealloc_pd (a third miss). */
         expect_json(json, "\"hits\":2,");
-        expect_json(json, "\"misses\":2,");
+        expect_json(json, "\"misses\":3,");
         expect_json(json, "\"double_deregs\":1,");
-        expect_json(json, "\"invalidated_entries\":1,");
+        /* The munmap above; the staging buffer's free() in lb_close counts too when the
+         * background drain gets to it before exit. */
+        CHECK(strstr(json, "\"invalidated_entries\":1,") || strstr(json, "\"invalidated_entries\":2,"),
+              "statistics: invalidated_entries is not 1 or 2: %s", json);
         expect_json(json, "\"trace_records_dropped\":0}");
         expect_json(json, "\"munmap\":");
         printf("trace_stats sequence: 9 trace lines and the statistics match\n");
