@@ -178,6 +178,17 @@ fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
         .args(["-libverbs", "-lrdmacm", "-ldl"]);
         run(&mut cmd, &format!("compiling {}", src.display()))?;
     }
+    // Test libraries (tests/c/so/NAME.c -> $BIN/libNAME.so), for cases that load them.
+    for src in sorted_files(&cdir.join("so"), "c")? {
+        let stem = src.file_stem().unwrap_or_default().to_string_lossy();
+        let out = bin.join(format!("lib{stem}.so"));
+        let mut cmd = Command::new(&cc);
+        cmd.args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg("-ldl");
+        run(&mut cmd, &format!("compiling {}", src.display()))?;
+    }
     Ok(())
 }
 

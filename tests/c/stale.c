@@ -8,7 +8,10 @@
  */
 #include "lib/loopback.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <pthread.h>
 #include <malloc.h>
 #include <string.h>
 #include <sys/ipc.h>
@@ -236,6 +239,67 @@ static int s_cycle(void) {
     return bad ? -1 : 0;
 }
 
+/* A thread arena's heap shrinks under the buffer and grows back: glibc's shrink_heap gives
+ * the pages back with its internal __madvise(MADV_DONTNEED), or, when it reads
+ * vm.overcommit_memory=2, with its internal __mmap(PROT_NONE, MAP_FIXED); growing again
+ * maps fresh zero pages at the same addresses. */
+enum { ARENA_BLOCKS = 4000, ARENA_BLOCK = 2000 }; /* above tcache and fastbin sizes */
+static char *arena_block[ARENA_BLOCKS];
+
+static void *arena_fill(void *value) {
+    for (int i = 0; i < ARENA_BLOCKS; i++) {
+        arena_block[i] = malloc(ARENA_BLOCK);
+        CHECK(arena_block[i], "malloc");
+        memset(arena_block[i], (int)(intptr_t)value, ARENA_BLOCK);
+    }
+    return NULL;
+}
+
+/* Fill from a new thread: its own arena (the first time), or the same arena again, which a
+ * finished thread leaves on glibc's free list for the next new thread. */
+static void arena_fill_in_thread(int value) {
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, arena_fill, (void *)(intptr_t)value) == 0, "pthread_create");
+    CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+}
+
+static int s_arena_shrink(void) {
+    arena_fill_in_thread(0x11);
+    char *first = arena_block[0];
+    uintptr_t base = ((uintptr_t)arena_block[ARENA_BLOCKS / 4] + 4095) & ~4095ul;
+    size_t len = 2 * MIB;
+    CHECK(base + len < (uintptr_t)arena_block[ARENA_BLOCKS - 1], "blocks not contiguous");
+    warm((void *)base, len);
+    /* Freed newest first from this (the main) thread: each block merges into the thread
+     * arena's top chunk, and the heap is trimmed. */
+    for (int i = ARENA_BLOCKS - 1; i >= 0; i--)
+        free(arena_block[i]);
+    arena_fill_in_thread(0x22);
+    CHECK(arena_block[0] == first, "the second thread got another arena (%p, was %p)", (void *)arena_block[0], (void *)first);
+    int rc = fresh((void *)base, len);
+    for (int i = ARENA_BLOCKS - 1; i >= 0; i--)
+        free(arena_block[i]);
+    return rc;
+}
+
+/* Another library overwrites libc's munmap entry after mrcache patched it (as UCX, Open
+ * MPI or a profiler would): tests/c/so/patcher.c, next to this program, loaded after the
+ * cache is running. Then free() of an mmapped block must still never give a stale hit. */
+static int s_free_malloc_repatched(void) {
+    char exe[PATH_MAX], lib[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(n > 0, "readlink /proc/self/exe");
+    exe[n] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(lib, sizeof lib, "%s/libpatcher.so", exe);
+    size_t len = 2 * MIB;
+    char *p = map(len);
+    warm(p, len); /* the cache exists and has checked its patches */
+    CHECK(dlopen(lib, RTLD_NOW), "dlopen %s: %s", lib, dlerror());
+    munmap(p, len);
+    return s_free_malloc();
+}
+
 static const struct {
     const char *name;
     int (*run)(void);
@@ -252,6 +316,8 @@ static const struct {
     {"thp", s_thp},
     {"hugetlb", s_hugetlb},
     {"cycle", s_cycle},
+    {"arena_shrink", s_arena_shrink},
+    {"free_malloc_repatched", s_free_malloc_repatched},
 };
 
 int main(int argc, char **argv) {
