@@ -220,6 +220,8 @@ pub struct Cache<R: Registrar> {
     /// it started, and none may have begun before it is inserted (between an unmap hook and
     /// the unmap syscall itself, a new registration would still pin the old pages).
     queue: &'static InvalidationQueue,
+    /// Set once by `stop_caching`: why the cache no longer caches.
+    stopped: std::sync::OnceLock<String>,
     pub stats: Stats,
 }
 
@@ -271,6 +273,7 @@ impl<R: Registrar> Cache<R> {
                 ..State::default()
             }),
             queue,
+            stopped: std::sync::OnceLock::new(),
             stats: Stats::default(),
         }
     }
@@ -343,6 +346,9 @@ impl<R: Registrar> Cache<R> {
             self.stats.bypassed.fetch_add(1, Relaxed);
             return Err(AcquireError::Bypass(b));
         }
+        if self.stopped.get().is_some() {
+            return self.register_uncached(req);
+        }
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
         if !stale.is_empty() {
@@ -403,7 +409,9 @@ impl<R: Registrar> Cache<R> {
 
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
-        let raced = !quiet || st.raced(req, started, self.queue.started());
+        let raced = !quiet
+            || st.raced(req, started, self.queue.started())
+            || self.stopped.get().is_some();
         // Another thread may have missed on the same key and inserted meanwhile: one
         // cached registration per key (this one is released uncached).
         let duplicate = st.exact.contains_key(&key(req));
@@ -422,6 +430,54 @@ impl<R: Registrar> Cache<R> {
             self.stats.uncached.fetch_add(1, Relaxed);
             Ok((mr.ptr, Outcome::Uncached))
         }
+    }
+
+    /// A registration the app owns, released by its `ibv_dereg_mr` (after `stop_caching`).
+    fn register_uncached(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
+        let t0 = Instant::now();
+        let result = self.registrar.register(req);
+        self.stats
+            .reg_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        let mr = result.map_err(AcquireError::Failed)?;
+        let mut st = self.lock();
+        st.unbury(mr.ptr);
+        st.handles.insert(mr.ptr, Handle::Uncached { mr });
+        drop(st);
+        self.stats.uncached.fetch_add(1, Relaxed);
+        Ok((mr.ptr, Outcome::Uncached))
+    }
+
+    /// Stop caching for good: the monitor can no longer be trusted to see memory go away
+    /// (`reason` says why). Idle entries are deregistered now; entries in use leave the
+    /// index (no new hit) and are deregistered at their last release; from now on every
+    /// registration is made for its caller alone. Returns false when already stopped.
+    pub fn stop_caching(&self, reason: &str) -> bool {
+        if self.stopped.set(reason.to_string()).is_err() {
+            return false;
+        }
+        let idle = {
+            let mut st = self.lock();
+            let idle = st.evict_idle(|_| true);
+            let ids: Vec<u32> = st
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.is_some())
+                .map(|(id, _)| id as u32)
+                .collect();
+            for id in ids {
+                st.unindex(id);
+            }
+            idle
+        };
+        self.deregister_all(&idle);
+        true
+    }
+
+    /// Why caching was stopped, if it was.
+    pub fn caching_stopped(&self) -> Option<&str> {
+        self.stopped.get().map(String::as_str)
     }
 
     /// A moment with no invalidation in flight, from which on those begun can be checked

@@ -39,6 +39,9 @@ pub struct Report {
     pub selftest_us: u64,
     pub selftest: BTreeMap<String, String>,
     pub trace_records_dropped: u64,
+    /// Why caching was turned off in this process (empty: it was not).
+    #[serde(default)]
+    pub caching_off: String,
 }
 
 impl Report {

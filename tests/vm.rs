@@ -183,10 +183,12 @@ fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
         let stem = src.file_stem().unwrap_or_default().to_string_lossy();
         let out = bin.join(format!("lib{stem}.so"));
         let mut cmd = Command::new(&cc);
-        cmd.args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .arg("-ldl");
+        cmd.args([
+            "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o",
+        ])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl");
         run(&mut cmd, &format!("compiling {}", src.display()))?;
     }
     Ok(())

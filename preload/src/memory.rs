@@ -516,7 +516,7 @@ pub extern "C" fn mmap64(
 /// libc's own handle (RTLD_NOLOAD), for its internal entry points.
 pub static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Which of libc's entry points were patched: bit 0 munmap, 1 madvise, 2 brk.
+/// Which of libc's entry points were patched: bit i for `PATCH_TARGETS[i]`.
 pub static PATCHED: AtomicUsize = AtomicUsize::new(0);
 /// The monitor chosen at load (`MRCACHE_MONITOR`), as read in the constructor.
 pub static MONITOR: AtomicUsize = AtomicUsize::new(0); // 0 patch, 1 symbols, 2 none, 3 invalid
@@ -571,27 +571,33 @@ pub fn install() {
         return;
     }
     let targets = [
-        crate::patch::Target {
+        Target {
             name: c"munmap",
-            expect: [0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05],
+            prologues: &MUNMAP_STUB,
             hook: munmap as *const () as usize,
         },
-        crate::patch::Target {
+        Target {
             name: c"madvise",
-            expect: [0xb8, 0x1c, 0, 0, 0, 0x0f, 0x05],
+            prologues: &MADVISE_STUB,
             hook: madvise as *const () as usize,
         },
-        crate::patch::Target {
+        Target {
             name: c"brk",
-            expect: [0xb8, 0x0c, 0, 0, 0, 0x0f, 0x05],
+            prologues: &BRK_STUB,
             hook: brk as *const () as usize,
         },
+        Target {
+            name: c"mmap",
+            prologues: &crate::patch::MMAP,
+            hook: mmap as *const () as usize,
+        },
     ];
-    let mut done = 0;
-    for (i, t) in targets.iter().enumerate() {
-        if crate::patch::patch(h, t).is_ok() {
-            done |= 1 << i;
-        }
-    }
-    PATCHED.store(done, Relaxed);
+    PATCHED.store(crate::patch::install(h, &targets), Relaxed);
 }
+
+use crate::patch::{Prologue, Target};
+static MUNMAP_STUB: [Prologue; 1] = [crate::patch::syscall_stub(0x0b)];
+static MADVISE_STUB: [Prologue; 1] = [crate::patch::syscall_stub(0x1c)];
+static BRK_STUB: [Prologue; 1] = [crate::patch::BRK];
+/// The functions `install` patches, in its order (bit i of `PATCHED`).
+pub const PATCH_TARGETS: [&str; 4] = ["munmap", "madvise", "brk", "mmap"];

@@ -1,61 +1,182 @@
-//! The `patch` monitor: glibc calls its own `__munmap`, `__madvise` and `__brk` from
-//! `free`, `malloc_trim`, arena shrinking and `sbrk`, past any symbol interposition. In
-//! glibc these internal entry points are the same code as the exported `munmap`,
-//! `madvise` and `brk`, so we overwrite the first 13 bytes of each with a jump to our hook
-//! (`movabs r11, hook; jmp r11`), once, in the constructor, before the program has
+//! The `patch` monitor: glibc calls its own `__munmap`, `__madvise`, `__brk` and `__mmap`
+//! from `free`, `malloc_trim`, arena shrinking (with `vm.overcommit_memory=2`, by
+//! `mmap(PROT_NONE, MAP_FIXED)`) and `sbrk`, past any symbol interposition. In glibc these
+//! internal entry points are the same code as the exported functions, so we overwrite the
+//! start of each with a jump to our hook, once, in the constructor, before the program has
 //! threads, and never undo it (libfabric's crashes came from patching and un-patching while
-//! other threads ran the code). A function whose first bytes are not the expected system
-//! call stub is left alone, and the self-test then reports that path as not covered.
+//! other threads ran the code).
+//!
+//! Our hooks make the system call themselves and never return into libc's function, so the
+//! overwritten instructions need no relocation, provided nothing branches into the bytes we
+//! overwrite. We only patch a function whose first bytes are a prologue we recognise byte
+//! for byte (each checked by disassembling that glibc: no branch lands inside them), after
+//! an optional `endbr64` that stays at the entry for CET's indirect branch tracking.
+//! Anything else is left alone; the self-test then reports that path as not covered.
+//!
+//! Another patcher (UCX, Open MPI, a profiler) can overwrite our jump later: `intact()`
+//! compares the bytes, and the runtime stops caching when they changed.
 
 use std::ffi::{CStr, c_void};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
+
+/// A recognised function start: `bytes`, where positions in `any` (a bit mask) are
+/// displacements that may differ between builds and are overwritten, never executed.
+pub struct Prologue {
+    pub bytes: [u8; JUMP_LEN],
+    pub any: u16,
+}
 
 pub struct Target {
     pub name: &'static CStr,
-    /// The bytes libc's function must start with: `mov eax, NR; syscall`.
-    pub expect: [u8; 7],
+    pub prologues: &'static [Prologue],
     pub hook: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchError {
-    NotFound,
-    Unexpected,
-    Mprotect,
+    NotFound = 1,
+    Unexpected = 2,
+    Mprotect = 3,
 }
 
-const JUMP_LEN: usize = 13;
+impl PatchError {
+    pub fn why(self) -> &'static str {
+        match self {
+            PatchError::NotFound => "not found in libc",
+            PatchError::Unexpected => {
+                "its first bytes are not a system call stub this version of mrcache knows"
+            }
+            PatchError::Mprotect => {
+                "making libc's code writable was refused (MemoryDenyWriteExecute, SELinux deny_execmem, PR_SET_MDWE or a seccomp filter)"
+            }
+        }
+    }
+
+    fn from_code(c: u8) -> Option<PatchError> {
+        match c {
+            1 => Some(PatchError::NotFound),
+            2 => Some(PatchError::Unexpected),
+            3 => Some(PatchError::Mprotect),
+            _ => None,
+        }
+    }
+}
+
+/// `jmp qword [rip+0]` followed by the 8-byte hook address. Not the `movabs r11; jmp r11`
+/// that libfabric's memhooks takes for its own patch (it would then refuse to start).
+pub const JUMP_LEN: usize = 14;
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+fn jump(hook: usize) -> [u8; JUMP_LEN] {
+    let mut code = [0u8; JUMP_LEN];
+    code[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    code[6..].copy_from_slice(&(hook as u64).to_le_bytes());
+    code
+}
+
+fn matches(p: &Prologue, code: &[u8]) -> bool {
+    p.bytes
+        .iter()
+        .zip(code)
+        .enumerate()
+        .all(|(i, (want, got))| p.any & (1 << i) != 0 || want == got)
+}
+
+/// Where our jump starts in a function that begins with `code`, if it is one we know.
+pub fn site_offset(prologues: &[Prologue], code: &[u8; ENDBR64.len() + JUMP_LEN]) -> Option<usize> {
+    let skip = if code[..4] == ENDBR64 { 4 } else { 0 };
+    prologues
+        .iter()
+        .any(|p| matches(p, &code[skip..skip + JUMP_LEN]))
+        .then_some(skip)
+}
+
+/// The prologue of a glibc system call stub returning an int (`munmap`, `madvise`):
+/// `mov eax, NR; syscall; cmp rax, -4095; jae` (glibc 2.36 and 2.41).
+pub const fn syscall_stub(nr: u8) -> Prologue {
+    Prologue {
+        bytes: [
+            0xb8, nr, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73,
+        ],
+        any: 0,
+    }
+}
+
+/// glibc's `brk`: `mov eax, 12; syscall; mov rdx, [rip + __curbrk@GOT]` (2.36 and 2.41).
+pub const BRK: Prologue = Prologue {
+    bytes: [
+        0xb8, 0x0c, 0, 0, 0, 0x0f, 0x05, 0x48, 0x8b, 0x15, 0, 0, 0, 0,
+    ],
+    any: 0b11_1100_0000_0000,
+};
+
+/// glibc's `mmap`, which checks the offset's alignment before the system call.
+pub const MMAP: [Prologue; 2] = [
+    // 2.36: mov r10d, ecx; test r9d, 0xfff; jne +0x14; mov eax, 9 (first 2 bytes)
+    Prologue {
+        bytes: [
+            0x41, 0x89, 0xca, 0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x14, 0xb8, 0x09,
+        ],
+        any: 0,
+    },
+    // 2.41: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx; mov rbx, rdi (2 of 3)
+    Prologue {
+        bytes: [
+            0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48,
+        ],
+        any: 0,
+    },
+];
+
+/// Jumps we wrote: (address of the jump, hook), for `intact`. Written in the constructor
+/// (before threads), read anywhere.
+const SITES: usize = 8;
+static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// Why each target of `install` was not patched (a `PatchError` code, 0 = patched).
+static REFUSED: [AtomicU8; SITES] = [const { AtomicU8::new(0) }; SITES];
 
 /// Overwrite libc's `target.name` with a jump to `target.hook`.
-#[cfg(target_arch = "x86_64")]
 pub fn patch(libc_handle: *mut c_void, target: &Target) -> Result<(), PatchError> {
     // SAFETY: dlsym on a live handle with a valid name.
     let f = unsafe { libc::dlsym(libc_handle, target.name.as_ptr()) } as *mut u8;
     if f.is_null() {
         return Err(PatchError::NotFound);
     }
-    // SAFETY: f is the start of a libc function of at least 16 bytes (a syscall stub).
-    let head = unsafe { std::slice::from_raw_parts(f, target.expect.len()) };
-    if head != target.expect {
+    // SAFETY: f is the start of a libc function; every function we look for is longer
+    // than the bytes read (a stub plus its error path), and code pages are readable.
+    unsafe { patch_at(f, target) }
+}
+
+/// Overwrite the function at `f` (named `target.name`) with a jump to `target.hook`, if it
+/// starts with one of `target.prologues`.
+///
+/// # Safety
+/// `f` points at the entry of a function at least 18 bytes long that no thread runs now
+/// and that is never executed past the patched bytes afterwards (the hook replaces it).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
+    let mut head = [0u8; ENDBR64.len() + JUMP_LEN];
+    // SAFETY: the caller guarantees f has at least that many readable bytes.
+    unsafe { std::ptr::copy_nonoverlapping(f, head.as_mut_ptr(), head.len()) };
+    let Some(skip) = site_offset(target.prologues, &head) else {
         return Err(PatchError::Unexpected);
-    }
-    let mut code = [0u8; JUMP_LEN];
-    code[0] = 0x49; // movabs r11, imm64
-    code[1] = 0xbb;
-    code[2..10].copy_from_slice(&(target.hook as u64).to_le_bytes());
-    code[10] = 0x41; // jmp r11
-    code[11] = 0xff;
-    code[12] = 0xe3;
+    };
+    // SAFETY: inside the function (checked above).
+    let site = unsafe { f.add(skip) };
+    let code = jump(target.hook);
     let page = 4096usize;
-    let start = f as usize & !(page - 1);
-    let end = (f as usize + JUMP_LEN + page - 1) & !(page - 1);
+    let start = site as usize & !(page - 1);
+    let end = (site as usize + JUMP_LEN + page - 1) & !(page - 1);
     let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
-    // SAFETY: the pages hold libc's text; we make them writable for the copy and give
-    // them back read+execute. Raw syscalls: libc's mprotect could itself be hooked.
+    // SAFETY: the pages hold the function's code; we make them writable for the copy and
+    // give them back read+execute. Raw syscalls: libc's mprotect could itself be hooked.
     unsafe {
         if libc::syscall(libc::SYS_mprotect, start, end - start, rwx) != 0 {
             return Err(PatchError::Mprotect);
         }
-        std::ptr::copy_nonoverlapping(code.as_ptr(), f, JUMP_LEN);
+        std::ptr::copy_nonoverlapping(code.as_ptr(), site, JUMP_LEN);
         libc::syscall(
             libc::SYS_mprotect,
             start,
@@ -63,10 +184,162 @@ pub fn patch(libc_handle: *mut c_void, target: &Target) -> Result<(), PatchError
             libc::PROT_READ | libc::PROT_EXEC,
         );
     }
+    for i in 0..SITES {
+        if SITE_AT[i]
+            .compare_exchange(0, site as usize, Relaxed, Relaxed)
+            .is_ok()
+        {
+            SITE_HOOK[i].store(target.hook, Relaxed);
+            SITE_NAME[i].store(target.name.as_ptr() as usize, Relaxed);
+            break;
+        }
+    }
     Ok(())
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-pub fn patch(_libc_handle: *mut c_void, _target: &Target) -> Result<(), PatchError> {
+pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> {
     Err(PatchError::Unexpected)
+}
+
+/// Patch each of `targets` (at most 8); returns the bitmask of those patched. Constructor.
+pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
+    let mut done = 0;
+    for (i, t) in targets.iter().enumerate().take(SITES) {
+        match patch(libc_handle, t) {
+            Ok(()) => done |= 1 << i,
+            Err(e) => REFUSED[i].store(e as u8, Relaxed),
+        }
+    }
+    done
+}
+
+/// Why target `i` of `install` was not patched (None: patched, or never tried).
+pub fn refused(i: usize) -> Option<PatchError> {
+    PatchError::from_code(REFUSED.get(i)?.load(Relaxed))
+}
+
+/// The first of our jumps that is no longer in place (another patcher wrote over it), by
+/// function name. A few byte compares per patched function: cheap enough for every
+/// registration. No allocation, no lock.
+pub fn overwritten() -> Option<&'static CStr> {
+    for i in 0..SITES {
+        let at = SITE_AT[i].load(Relaxed);
+        if at == 0 {
+            break;
+        }
+        let want = jump(SITE_HOOK[i].load(Relaxed));
+        let mut have = [0u8; JUMP_LEN];
+        // SAFETY: `at` is code we patched in a library that is never unloaded (libc); a
+        // patcher may change its bytes, never unmap them. Volatile: another thread writes.
+        for (k, b) in have.iter_mut().enumerate() {
+            *b = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
+        }
+        if have != want {
+            // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
+            return Some(unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) });
+        }
+    }
+    None
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use std::ffi::c_int;
+    use std::sync::atomic::AtomicUsize;
+
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn test_hook(_addr: *mut c_void, len: usize) -> c_int {
+        CALLS.fetch_add(1, Relaxed);
+        LAST_LEN.store(len, Relaxed);
+        0
+    }
+
+    /// A function in executable memory made of `code` (padded with `int3`).
+    fn code_page(code: &[u8]) -> *mut u8 {
+        // SAFETY: a fresh anonymous mapping, written, then made read+execute.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ) as *mut u8;
+            assert_ne!(p as *mut c_void, libc::MAP_FAILED);
+            std::ptr::write_bytes(p, 0xcc, 4096);
+            std::ptr::copy_nonoverlapping(code.as_ptr(), p, code.len());
+            assert_eq!(
+                libc::mprotect(p as *mut c_void, 4096, libc::PROT_READ | libc::PROT_EXEC),
+                0
+            );
+            p
+        }
+    }
+
+    // A CET build's munmap: endbr64, then glibc's stub (ret at once: never reached here).
+    const CET_MUNMAP: [u8; 20] = [
+        0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff,
+        0xff, 0x73, 0x01, 0xc3,
+    ];
+    static MUNMAP_STUB: [Prologue; 1] = [syscall_stub(0x0b)];
+
+    #[test]
+    fn endbr64_stub_is_patched_and_keeps_endbr64_at_the_entry() {
+        let f = code_page(&CET_MUNMAP);
+        let target = Target {
+            name: c"test_cet_munmap",
+            prologues: &MUNMAP_STUB,
+            hook: test_hook as *const () as usize,
+        };
+        // SAFETY: f is our own function of 20 bytes that no thread runs.
+        assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+        // SAFETY: f's code is readable.
+        let entry = unsafe { std::slice::from_raw_parts(f, 4) };
+        assert_eq!(entry, ENDBR64, "endbr64 must stay at the entry");
+        // SAFETY: f now jumps to test_hook, which has this prototype.
+        let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
+        let before = CALLS.load(Relaxed);
+        assert_eq!(call(std::ptr::null_mut(), 12345), 0);
+        assert_eq!(CALLS.load(Relaxed), before + 1, "the hook caught the call");
+        assert_eq!(LAST_LEN.load(Relaxed), 12345);
+    }
+
+    #[test]
+    fn unknown_prologue_is_refused_untouched() {
+        let mut code = CET_MUNMAP;
+        code[5] = 0x0c; // another system call number
+        let f = code_page(&code);
+        let target = Target {
+            name: c"test_other",
+            prologues: &MUNMAP_STUB,
+            hook: test_hook as *const () as usize,
+        };
+        // SAFETY: as above.
+        assert_eq!(unsafe { patch_at(f, &target) }, Err(PatchError::Unexpected));
+        // SAFETY: readable.
+        assert_eq!(unsafe { std::slice::from_raw_parts(f, 20) }, &code[..]);
+    }
+
+    #[test]
+    fn the_jump_is_not_libfabrics_signature() {
+        // libfabric's memhooks takes 49 bb at 0 and 41 ff e3 at 10 as its own patch.
+        let j = jump(0x1122_3344_5566_7788);
+        assert!(!(j[0] == 0x49 && j[1] == 0xbb && j[10..13] == [0x41, 0xff, 0xe3]));
+    }
+
+    #[test]
+    fn brk_prologue_ignores_the_got_displacement() {
+        let mut head = [0u8; 18];
+        head[..14].copy_from_slice(&[
+            0xb8, 0x0c, 0, 0, 0, 0x0f, 0x05, 0x48, 0x8b, 0x15, 0xe2, 0x51, 0x0d, 0,
+        ]);
+        assert_eq!(site_offset(&[BRK], &head), Some(0));
+        head[8] = 0x89;
+        assert_eq!(site_offset(&[BRK], &head), None);
+    }
 }

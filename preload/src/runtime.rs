@@ -92,15 +92,12 @@ fn runtime() -> &'static Runtime {
             );
         }
         let mut coverage = None;
+        let mut blind = None;
         let cache = config.enabled.then(|| {
             let c = run_selftest();
             let missed = c.missed();
             if config.monitor != Monitor::None && !missed.is_empty() {
-                eprintln!(
-                    "mrcache: monitor '{}' does not see: {}; registrations of memory released that way could go stale (MRCACHE_MONITOR=patch sees them)",
-                    config.monitor.as_str(),
-                    missed.join(", ")
-                );
+                blind = Some(blind_spots(config.monitor, &missed));
             }
             coverage = Some(c);
             let mut verify = config.verify_pfn;
@@ -119,6 +116,13 @@ fn runtime() -> &'static Runtime {
                 &QUEUE,
             )
         });
+        if let Some(cache) = &cache {
+            if let Some(why) = blind {
+                fail_closed(cache, &why);
+            } else if config.monitor == Monitor::Patch {
+                check_patches(cache);
+            }
+        }
         let fork = cache.as_ref().map(|_| {
             // SAFETY: registering plain extern "C" handlers.
             unsafe { libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child)) };
@@ -133,6 +137,60 @@ fn runtime() -> &'static Runtime {
         }
         Runtime { cache, monitor: config.monitor, coverage, fork, log: config.log, stats: config.stats, stats_file: config.stats_file.clone() }
     })
+}
+
+/// What the monitor misses, and why, for the line that turns caching off.
+fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
+    let mut why = Vec::new();
+    if monitor == Monitor::Patch {
+        for (i, name) in memory::PATCH_TARGETS.iter().enumerate() {
+            if let Some(e) = crate::patch::refused(i) {
+                why.push(format!("libc's {name} was not patched: {}", e.why()));
+            }
+        }
+        if let Some(name) = crate::patch::overwritten() {
+            why.push(format!(
+                "libc's {} was patched, then overwritten by another code patcher",
+                name.to_string_lossy()
+            ));
+        }
+    } else {
+        why.push(format!("monitor '{}' only sees calls through the symbol table (MRCACHE_MONITOR=patch also sees libc's own calls)", monitor.as_str()));
+    }
+    format!(
+        "the monitor does not see: {} ({})",
+        missed.join(", "),
+        why.join("; ")
+    )
+}
+
+/// Memory could now go away unseen: stop caching (one line, once). Registrations are made
+/// and released uncached from here on; entries in use are deregistered at their release.
+fn fail_closed(cache: &Cache<Provider>, why: &str) {
+    if cache.stop_caching(why) {
+        trace::write_line(&format!(
+            "mrcache[{}]: caching is OFF: {why}; every registration now passes through uncached",
+            std::process::id()
+        ));
+    }
+}
+
+/// Fail closed when another patcher wrote over one of our jumps in libc. A few byte
+/// compares: run at the cache's creation, before every registration and on every
+/// background drain cycle.
+fn check_patches(cache: &Cache<Provider>) {
+    if cache.caching_stopped().is_some() {
+        return;
+    }
+    if let Some(name) = crate::patch::overwritten() {
+        fail_closed(
+            cache,
+            &format!(
+                "libc's {} entry point was overwritten by another code patcher (UCX, Open MPI, a profiler?) after mrcache patched it; memory released through it is no longer seen",
+                name.to_string_lossy()
+            ),
+        );
+    }
 }
 
 /// Whether /proc/self/pagemap gives real frame numbers here (it gives 0 without
@@ -174,6 +232,20 @@ pub fn selftest_report() -> String {
         out.push_str(&format!("{path}: {s}\n"));
     }
     out.push_str(&format!("(self-test took {} us)\n", c.nanos / 1000));
+    let missed = c.missed();
+    if !missed.is_empty() {
+        let monitor = match memory::MONITOR.load(Relaxed) {
+            1 => Monitor::Symbols,
+            2 => Monitor::None,
+            _ => Monitor::Patch,
+        };
+        if monitor != Monitor::None {
+            out.push_str(&format!(
+                "caching would be OFF in a verbs program here: {}\n",
+                blind_spots(monitor, &missed)
+            ));
+        }
+    }
     out
 }
 
@@ -219,8 +291,15 @@ fn ensure_drain_thread() {
         .spawn(|| {
             loop {
                 std::thread::sleep(std::time::Duration::from_millis(20));
-                if let Some(cache) = RUNTIME.get().and_then(|r| r.cache.as_ref()) {
-                    let _ = catch_unwind(AssertUnwindSafe(|| cache.drain_pending()));
+                if let Some(rt) = RUNTIME.get()
+                    && let Some(cache) = rt.cache.as_ref()
+                {
+                    let _ = catch_unwind(AssertUnwindSafe(|| {
+                        if rt.monitor == Monitor::Patch {
+                            check_patches(cache);
+                        }
+                        cache.drain_pending()
+                    }));
                 }
             }
         });
@@ -321,9 +400,13 @@ fn register_inner(
     };
     shielded(
         || {
-            let Some(cache) = runtime().cache.as_ref() else {
+            let rt = runtime();
+            let Some(cache) = rt.cache.as_ref() else {
                 return passthrough(bypass_index(Bypass::Disabled));
             };
+            if rt.monitor == Monitor::Patch {
+                check_patches(cache);
+            }
             if pd.is_null() {
                 return passthrough(6); // libibverbs' own behaviour for a NULL pd
             }
@@ -609,6 +692,7 @@ pub fn report() -> Option<Report> {
         fork_decision: rt.fork.as_ref().map(|d| d.why.clone()).unwrap_or_default(),
         monitor: rt.monitor.as_str().into(),
         selftest_us: rt.coverage.as_ref().map_or(0, |c| c.nanos / 1000),
+        caching_off: cache.caching_stopped().unwrap_or_default().into(),
         trace_records_dropped: trace::dropped(),
         ..Report::default()
     };
@@ -691,6 +775,12 @@ extern "C" fn print_stats() {
                 FORK_FLUSHED.load(Relaxed),
                 FORK_DONTFORKED.load(Relaxed)
             ));
+            if !r.caching_off.is_empty() {
+                trace::write_line(&format!(
+                    "mrcache: pid {pid}: caching was OFF: {}",
+                    r.caching_off
+                ));
+            }
             if let Some(c) = &rt.coverage {
                 let by_source: Vec<String> = r
                     .unmaps_by_source

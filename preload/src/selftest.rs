@@ -157,17 +157,27 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
                 release(q, 64 * PAGE);
             }
         }
-        let f = sym(app, c"mmap");
-        let p = scratch(2 * PAGE);
-        if !f.is_null() && p != 0 {
+        for (label, handle) in [
+            ("mmap MAP_FIXED over a mapping (program call)", app),
+            (
+                "mmap MAP_FIXED inside libc (arena shrink with vm.overcommit_memory=2)",
+                libc_handle,
+            ),
+        ] {
+            let f = sym(handle, c"mmap");
+            let p = scratch(2 * PAGE);
+            if f.is_null() || p == 0 {
+                r.push((label, Status::NotRun("not found")));
+                continue;
+            }
             let f: Mmap = std::mem::transmute(f);
             r.push((
-                "mmap MAP_FIXED over a mapping (program call)",
+                label,
                 caught(p, p + 2 * PAGE, || {
                     f(
                         p as *mut c_void,
                         2 * PAGE,
-                        libc::PROT_READ,
+                        libc::PROT_NONE,
                         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                         -1,
                         0,

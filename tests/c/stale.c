@@ -243,20 +243,17 @@ static int s_cycle(void) {
  * the pages back with its internal __madvise(MADV_DONTNEED), or, when it reads
  * vm.overcommit_memory=2, with its internal __mmap(PROT_NONE, MAP_FIXED); growing again
  * maps fresh zero pages at the same addresses. */
-enum { ARENA_BLOCKS = 4000, ARENA_BLOCK = 2000 }; /* above tcache and fastbin sizes */
-static char *arena_block[ARENA_BLOCKS];
+static char *arena_block;
 
 static void *arena_fill(void *value) {
-    for (int i = 0; i < ARENA_BLOCKS; i++) {
-        arena_block[i] = malloc(ARENA_BLOCK);
-        CHECK(arena_block[i], "malloc");
-        memset(arena_block[i], (int)(intptr_t)value, ARENA_BLOCK);
-    }
+    arena_block = malloc(4 * MIB); /* below the mmap threshold set below: in the heap */
+    CHECK(arena_block, "malloc");
+    memset(arena_block, (int)(intptr_t)value, 4 * MIB);
     return NULL;
 }
 
-/* Fill from a new thread: its own arena (the first time), or the same arena again, which a
- * finished thread leaves on glibc's free list for the next new thread. */
+/* Allocate from a new thread: its own arena the first time; the second time the same
+ * arena, which a finished thread leaves on glibc's free list for the next new thread. */
 static void arena_fill_in_thread(int value) {
     pthread_t t;
     CHECK(pthread_create(&t, NULL, arena_fill, (void *)(intptr_t)value) == 0, "pthread_create");
@@ -264,21 +261,18 @@ static void arena_fill_in_thread(int value) {
 }
 
 static int s_arena_shrink(void) {
+    mallopt(M_MMAP_THRESHOLD, 32 * MIB);
     arena_fill_in_thread(0x11);
-    char *first = arena_block[0];
-    uintptr_t base = ((uintptr_t)arena_block[ARENA_BLOCKS / 4] + 4095) & ~4095ul;
+    char *first = arena_block;
+    /* Past the top pad glibc keeps (128 KiB), inside the block (its header untouched). */
+    char *base = (char *)(((uintptr_t)first + MIB) & ~4095ul);
     size_t len = 2 * MIB;
-    CHECK(base + len < (uintptr_t)arena_block[ARENA_BLOCKS - 1], "blocks not contiguous");
-    warm((void *)base, len);
-    /* Freed newest first from this (the main) thread: each block merges into the thread
-     * arena's top chunk, and the heap is trimmed. */
-    for (int i = ARENA_BLOCKS - 1; i >= 0; i--)
-        free(arena_block[i]);
+    warm(base, len);
+    free(arena_block); /* the top chunk now spans the block: the heap is trimmed */
     arena_fill_in_thread(0x22);
-    CHECK(arena_block[0] == first, "the second thread got another arena (%p, was %p)", (void *)arena_block[0], (void *)first);
-    int rc = fresh((void *)base, len);
-    for (int i = ARENA_BLOCKS - 1; i >= 0; i--)
-        free(arena_block[i]);
+    CHECK(arena_block == first, "the second thread got another arena (%p, was %p)", (void *)arena_block, (void *)first);
+    int rc = fresh(base, len);
+    free(arena_block);
     return rc;
 }
 
