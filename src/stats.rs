@@ -36,12 +36,12 @@ pub struct Report {
     pub forks: u64,
     pub fork_decision: String,
     pub monitor: String,
-    pub selftest_us: u64,
-    pub selftest: BTreeMap<String, String>,
-    pub trace_records_dropped: u64,
     /// Why caching was turned off in this process (empty: it was not).
     #[serde(default)]
     pub caching_off: String,
+    pub selftest_us: u64,
+    pub selftest: BTreeMap<String, String>,
+    pub trace_records_dropped: u64,
 }
 
 impl Report {

@@ -143,10 +143,21 @@ fn runtime() -> &'static Runtime {
 fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
     let mut why = Vec::new();
     if monitor == Monitor::Patch {
-        for (i, name) in memory::PATCH_TARGETS.iter().enumerate() {
-            if let Some(e) = crate::patch::refused(i) {
-                why.push(format!("libc's {name} was not patched: {}", e.why()));
-            }
+        // One clause per reason: "libc's munmap, madvise were not patched: <why>".
+        let refused: Vec<(&str, crate::patch::PatchError)> = memory::PATCH_TARGETS
+            .iter()
+            .enumerate()
+            .filter_map(|(i, name)| Some((*name, crate::patch::refused(i)?)))
+            .collect();
+        let mut reasons: Vec<crate::patch::PatchError> = refused.iter().map(|r| r.1).collect();
+        reasons.dedup();
+        for e in reasons {
+            let names: Vec<&str> = refused.iter().filter(|r| r.1 == e).map(|r| r.0).collect();
+            why.push(format!(
+                "libc's {} not patched: {}",
+                names.join(", "),
+                e.why()
+            ));
         }
         if let Some(name) = crate::patch::overwritten() {
             why.push(format!(
