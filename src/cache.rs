@@ -409,9 +409,8 @@ impl<R: Registrar> Cache<R> {
 
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
-        let raced = !quiet
-            || st.raced(req, started, self.queue.started())
-            || self.stopped.get().is_some();
+        let raced =
+            !quiet || st.raced(req, started, self.queue.started()) || self.stopped.get().is_some();
         // Another thread may have missed on the same key and inserted meanwhile: one
         // cached registration per key (this one is released uncached).
         let duplicate = st.exact.contains_key(&key(req));
