@@ -2,7 +2,9 @@
  * on one device (issue 10). Run WITHOUT the preload: it calls libibverbs directly.
  *
  *   remote_revoke MODE [SECONDS]
- *   MODE  plain   ibv_reg_mr + ibv_dereg_mr of a 64 KiB buffer, REMOTE_WRITE (the baseline)
+ *   MODE  plain   ibv_reg_mr + ibv_dereg_mr of a 64 KiB buffer, REMOTE_WRITE (the baseline;
+ *                 run it again under the preload for each MRCACHE_REMOTE mode)
+ *         local   the same loop with LOCAL_WRITE only
  *         rereg   one MR; per iteration ibv_rereg_mr(CHANGE_ACCESS) to remote ("hit") and
  *                 back to local-only ("release")
  *         mw2     one MR (local + MW_BIND) and a type-2 window; per iteration a signaled
@@ -253,15 +255,15 @@ int main(int argc, char **argv) {
         mw = ibv_alloc_mw(lb.pd, mode[2] == '2' ? IBV_MW_TYPE_2 : IBV_MW_TYPE_1);
         CHECK(mw, "alloc_mw: %s", strerror(errno));
     } else {
-        CHECK(!strcmp(mode, "plain"), "unknown mode %s", mode);
+        CHECK(!strcmp(mode, "plain") || !strcmp(mode, "local"), "unknown mode %s", mode);
     }
     long iters = 0;
     double t0 = now(), t;
     do {
         for (int k = 0; k < 16; k++, iters++) {
             int rc = 0;
-            if (!strcmp(mode, "plain")) {
-                struct ibv_mr *m = ibv_reg_mr(lb.pd, buf, LEN, rw);
+            if (!strcmp(mode, "plain") || !strcmp(mode, "local")) {
+                struct ibv_mr *m = ibv_reg_mr(lb.pd, buf, LEN, mode[0] == 'p' ? rw : IBV_ACCESS_LOCAL_WRITE);
                 rc = !m || ibv_dereg_mr(m);
             } else if (!strcmp(mode, "rereg")) {
                 rc = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, rw) ||

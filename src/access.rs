@@ -34,6 +34,8 @@ pub enum Bypass {
     Nested,
     /// The cache is off (MRCACHE_ENABLE=0 or a configuration error).
     Disabled,
+    /// Remote access, and `MRCACHE_REMOTE=bypass` (or revocation is not possible here).
+    Remote,
 }
 
 impl Bypass {
@@ -45,6 +47,7 @@ impl Bypass {
             Bypass::BadRange => "bad-range",
             Bypass::Nested => "nested",
             Bypass::Disabled => "disabled",
+            Bypass::Remote => "remote-access",
         }
     }
 }

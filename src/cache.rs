@@ -6,6 +6,7 @@
 //! a slow registration on one thread never stalls lookups on the others.
 
 use crate::access::{self, Bypass};
+use crate::config::RemoteMode;
 use crate::index::RangeIndex;
 use crate::invalidation::InvalidationQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -21,6 +22,8 @@ const TOMBSTONES: usize = 4096;
 const EAGAIN: i32 = 11;
 /// The longest a flush waits for other threads' deregistrations of the same PD or context.
 const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// What a `Registrar` answers when it cannot revoke remote access (EOPNOTSUPP).
+pub const UNSUPPORTED: i32 = 95;
 
 /// A provider registration: the `ibv_mr *` and the path that made it (the deregistration
 /// must take the same path).
@@ -64,6 +67,23 @@ pub trait Registrar: Sync {
     /// still pins the pages that back its range now. False makes the hit a miss.
     fn verify(&self, _mr: Mr) -> bool {
         true
+    }
+    /// `MRCACHE_REMOTE=revoke`: register `req`'s range with its local rights only, so that
+    /// its remote rights can be granted per handle (`grant`). `Err(UNSUPPORTED)` when the
+    /// device cannot: the request is then passed through uncached.
+    fn register_revocable(&self, _req: &Request) -> Result<Mr, i32> {
+        Err(UNSUPPORTED)
+    }
+    /// A new handle for `req` over `mr` (from `register_revocable`) carrying a remote key
+    /// of its own that reaches exactly `req`'s range with `req`'s remote rights, and that
+    /// no earlier handle carried.
+    fn grant(&self, _mr: Mr, _req: &Request) -> Result<usize, i32> {
+        Err(UNSUPPORTED)
+    }
+    /// The app released `handle` (from `grant`): its key must reach nothing once this
+    /// returns. `Err` when that cannot be done; the handle then stays valid.
+    fn revoke(&self, _handle: usize) -> Result<(), i32> {
+        Ok(())
     }
 }
 
@@ -134,6 +154,9 @@ pub struct Stats {
     pub dereg_failures: AtomicU64,
     pub double_releases: AtomicU64,
     pub verify_mismatches: AtomicU64,
+    /// Remote keys handed out with a hit or miss (`MRCACHE_REMOTE=revoke`), and revoked.
+    pub grants: AtomicU64,
+    pub revokes: AtomicU64,
     pub reg_ns: AtomicU64,
     pub peak_entries: AtomicU64,
     pub peak_bytes: AtomicU64,
@@ -153,6 +176,8 @@ pub struct StatsSnapshot {
     pub dereg_failures: u64,
     pub double_releases: u64,
     pub verify_mismatches: u64,
+    pub grants: u64,
+    pub revokes: u64,
     pub reg_ns: u64,
     pub peak_entries: u64,
     pub peak_bytes: u64,
@@ -169,13 +194,27 @@ struct Entry {
     dead: bool,
     /// The provider's own pointer is currently held by the app.
     primary_out: bool,
+    /// Registered without its remote rights (`register_revocable`): every holder gets a
+    /// grant, never the provider's pointer.
+    revocable: bool,
     lru: Option<u64>,
 }
 
 enum Handle {
-    Primary { id: u32, holders: u32 },
-    Shadow { id: u32 },
-    Uncached { mr: Mr },
+    Primary {
+        id: u32,
+        holders: u32,
+    },
+    Shadow {
+        id: u32,
+    },
+    /// A handle with its own remote key (`Registrar::grant`), revoked at release.
+    Granted {
+        id: u32,
+    },
+    Uncached {
+        mr: Mr,
+    },
 }
 
 type Key = (usize, usize, usize, u32, u64);
@@ -195,6 +234,9 @@ struct State {
     handles: HashMap<usize, Handle>,
     by_mr: HashMap<usize, u32>,
     spare_shadows: HashSet<usize>,
+    /// Granted handles the app released (the registrar reuses them): a second release of
+    /// one is a double deregistration.
+    released_grants: HashSet<usize>,
     count: usize,
     bytes: u64,
     /// Pointers of MRs the cache deregistered after the app had released them, newest last
@@ -222,6 +264,7 @@ pub struct Cache<R: Registrar> {
     queue: &'static InvalidationQueue,
     /// Set once by `stop_caching`: why the cache no longer caches.
     stopped: std::sync::OnceLock<String>,
+    remote: RemoteMode,
     pub stats: Stats,
 }
 
@@ -250,6 +293,7 @@ impl ForkGuard<'_> {
 enum Claim {
     Ready(usize),
     NeedShadow { id: u32, mr: Mr },
+    NeedGrant { id: u32, mr: Mr },
 }
 
 impl<R: Registrar> Cache<R> {
@@ -274,8 +318,19 @@ impl<R: Registrar> Cache<R> {
             }),
             queue,
             stopped: std::sync::OnceLock::new(),
+            remote: RemoteMode::Keep,
             stats: Stats::default(),
         }
+    }
+
+    /// What happens to remote keys (`MRCACHE_REMOTE`); `Keep` unless set.
+    pub fn with_remote(mut self, mode: RemoteMode) -> Cache<R> {
+        self.remote = mode;
+        self
+    }
+
+    pub fn remote(&self) -> RemoteMode {
+        self.remote
     }
 
     pub fn queue(&self) -> &'static InvalidationQueue {
@@ -349,6 +404,11 @@ impl<R: Registrar> Cache<R> {
         if self.stopped.get().is_some() {
             return self.register_uncached(req);
         }
+        let remote = req.access & access::REMOTE != 0;
+        if remote && self.remote == RemoteMode::Bypass {
+            return Err(self.bypass_remote());
+        }
+        let revocable = remote && self.remote == RemoteMode::Revoke;
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
         if !stale.is_empty() {
@@ -387,7 +447,14 @@ impl<R: Registrar> Cache<R> {
             .fetch_add(evicted.len() as u64, Relaxed);
 
         let t0 = Instant::now();
-        let mut result = self.registrar.register(req);
+        let register = || {
+            if revocable {
+                self.registrar.register_revocable(req)
+            } else {
+                self.registrar.register(req)
+            }
+        };
+        let mut result = register();
         if let Err(e @ (ENOMEM | EAGAIN)) = result {
             // Out of pinnable memory (RLIMIT_MEMLOCK, device limits): give back every idle
             // registration and try once more.
@@ -397,7 +464,7 @@ impl<R: Registrar> Cache<R> {
                 self.stats
                     .evictions_enomem
                     .fetch_add(idle.len() as u64, Relaxed);
-                result = self.registrar.register(req);
+                result = register();
             } else {
                 result = Err(e);
             }
@@ -405,7 +472,24 @@ impl<R: Registrar> Cache<R> {
         self.stats
             .reg_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        if revocable && result == Err(UNSUPPORTED) {
+            return Err(self.bypass_remote());
+        }
         let mr = result.map_err(AcquireError::Failed)?;
+        let grant = if revocable {
+            match self.registrar.grant(mr, req) {
+                Ok(h) => Some(h),
+                Err(_) => {
+                    // No window for it: libibverbs registers it with its own keys instead.
+                    if self.registrar.deregister(mr).is_err() {
+                        self.stats.dereg_failures.fetch_add(1, Relaxed);
+                    }
+                    return Err(self.bypass_remote());
+                }
+            }
+        } else {
+            None
+        };
 
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
@@ -415,12 +499,24 @@ impl<R: Registrar> Cache<R> {
         // cached registration per key (this one is released uncached).
         let duplicate = st.exact.contains_key(&key(req));
         if fits && !raced && !duplicate && st.fits(req.len as u64, self.limits) {
-            st.insert(*req, mr);
+            st.insert(*req, mr, grant);
             self.note_peak(&st);
             drop(st);
             self.deregister_all(&stale);
             self.stats.misses.fetch_add(1, Relaxed);
-            Ok((mr.ptr, Outcome::Miss))
+            if grant.is_some() {
+                self.stats.grants.fetch_add(1, Relaxed);
+            }
+            Ok((grant.unwrap_or(mr.ptr), Outcome::Miss))
+        } else if let Some(h) = grant {
+            // Not cacheable now; an uncached handle needs the registration's own remote
+            // rights, which ours lacks: give both back and let libibverbs register it.
+            drop(st);
+            self.deregister_all(&stale);
+            if self.registrar.revoke(h).is_err() || self.registrar.deregister(mr).is_err() {
+                self.stats.dereg_failures.fetch_add(1, Relaxed);
+            }
+            Err(self.bypass_remote())
         } else {
             st.unbury(mr.ptr);
             st.handles.insert(mr.ptr, Handle::Uncached { mr });
@@ -479,6 +575,11 @@ impl<R: Registrar> Cache<R> {
         self.stopped.get().map(String::as_str)
     }
 
+    fn bypass_remote(&self) -> AcquireError {
+        self.stats.bypassed.fetch_add(1, Relaxed);
+        AcquireError::Bypass(Bypass::Remote)
+    }
+
     /// A moment with no invalidation in flight, from which on those begun can be checked
     /// one by one. Unmap hooks are a system call long: wait for a few of them rather than
     /// give up caching this registration because another thread happened to be unmapping.
@@ -512,6 +613,26 @@ impl<R: Registrar> Cache<R> {
     fn finish_claim(&self, claim: Claim, req: &Request) -> Option<usize> {
         match claim {
             Claim::Ready(h) => Some(h),
+            Claim::NeedGrant { id, mr } => {
+                let granted = self.registrar.grant(mr, req);
+                let mut st = self.lock();
+                match granted {
+                    Ok(h) => {
+                        st.released_grants.remove(&h);
+                        st.handles.insert(h, Handle::Granted { id });
+                        self.stats.grants.fetch_add(1, Relaxed);
+                        Some(h)
+                    }
+                    Err(_) => {
+                        // Give the reference back; the caller registers afresh instead.
+                        if let Some(mr) = st.unref(id) {
+                            drop(st);
+                            self.deregister_all(&[mr]);
+                        }
+                        None
+                    }
+                }
+            }
             Claim::NeedShadow { id, mr } => {
                 let spare = {
                     let mut st = self.lock();
@@ -551,6 +672,7 @@ impl<R: Registrar> Cache<R> {
         let mut st = self.lock();
         let Some(handle) = st.handles.remove(&ptr) else {
             let double = st.spare_shadows.contains(&ptr)
+                || st.released_grants.contains(&ptr)
                 || st.tombstone_set.contains(&ptr)
                 || st
                     .by_mr
@@ -590,6 +712,18 @@ impl<R: Registrar> Cache<R> {
             }
             Handle::Shadow { id } => {
                 st.spare_shadows.insert(ptr);
+                st.unref(id)
+            }
+            Handle::Granted { id } => {
+                // The key must be dead before ibv_dereg_mr returns; without the lock.
+                drop(st);
+                if let Err(e) = self.registrar.revoke(ptr) {
+                    self.lock().handles.insert(ptr, Handle::Granted { id });
+                    return Released::Failed(e);
+                }
+                self.stats.revokes.fetch_add(1, Relaxed);
+                st = self.lock();
+                st.released_grants.insert(ptr);
                 st.unref(id)
             }
         };
@@ -671,7 +805,8 @@ impl<R: Registrar> Cache<R> {
                 st.handles.remove(&ptr);
                 Detached::Sole(mr)
             }
-            Some(Handle::Shadow { .. }) => Detached::Shared,
+            // A granted handle is not the provider's object: it cannot change in place.
+            Some(Handle::Shadow { .. } | Handle::Granted { .. }) => Detached::Shared,
             Some(&Handle::Primary { id, holders }) => {
                 let sole = holders == 1 && st.entry(id).is_some_and(|e| e.refs == 1);
                 if !sole {
@@ -748,6 +883,8 @@ impl<R: Registrar> Cache<R> {
             dereg_failures: s.dereg_failures.load(Relaxed),
             double_releases: s.double_releases.load(Relaxed),
             verify_mismatches: s.verify_mismatches.load(Relaxed),
+            grants: s.grants.load(Relaxed),
+            revokes: s.revokes.load(Relaxed),
             reg_ns: s.reg_ns.load(Relaxed),
             peak_entries: s.peak_entries.load(Relaxed),
             peak_bytes: s.peak_bytes.load(Relaxed),
@@ -888,7 +1025,9 @@ impl State {
         let e = self.entry_mut(id).expect("indexed entry exists");
         let same_range = (e.req.addr, e.req.len) == (req.addr, req.len);
         let mr = e.mr;
-        if same_range && !e.primary_out {
+        if e.revocable {
+            Claim::NeedGrant { id, mr }
+        } else if same_range && !e.primary_out {
             e.primary_out = true;
             self.handles
                 .insert(mr.ptr, Handle::Primary { id, holders: 1 });
@@ -960,13 +1099,15 @@ impl State {
             .collect()
     }
 
-    fn insert(&mut self, req: Request, mr: Mr) {
+    /// A new entry held by the app: through the provider's pointer, or through `grant`.
+    fn insert(&mut self, req: Request, mr: Mr, grant: Option<usize>) {
         let e = Entry {
             req,
             mr,
             refs: 1,
             dead: false,
-            primary_out: true,
+            primary_out: grant.is_none(),
+            revocable: grant.is_some(),
             lru: None,
         };
         let id = match self.free_ids.pop() {
@@ -983,8 +1124,16 @@ impl State {
         self.index.insert(req.addr, req.end(), id);
         self.exact.insert(key(&req), id);
         self.by_mr.insert(mr.ptr, id);
-        self.handles
-            .insert(mr.ptr, Handle::Primary { id, holders: 1 });
+        match grant {
+            Some(h) => {
+                self.released_grants.remove(&h);
+                self.handles.insert(h, Handle::Granted { id });
+            }
+            None => {
+                self.handles
+                    .insert(mr.ptr, Handle::Primary { id, holders: 1 });
+            }
+        }
         self.count += 1;
         self.bytes += req.len as u64;
     }

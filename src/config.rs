@@ -37,6 +37,12 @@ pub const VARIABLES: &[Variable] = &[
         about: "1 lets a request with remote access hit a cached registration of a containing range or with more remote rights (widens what a peer can reach: opt in knowingly)",
     },
     Variable {
+        name: "MRCACHE_REMOTE",
+        default: "revoke",
+        allowed: "revoke, keep, bypass",
+        about: "registrations with remote access: revoke = cached, but the app's rkey is a memory window bound at each registration and unbound before ibv_dereg_mr returns, so an old key reaches nothing (a fresh key at every hit); keep = the registration's own rkey stays valid while it is cached (a peer holding it can still write into the memory after ibv_dereg_mr, even after free: only for peers you trust); bypass = not cached, passed to libibverbs",
+    },
+    Variable {
         name: "MRCACHE_MONITOR",
         default: "patch",
         allowed: "patch, symbols, none",
@@ -100,6 +106,7 @@ pub struct Config {
     pub max_bytes: u64,
     pub shadow: bool,
     pub remote_superset: bool,
+    pub remote: RemoteMode,
     pub stats: StatsMode,
     pub stats_file: Option<String>,
     pub log_file: Option<String>,
@@ -170,6 +177,36 @@ impl ForkMode {
     }
 }
 
+/// What happens to the remote keys of cached registrations (`MRCACHE_REMOTE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteMode {
+    /// Remote rights are granted per handle and revoked before `ibv_dereg_mr` returns.
+    Revoke,
+    /// The registration's own keys stay valid while it is cached (the old behaviour).
+    Keep,
+    /// Registrations with remote access are not cached.
+    Bypass,
+}
+
+impl RemoteMode {
+    pub fn parse(v: &str) -> Option<RemoteMode> {
+        match v {
+            "revoke" => Some(RemoteMode::Revoke),
+            "keep" => Some(RemoteMode::Keep),
+            "bypass" => Some(RemoteMode::Bypass),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RemoteMode::Revoke => "revoke",
+            RemoteMode::Keep => "keep",
+            RemoteMode::Bypass => "bypass",
+        }
+    }
+}
+
 /// `MRCACHE_STATS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatsMode {
@@ -217,6 +254,7 @@ impl Config {
             max_bytes: auto_max_bytes(physical_memory),
             shadow: true,
             remote_superset: false,
+            remote: RemoteMode::Revoke,
             stats: StatsMode::Off,
             stats_file: None,
             log_file: None,
@@ -339,6 +377,7 @@ where
             "MRCACHE_LOG_FILE" => {
                 (!value.is_empty()).then(|| cfg.log_file = Some(value.to_string()))
             }
+            "MRCACHE_REMOTE" => RemoteMode::parse(value).map(|m| cfg.remote = m),
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
             "MRCACHE_VERIFY" => match value {
                 "off" => Some(false),
@@ -482,6 +521,7 @@ mod tests {
             ("MRCACHE_SHADOW", "2"),
             ("MRCACHE_REMOTE_SUPERSET", "yes please"),
             ("MRCACHE_MONITOR", "uffd"),
+            ("MRCACHE_REMOTE", "revoked"),
             ("MRCACHE_STATS", "verbose"),
             ("MRCACHE_VERIFY", "always"),
             ("MRCACHE_FORK", "sometimes"),

@@ -39,6 +39,14 @@ pub struct Report {
     /// Why caching was turned off in this process (empty: it was not).
     #[serde(default)]
     pub caching_off: String,
+    /// `MRCACHE_REMOTE`: revoke, keep or bypass.
+    #[serde(default)]
+    pub remote_keys: String,
+    /// Remote keys handed out through windows, and revoked at `ibv_dereg_mr`.
+    #[serde(default)]
+    pub remote_grants: u64,
+    #[serde(default)]
+    pub remote_revokes: u64,
     pub selftest_us: u64,
     pub selftest: BTreeMap<String, String>,
     pub trace_records_dropped: u64,

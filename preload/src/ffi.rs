@@ -40,7 +40,14 @@ pub struct IbvContextOps {
     pub _compat_reg_mr: *mut c_void,
     pub _compat_rereg_mr: *mut c_void,
     pub _compat_dereg_mr: *mut c_void,
-    pub rest: [*mut c_void; 25],
+    pub alloc_mw: *mut c_void,
+    pub bind_mw: *mut c_void,
+    pub dealloc_mw: *mut c_void,
+    pub _compat_create_cq: *mut c_void,
+    pub poll_cq: *mut c_void,
+    pub rest1: [*mut c_void; 13],
+    pub post_send: *mut c_void,
+    pub rest2: [*mut c_void; 6],
 }
 
 /// `struct ibv_context`.
@@ -63,6 +70,179 @@ pub type ProviderDeregMr = unsafe extern "C" fn(*mut IbvMr) -> i32;
 /// Provider `rereg_mr` op: `(vmr, flags, pd, addr, length, access)`.
 pub type ProviderReregMr =
     unsafe extern "C" fn(*mut IbvMr, i32, *mut IbvPd, *mut c_void, usize, i32) -> i32;
+
+/// Provider `alloc_mw` op (`ibv_alloc_mw` is an inline wrapper around it).
+pub type ProviderAllocMw = unsafe extern "C" fn(*mut IbvPd, i32) -> *mut IbvMw;
+/// Provider `bind_mw` op (type-1 windows; `ibv_bind_mw` is an inline wrapper).
+pub type ProviderBindMw = unsafe extern "C" fn(*mut IbvQp, *mut IbvMw, *mut IbvMwBind) -> i32;
+/// Provider `dealloc_mw` op.
+pub type ProviderDeallocMw = unsafe extern "C" fn(*mut IbvMw) -> i32;
+/// Provider `poll_cq` op (`ibv_poll_cq` is an inline wrapper).
+pub type ProviderPollCq = unsafe extern "C" fn(*mut IbvCq, i32, *mut IbvWc) -> i32;
+
+/// `struct ibv_cq`: only its context is read; the rest is the provider's.
+#[repr(C)]
+pub struct IbvCq {
+    pub context: *mut IbvContext,
+}
+
+/// `struct ibv_qp`, up to `qp_num`.
+#[repr(C)]
+pub struct IbvQp {
+    pub context: *mut IbvContext,
+    pub qp_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut c_void,
+    pub handle: u32,
+    pub qp_num: u32,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct IbvMw {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub mw_type: i32,
+}
+
+/// `struct ibv_mw_bind` with its `struct ibv_mw_bind_info`.
+#[repr(C)]
+pub struct IbvMwBind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub mr: *mut IbvMr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Default)]
+pub struct IbvWc {
+    pub wr_id: u64,
+    pub status: i32,
+    pub opcode: i32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+pub struct IbvQpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub struct IbvQpInitAttr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut c_void,
+    pub cap: IbvQpCap,
+    pub qp_type: i32,
+    pub sq_sig_all: i32,
+}
+
+/// `struct ibv_ah_attr` with its `struct ibv_global_route` (8-aligned: `union ibv_gid`
+/// holds two u64).
+#[repr(C, align(8))]
+#[derive(Default, Clone, Copy)]
+pub struct IbvAhAttr {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Default)]
+pub struct IbvQpAttr {
+    pub qp_state: i32,
+    pub cur_qp_state: i32,
+    pub path_mtu: i32,
+    pub path_mig_state: i32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub cap: IbvQpCap,
+    pub ah_attr: IbvAhAttr,
+    pub alt_ah_attr: IbvAhAttr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_port_attr`, read as bytes (only a few fields matter; see the offsets).
+pub const PORT_ATTR_BYTES: usize = 64;
+pub const PORT_ACTIVE_MTU: usize = 8;
+pub const PORT_LID: usize = 34;
+pub const PORT_LINK_LAYER: usize = 46;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+/// `struct ibv_device_attr`, read as bytes: `max_mw` is an int at this offset.
+pub const DEVICE_ATTR_BYTES: usize = 256;
+pub const DEVICE_MAX_MW: usize = 176;
+
+pub const IBV_MW_TYPE_1: i32 = 1;
+pub const IBV_QPT_RC: i32 = 2;
+pub const IBV_QPS_INIT: i32 = 1;
+pub const IBV_QPS_RTR: i32 = 2;
+pub const IBV_QPS_RTS: i32 = 3;
+pub const IBV_SEND_SIGNALED: u32 = 2;
+pub const IBV_QP_STATE: i32 = 1;
+pub const IBV_QP_ACCESS_FLAGS: i32 = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: i32 = 1 << 4;
+pub const IBV_QP_PORT: i32 = 1 << 5;
+pub const IBV_QP_AV: i32 = 1 << 7;
+pub const IBV_QP_PATH_MTU: i32 = 1 << 8;
+pub const IBV_QP_TIMEOUT: i32 = 1 << 9;
+pub const IBV_QP_RETRY_CNT: i32 = 1 << 10;
+pub const IBV_QP_RNR_RETRY: i32 = 1 << 11;
+pub const IBV_QP_RQ_PSN: i32 = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: i32 = 1 << 13;
+pub const IBV_QP_MIN_RNR_TIMER: i32 = 1 << 15;
+pub const IBV_QP_SQ_PSN: i32 = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
+pub const IBV_QP_DEST_QPN: i32 = 1 << 20;
 
 pub const IBV_REREG_MR_CHANGE_TRANSLATION: i32 = 1;
 pub const IBV_REREG_MR_CHANGE_PD: i32 = 2;
@@ -118,6 +298,56 @@ int main(void) {
     P("rereg.supported", IBV_REREG_MR_FLAGS_SUPPORTED);
     P("rereg.err_input", -IBV_REREG_MR_ERR_INPUT);
     P("rereg.err_cmd", -IBV_REREG_MR_ERR_CMD);
+    P("ops.alloc_mw", offsetof(struct ibv_context_ops, alloc_mw));
+    P("ops.bind_mw", offsetof(struct ibv_context_ops, bind_mw));
+    P("ops.dealloc_mw", offsetof(struct ibv_context_ops, dealloc_mw));
+    P("ops.poll_cq", offsetof(struct ibv_context_ops, poll_cq));
+    P("ops.post_send", offsetof(struct ibv_context_ops, post_send));
+    P("qp.qp_num", offsetof(struct ibv_qp, qp_num));
+    P("qp.pd", offsetof(struct ibv_qp, pd));
+    P("mw.size", sizeof(struct ibv_mw));
+    P("mw.rkey", offsetof(struct ibv_mw, rkey));
+    P("mw.type", offsetof(struct ibv_mw, type));
+    P("bind.size", sizeof(struct ibv_mw_bind));
+    P("bind.mr", offsetof(struct ibv_mw_bind, bind_info.mr));
+    P("bind.length", offsetof(struct ibv_mw_bind, bind_info.length));
+    P("bind.access", offsetof(struct ibv_mw_bind, bind_info.mw_access_flags));
+    P("wc.size", sizeof(struct ibv_wc));
+    P("wc.status", offsetof(struct ibv_wc, status));
+    P("wc.dlid_path_bits", offsetof(struct ibv_wc, dlid_path_bits));
+    P("init.size", sizeof(struct ibv_qp_init_attr));
+    P("init.cap", offsetof(struct ibv_qp_init_attr, cap));
+    P("init.qp_type", offsetof(struct ibv_qp_init_attr, qp_type));
+    P("init.sq_sig_all", offsetof(struct ibv_qp_init_attr, sq_sig_all));
+    P("ah.size", sizeof(struct ibv_ah_attr));
+    P("ah.sgid_index", offsetof(struct ibv_ah_attr, grh.sgid_index));
+    P("ah.dlid", offsetof(struct ibv_ah_attr, dlid));
+    P("ah.is_global", offsetof(struct ibv_ah_attr, is_global));
+    P("ah.port_num", offsetof(struct ibv_ah_attr, port_num));
+    P("qpa.size", sizeof(struct ibv_qp_attr));
+    P("qpa.dest_qp_num", offsetof(struct ibv_qp_attr, dest_qp_num));
+    P("qpa.ah_attr", offsetof(struct ibv_qp_attr, ah_attr));
+    P("qpa.pkey_index", offsetof(struct ibv_qp_attr, pkey_index));
+    P("qpa.max_dest_rd_atomic", offsetof(struct ibv_qp_attr, max_dest_rd_atomic));
+    P("qpa.port_num", offsetof(struct ibv_qp_attr, port_num));
+    P("qpa.rnr_retry", offsetof(struct ibv_qp_attr, rnr_retry));
+    P("qpa.rate_limit", offsetof(struct ibv_qp_attr, rate_limit));
+    P("port.fits", sizeof(struct ibv_port_attr) <= 64);
+    P("port.active_mtu", offsetof(struct ibv_port_attr, active_mtu));
+    P("port.lid", offsetof(struct ibv_port_attr, lid));
+    P("port.link_layer", offsetof(struct ibv_port_attr, link_layer));
+    P("port.ethernet", IBV_LINK_LAYER_ETHERNET);
+    P("dev.fits", sizeof(struct ibv_device_attr) <= 256);
+    P("dev.max_mw", offsetof(struct ibv_device_attr, max_mw));
+    P("const.mw1", IBV_MW_TYPE_1);
+    P("const.rc", IBV_QPT_RC);
+    P("const.rts", IBV_QPS_RTS);
+    P("const.signaled", IBV_SEND_SIGNALED);
+    P("const.dest_qpn", IBV_QP_DEST_QPN);
+    P("const.max_dest_rd_atomic", IBV_QP_MAX_DEST_RD_ATOMIC);
+    P("const.sq_psn", IBV_QP_SQ_PSN);
+    P("const.min_rnr_timer", IBV_QP_MIN_RNR_TIMER);
+    P("const.av", IBV_QP_AV);
     return 0;
 }
 "#,
@@ -179,6 +409,62 @@ int main(void) {
             ("rereg.supported", IBV_REREG_MR_FLAGS_SUPPORTED as usize),
             ("rereg.err_input", -IBV_REREG_MR_ERR_INPUT as usize),
             ("rereg.err_cmd", -IBV_REREG_MR_ERR_CMD as usize),
+            ("ops.alloc_mw", offset_of!(IbvContextOps, alloc_mw)),
+            ("ops.bind_mw", offset_of!(IbvContextOps, bind_mw)),
+            ("ops.dealloc_mw", offset_of!(IbvContextOps, dealloc_mw)),
+            ("ops.poll_cq", offset_of!(IbvContextOps, poll_cq)),
+            ("ops.post_send", offset_of!(IbvContextOps, post_send)),
+            ("qp.qp_num", offset_of!(IbvQp, qp_num)),
+            ("qp.pd", offset_of!(IbvQp, pd)),
+            ("mw.size", size_of::<IbvMw>()),
+            ("mw.rkey", offset_of!(IbvMw, rkey)),
+            ("mw.type", offset_of!(IbvMw, mw_type)),
+            ("bind.size", size_of::<IbvMwBind>()),
+            ("bind.mr", offset_of!(IbvMwBind, mr)),
+            ("bind.length", offset_of!(IbvMwBind, length)),
+            ("bind.access", offset_of!(IbvMwBind, mw_access_flags)),
+            ("wc.size", size_of::<IbvWc>()),
+            ("wc.status", offset_of!(IbvWc, status)),
+            ("wc.dlid_path_bits", offset_of!(IbvWc, dlid_path_bits)),
+            ("init.size", size_of::<IbvQpInitAttr>()),
+            ("init.cap", offset_of!(IbvQpInitAttr, cap)),
+            ("init.qp_type", offset_of!(IbvQpInitAttr, qp_type)),
+            ("init.sq_sig_all", offset_of!(IbvQpInitAttr, sq_sig_all)),
+            ("ah.size", size_of::<IbvAhAttr>()),
+            ("ah.sgid_index", offset_of!(IbvAhAttr, sgid_index)),
+            ("ah.dlid", offset_of!(IbvAhAttr, dlid)),
+            ("ah.is_global", offset_of!(IbvAhAttr, is_global)),
+            ("ah.port_num", offset_of!(IbvAhAttr, port_num)),
+            ("qpa.size", size_of::<IbvQpAttr>()),
+            ("qpa.dest_qp_num", offset_of!(IbvQpAttr, dest_qp_num)),
+            ("qpa.ah_attr", offset_of!(IbvQpAttr, ah_attr)),
+            ("qpa.pkey_index", offset_of!(IbvQpAttr, pkey_index)),
+            (
+                "qpa.max_dest_rd_atomic",
+                offset_of!(IbvQpAttr, max_dest_rd_atomic),
+            ),
+            ("qpa.port_num", offset_of!(IbvQpAttr, port_num)),
+            ("qpa.rnr_retry", offset_of!(IbvQpAttr, rnr_retry)),
+            ("qpa.rate_limit", offset_of!(IbvQpAttr, rate_limit)),
+            ("port.fits", 1),
+            ("port.active_mtu", PORT_ACTIVE_MTU),
+            ("port.lid", PORT_LID),
+            ("port.link_layer", PORT_LINK_LAYER),
+            ("port.ethernet", IBV_LINK_LAYER_ETHERNET as usize),
+            ("dev.fits", 1),
+            ("dev.max_mw", DEVICE_MAX_MW),
+            ("const.mw1", IBV_MW_TYPE_1 as usize),
+            ("const.rc", IBV_QPT_RC as usize),
+            ("const.rts", IBV_QPS_RTS as usize),
+            ("const.signaled", IBV_SEND_SIGNALED as usize),
+            ("const.dest_qpn", IBV_QP_DEST_QPN as usize),
+            (
+                "const.max_dest_rd_atomic",
+                IBV_QP_MAX_DEST_RD_ATOMIC as usize,
+            ),
+            ("const.sq_psn", IBV_QP_SQ_PSN as usize),
+            ("const.min_rnr_timer", IBV_QP_MIN_RNR_TIMER as usize),
+            ("const.av", IBV_QP_AV as usize),
         ];
         assert_eq!(rust.len(), c.len());
         for (name, value) in rust {

@@ -15,6 +15,7 @@ mod real;
 mod runtime;
 mod selftest;
 mod trace;
+mod window;
 
 use ffi::{IbvContext, IbvMr, IbvPd};
 use mrcache::trace::Call;

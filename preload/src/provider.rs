@@ -6,7 +6,7 @@
 
 use crate::ffi::{IbvContext, IbvMr, IbvPd, ProviderDeregMr, ProviderRegMr, VERBS_MR_SIZE};
 use crate::real;
-use mrcache::access::OPTIONAL_RANGE;
+use mrcache::access::{MW_BIND, OPTIONAL_RANGE, REMOTE};
 use mrcache::cache::{Mr, Registrar, Request};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -22,6 +22,8 @@ const SHADOW_BYTES: usize = 256;
 pub struct Provider {
     pub verify: bool,
     frames: Mutex<HashMap<usize, (usize, Vec<u64>)>>,
+    /// Handles of revoked grants, reused for the next grant (never freed).
+    spare_grants: Mutex<Vec<usize>>,
 }
 
 impl Provider {
@@ -29,6 +31,7 @@ impl Provider {
         Provider {
             verify,
             frames: Mutex::new(HashMap::new()),
+            spare_grants: Mutex::new(Vec::new()),
         }
     }
 
@@ -162,6 +165,65 @@ impl Registrar for Provider {
                 false
             }
         }
+    }
+
+    fn register_revocable(&self, req: &Request) -> Result<Mr, i32> {
+        crate::window::prepare(req.pd, req.context)?;
+        // The MR itself grants no remote right: its rkey reaches nothing. Remote access goes
+        // through the windows bound for each handle.
+        let local = Request {
+            access: (req.access & !REMOTE) | MW_BIND,
+            ..*req
+        };
+        self.register(&local)
+    }
+
+    fn grant(&self, mr: Mr, req: &Request) -> Result<usize, i32> {
+        let spare = self
+            .spare_grants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        let Some(slot) = spare.or_else(|| self.alloc_shadow()) else {
+            return Err(libc::ENOMEM);
+        };
+        let give_back = |e| {
+            self.spare_grants
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(slot);
+            Err(e)
+        };
+        if !self.fill_shadow(slot, mr, req.addr, req.len) {
+            return give_back(libc::ENOMEM);
+        }
+        match crate::window::grant(
+            slot,
+            req.pd,
+            mr.ptr as *mut IbvMr,
+            req.iova,
+            req.len,
+            req.access,
+        ) {
+            Ok(rkey) => {
+                // SAFETY: slot is our shadow copy of the MR, at least an ibv_mr long.
+                unsafe { (*(slot as *mut IbvMr)).rkey = rkey };
+                Ok(slot)
+            }
+            Err(e) => give_back(e),
+        }
+    }
+
+    fn revoke(&self, handle: usize) -> Result<(), i32> {
+        crate::window::revoke(handle)?;
+        // The app may still read the released handle by mistake: no live key in it.
+        // SAFETY: handle is our shadow slot.
+        unsafe { (*(handle as *mut IbvMr)).rkey = 0 };
+        self.spare_grants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(handle);
+        Ok(())
     }
 
     fn alloc_shadow(&self) -> Option<usize> {

@@ -17,7 +17,7 @@ pub struct Symbol {
 }
 
 impl Symbol {
-    const fn new(name: &'static CStr, version: &'static CStr) -> Symbol {
+    pub const fn new(name: &'static CStr, version: &'static CStr) -> Symbol {
         Symbol {
             name,
             version,

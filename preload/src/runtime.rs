@@ -31,8 +31,8 @@ pub struct Runtime {
 }
 
 /// Registrations passed to libibverbs untouched, by reason (`Bypass`, plus a NULL pd).
-static BYPASSED: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
-const BYPASS_NAMES: [&str; 8] = [
+static BYPASSED: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+const BYPASS_NAMES: [&str; 9] = [
     "on-demand",
     "zero-based",
     "unknown-access-flags",
@@ -41,6 +41,7 @@ const BYPASS_NAMES: [&str; 8] = [
     "disabled",
     "null-pd",
     "panic",
+    "remote-access",
 ];
 
 fn bypass_index(b: Bypass) -> usize {
@@ -51,6 +52,7 @@ fn bypass_index(b: Bypass) -> usize {
         Bypass::BadRange => 3,
         Bypass::Nested => 4,
         Bypass::Disabled => 5,
+        Bypass::Remote => 8,
     }
 }
 
@@ -115,6 +117,7 @@ fn runtime() -> &'static Runtime {
                 },
                 &QUEUE,
             )
+            .with_remote(config.remote)
         });
         if let Some(cache) = &cache {
             if let Some(why) = blind {
@@ -284,6 +287,7 @@ pub fn note_fork(flushed: usize, dontforked: usize) {
 /// In a fork child: the drain thread is gone (only the forking thread survives).
 pub fn after_fork_child() {
     DRAIN_RUNNING.store(false, Relaxed);
+    crate::window::after_fork_child();
     log(
         LogLevel::Info,
         format_args!("fork child: cache emptied (the parent's registrations are not usable here)"),
@@ -625,7 +629,12 @@ pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
     flushed_then(
         Call::DeallocPd,
         pd as u64,
-        |c| c.flush_pd(pd as usize),
+        |c| {
+            let n = c.flush_pd(pd as usize);
+            // Our windows, QP and CQ on it would keep the PD busy.
+            crate::window::release_pd(pd as usize);
+            n
+        },
         || real::dealloc_pd(pd),
     )
 }
@@ -634,7 +643,11 @@ pub fn close_device(ctx: *mut IbvContext) -> i32 {
     flushed_then(
         Call::CloseDevice,
         ctx as u64,
-        |c| c.flush_context(ctx as usize),
+        |c| {
+            let n = c.flush_context(ctx as usize);
+            crate::window::release_context(ctx as usize);
+            n
+        },
         || real::close_device(ctx),
     )
 }
@@ -702,6 +715,9 @@ pub fn report() -> Option<Report> {
         forks: FORKS.load(Relaxed),
         fork_decision: rt.fork.as_ref().map(|d| d.why.clone()).unwrap_or_default(),
         monitor: rt.monitor.as_str().into(),
+        remote_keys: cache.remote().as_str().into(),
+        remote_grants: s.grants,
+        remote_revokes: s.revokes,
         selftest_us: rt.coverage.as_ref().map_or(0, |c| c.nanos / 1000),
         caching_off: cache.caching_stopped().unwrap_or_default().into(),
         trace_records_dropped: trace::dropped(),
@@ -778,6 +794,13 @@ extern "C" fn print_stats() {
                 r.registration_ns as f64 / 1e6,
                 r.registration_ns as f64 / 1e3 / (r.misses + r.uncached).max(1) as f64,
                 r.saved_ns_estimate as f64 / 1e6,
+            ));
+            trace::write_line(&format!(
+                "mrcache: pid {pid}: remote keys: MRCACHE_REMOTE={}; {} granted, {} revoked, {} registrations with remote access passed to libibverbs",
+                r.remote_keys,
+                r.remote_grants,
+                r.remote_revokes,
+                r.bypassed.get("remote-access").copied().unwrap_or(0)
             ));
             trace::write_line(&format!(
                 "mrcache: pid {pid}: fork: {}; {} forks, {} idle entries deregistered at fork, {} ranges marked DONTFORK",

@@ -1,0 +1,493 @@
+//! `MRCACHE_REMOTE=revoke` on the verbs provider: remote access to a cached registration
+//! through a type-1 memory window per handle.
+//!
+//! The cached MR is registered with the app's local rights plus MW_BIND and no remote
+//! right, so its own rkey reaches nothing. Each handle the app gets carries the rkey of a
+//! window bound over exactly its range with its remote rights (a fresh key at every bind);
+//! at `ibv_dereg_mr` the window is unbound and the unbind's completion is awaited before
+//! the call returns, so the key reaches nothing from then on.
+//!
+//! Type 1, not type 2: a type-2 window is tied to the QP that bound it (rxe refuses any
+//! other QP; mlx5 writes that QP's number into the key's context), and the app's peers
+//! come in through the app's QPs, not ours. A type-1 window is bound with `ibv_bind_mw`
+//! on a QP of ours and is usable from any QP of the PD.
+//!
+//! Per PD: one RC QP of ours connected to itself (binds are local operations, but the QP
+//! must be in RTS), its own CQ, and a pool of unbound windows. One lock guards all of it
+//! and is held across a bind and its completion (one operation in flight, so a poll only
+//! ever reaps its own completion); it is never the cache lock. A fork child forgets every
+//! object (they belong to the parent's device context).
+
+use crate::ffi::{self, IbvContext, IbvCq, IbvMr, IbvMw, IbvMwBind, IbvPd, IbvQp, IbvWc};
+use crate::real::Symbol;
+use mrcache::access::REMOTE;
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::time::{Duration, Instant};
+
+static CREATE_CQ: Symbol = Symbol::new(c"ibv_create_cq", c"IBVERBS_1.1");
+static DESTROY_CQ: Symbol = Symbol::new(c"ibv_destroy_cq", c"IBVERBS_1.1");
+static CREATE_QP: Symbol = Symbol::new(c"ibv_create_qp", c"IBVERBS_1.1");
+static MODIFY_QP: Symbol = Symbol::new(c"ibv_modify_qp", c"IBVERBS_1.1");
+static DESTROY_QP: Symbol = Symbol::new(c"ibv_destroy_qp", c"IBVERBS_1.1");
+static QUERY_PORT: Symbol = Symbol::new(c"ibv_query_port", c"IBVERBS_1.1");
+static QUERY_GID: Symbol = Symbol::new(c"ibv_query_gid", c"IBVERBS_1.1");
+static QUERY_DEVICE: Symbol = Symbol::new(c"ibv_query_device", c"IBVERBS_1.1");
+
+const EOPNOTSUPP: i32 = 95;
+const ETIMEDOUT: i32 = 110;
+/// A bind is a local operation; a device that has not completed one in this time is
+/// treated as broken (the PD's windows then fall back to uncached registrations).
+const COMPLETION_LIMIT: Duration = Duration::from_secs(5);
+
+struct PdWindows {
+    cq: *mut IbvCq,
+    qp: *mut IbvQp,
+    idle: Vec<*mut IbvMw>,
+    granted: usize,
+    /// A bind failed or never completed: the QP is in error; grant nothing more here.
+    broken: bool,
+}
+
+struct Grant {
+    pd: usize,
+    mw: *mut IbvMw,
+    mr: *mut IbvMr,
+}
+
+#[derive(Default)]
+struct State {
+    pds: HashMap<usize, PdWindows>,
+    /// Contexts whose device cannot bind type-1 windows.
+    unsupported: HashSet<usize>,
+    grants: HashMap<usize, Grant>,
+}
+
+// SAFETY: the raw pointers are verbs objects of this process, only used under the lock.
+unsafe impl Send for State {}
+
+/// The current state; a fork child swaps in a fresh one and leaves the parent's alone (its
+/// lock may be held by a thread that does not exist in the child).
+static STATE: AtomicPtr<Mutex<State>> = AtomicPtr::new(std::ptr::null_mut());
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+fn state() -> &'static Mutex<State> {
+    let p = STATE.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: STATE only ever holds leaked boxes, never freed.
+        return unsafe { &*p };
+    }
+    let fresh = Box::into_raw(Box::new(Mutex::new(State::default())));
+    match STATE.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: fresh was just leaked and is now the published state.
+        Ok(_) => unsafe { &*fresh },
+        Err(other) => {
+            // SAFETY: fresh was never published; other is a leaked box.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*other
+            }
+        }
+    }
+}
+
+fn lock() -> std::sync::MutexGuard<'static, State> {
+    state().lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// In a fork child: the parent's QPs, CQs and windows are not usable here; forget them.
+pub fn after_fork_child() {
+    let fresh = Box::into_raw(Box::new(Mutex::new(State::default())));
+    STATE.store(fresh, Ordering::Release);
+}
+
+fn errno() -> i32 {
+    // SAFETY: __errno_location always returns this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Make sure `pd` can have windows bound (its QP exists); `Err(EOPNOTSUPP)` when the
+/// device cannot, said once per process.
+pub fn prepare(pd: usize, ctx: usize) -> Result<(), i32> {
+    let mut st = lock();
+    if st.unsupported.contains(&ctx) {
+        return Err(EOPNOTSUPP);
+    }
+    if let Some(p) = st.pds.get(&pd) {
+        return if p.broken { Err(EOPNOTSUPP) } else { Ok(()) };
+    }
+    match open_pd(pd as *mut IbvPd, ctx as *mut IbvContext) {
+        Ok(p) => {
+            st.pds.insert(pd, p);
+            Ok(())
+        }
+        Err(why) => {
+            st.unsupported.insert(ctx);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "mrcache: MRCACHE_REMOTE=revoke: this device cannot revoke remote keys through memory windows ({why}); registrations with remote access are passed to libibverbs uncached"
+                );
+            }
+            Err(EOPNOTSUPP)
+        }
+    }
+}
+
+/// The device's support for type-1 windows and our QP on `pd`.
+fn open_pd(pd: *mut IbvPd, ctx: *mut IbvContext) -> Result<PdWindows, String> {
+    // SAFETY: ctx is the live context of the app's PD; the ops are the provider's.
+    let ops = unsafe { &(*ctx).ops };
+    if ops.alloc_mw.is_null() || ops.bind_mw.is_null() || ops.dealloc_mw.is_null() {
+        return Err("the provider has no memory window operations".into());
+    }
+    let (Some(query_device), Some(query_port), Some(query_gid)) =
+        (QUERY_DEVICE.get(), QUERY_PORT.get(), QUERY_GID.get())
+    else {
+        return Err("libibverbs lacks ibv_query_device/port/gid".into());
+    };
+    let mut dev = [0u8; ffi::DEVICE_ATTR_BYTES];
+    let mut port = [0u8; ffi::PORT_ATTR_BYTES];
+    let mut gid = [0u8; 16];
+    // SAFETY: the IBVERBS_1.1 prototypes; the buffers are larger than the structs (checked
+    // by the ffi layout test).
+    let max_mw = unsafe {
+        let qd: unsafe extern "C" fn(*mut IbvContext, *mut u8) -> i32 =
+            std::mem::transmute(query_device);
+        let qp: unsafe extern "C" fn(*mut IbvContext, u8, *mut u8) -> i32 =
+            std::mem::transmute(query_port);
+        let qg: unsafe extern "C" fn(*mut IbvContext, u8, i32, *mut u8) -> i32 =
+            std::mem::transmute(query_gid);
+        if qd(ctx, dev.as_mut_ptr()) != 0 || qp(ctx, 1, port.as_mut_ptr()) != 0 {
+            return Err("cannot query the device or port 1".into());
+        }
+        if qg(ctx, 1, 0, gid.as_mut_ptr()) != 0 {
+            return Err("cannot query GID 0 of port 1".into());
+        }
+        i32::from_ne_bytes(
+            dev[ffi::DEVICE_MAX_MW..ffi::DEVICE_MAX_MW + 4]
+                .try_into()
+                .unwrap_or([0; 4]),
+        )
+    };
+    if max_mw <= 0 {
+        return Err("device_attr.max_mw is 0".into());
+    }
+    let mtu = i32::from_ne_bytes(
+        port[ffi::PORT_ACTIVE_MTU..ffi::PORT_ACTIVE_MTU + 4]
+            .try_into()
+            .unwrap_or([0; 4]),
+    );
+    let lid = u16::from_ne_bytes([port[ffi::PORT_LID], port[ffi::PORT_LID + 1]]);
+    let ethernet = port[ffi::PORT_LINK_LAYER] == ffi::IBV_LINK_LAYER_ETHERNET;
+    let (Some(create_cq), Some(create_qp), Some(modify_qp), Some(destroy_qp), Some(destroy_cq)) = (
+        CREATE_CQ.get(),
+        CREATE_QP.get(),
+        MODIFY_QP.get(),
+        DESTROY_QP.get(),
+        DESTROY_CQ.get(),
+    ) else {
+        return Err("libibverbs lacks the CQ/QP functions".into());
+    };
+    // SAFETY: IBVERBS_1.1 prototypes of ibv_create_cq/create_qp/modify_qp/destroy_*; every
+    // struct is ours, laid out as verbs.h (ffi layout test), and outlives the call.
+    unsafe {
+        let create_cq: unsafe extern "C" fn(
+            *mut IbvContext,
+            i32,
+            *mut c_void,
+            *mut c_void,
+            i32,
+        ) -> *mut IbvCq = std::mem::transmute(create_cq);
+        let create_qp: unsafe extern "C" fn(*mut IbvPd, *mut ffi::IbvQpInitAttr) -> *mut IbvQp =
+            std::mem::transmute(create_qp);
+        let modify_qp: unsafe extern "C" fn(*mut IbvQp, *mut ffi::IbvQpAttr, i32) -> i32 =
+            std::mem::transmute(modify_qp);
+        let destroy_qp: unsafe extern "C" fn(*mut IbvQp) -> i32 = std::mem::transmute(destroy_qp);
+        let destroy_cq: unsafe extern "C" fn(*mut IbvCq) -> i32 = std::mem::transmute(destroy_cq);
+        let cq = create_cq(ctx, 4, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        if cq.is_null() {
+            return Err(format!("ibv_create_cq failed (errno {})", errno()));
+        }
+        let mut init = ffi::IbvQpInitAttr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: std::ptr::null_mut(),
+            cap: ffi::IbvQpCap {
+                max_send_wr: 4,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: ffi::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        let qp = create_qp(pd, &mut init);
+        if qp.is_null() {
+            let e = errno();
+            destroy_cq(cq);
+            return Err(format!("ibv_create_qp failed (errno {e})"));
+        }
+        let mut a = ffi::IbvQpAttr {
+            qp_state: ffi::IBV_QPS_INIT,
+            port_num: 1,
+            ..Default::default()
+        };
+        let mut rc = modify_qp(
+            qp,
+            &mut a,
+            ffi::IBV_QP_STATE
+                | ffi::IBV_QP_PKEY_INDEX
+                | ffi::IBV_QP_PORT
+                | ffi::IBV_QP_ACCESS_FLAGS,
+        );
+        if rc == 0 {
+            // Connected to itself: binds never leave the device, but need RTS.
+            let mut a = ffi::IbvQpAttr {
+                qp_state: ffi::IBV_QPS_RTR,
+                path_mtu: mtu,
+                dest_qp_num: (*qp).qp_num,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+                ..Default::default()
+            };
+            a.ah_attr.port_num = 1;
+            if ethernet {
+                a.ah_attr.is_global = 1;
+                a.ah_attr.dgid = gid;
+                a.ah_attr.sgid_index = 0;
+                a.ah_attr.hop_limit = 1;
+            } else {
+                a.ah_attr.dlid = lid;
+            }
+            rc = modify_qp(
+                qp,
+                &mut a,
+                ffi::IBV_QP_STATE
+                    | ffi::IBV_QP_AV
+                    | ffi::IBV_QP_PATH_MTU
+                    | ffi::IBV_QP_DEST_QPN
+                    | ffi::IBV_QP_RQ_PSN
+                    | ffi::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | ffi::IBV_QP_MIN_RNR_TIMER,
+            );
+        }
+        if rc == 0 {
+            let mut a = ffi::IbvQpAttr {
+                qp_state: ffi::IBV_QPS_RTS,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+                ..Default::default()
+            };
+            rc = modify_qp(
+                qp,
+                &mut a,
+                ffi::IBV_QP_STATE
+                    | ffi::IBV_QP_TIMEOUT
+                    | ffi::IBV_QP_RETRY_CNT
+                    | ffi::IBV_QP_RNR_RETRY
+                    | ffi::IBV_QP_SQ_PSN
+                    | ffi::IBV_QP_MAX_QP_RD_ATOMIC,
+            );
+        }
+        if rc != 0 {
+            destroy_qp(qp);
+            destroy_cq(cq);
+            return Err(format!("cannot bring our QP to RTS (error {rc})"));
+        }
+        Ok(PdWindows {
+            cq,
+            qp,
+            idle: Vec::new(),
+            granted: 0,
+            broken: false,
+        })
+    }
+}
+
+/// Bind `mw` over `[addr, addr + len)` of `mr` with `access` (len 0 unbinds) and wait for
+/// the completion.
+fn bind(
+    p: &mut PdWindows,
+    mw: *mut IbvMw,
+    mr: *mut IbvMr,
+    addr: u64,
+    len: u64,
+    access: u32,
+) -> Result<(), i32> {
+    let mut b = IbvMwBind {
+        wr_id: 0x006d_7263_6163_6865, // "mrcache"
+        send_flags: ffi::IBV_SEND_SIGNALED,
+        mr,
+        addr,
+        length: len,
+        mw_access_flags: access,
+    };
+    // SAFETY: the provider's bind_mw and poll_cq ops (public ops table), on our live QP/CQ
+    // and a window of the same PD; what ibv_bind_mw / ibv_poll_cq do inline.
+    unsafe {
+        let ctx = (*mw).context;
+        let bind_mw: ffi::ProviderBindMw = std::mem::transmute((*ctx).ops.bind_mw);
+        let rc = bind_mw(p.qp, mw, &mut b);
+        if rc != 0 {
+            p.broken = true;
+            return Err(rc);
+        }
+        let poll: ffi::ProviderPollCq = std::mem::transmute((*(*p.cq).context).ops.poll_cq);
+        let start = Instant::now();
+        let mut spin = 0u64;
+        loop {
+            spin += 1;
+            let mut wc = IbvWc::default();
+            match poll(p.cq, 1, &mut wc) {
+                1 if wc.status == 0 => return Ok(()),
+                1 => {
+                    p.broken = true;
+                    return Err(1000 + wc.status);
+                }
+                // The clock is read rarely: in a guest without a stable TSC it is a system
+                // call, which costs more than the bind itself.
+                0 if spin % 4096 != 0 || start.elapsed() < COMPLETION_LIMIT => {
+                    std::hint::spin_loop()
+                }
+                _ => {
+                    p.broken = true;
+                    return Err(ETIMEDOUT);
+                }
+            }
+        }
+    }
+}
+
+fn dealloc(mw: *mut IbvMw) -> i32 {
+    // SAFETY: the provider's dealloc_mw op on a window we allocated.
+    unsafe {
+        let f: ffi::ProviderDeallocMw = std::mem::transmute((*(*mw).context).ops.dealloc_mw);
+        f(mw)
+    }
+}
+
+/// Bind a window over the request's range of `mr` with its remote rights, for the handle
+/// at `slot`. Returns the window's fresh rkey.
+pub fn grant(
+    slot: usize,
+    pd: usize,
+    mr: *mut IbvMr,
+    iova: u64,
+    len: usize,
+    access: u32,
+) -> Result<u32, i32> {
+    let mut st = lock();
+    let Some(p) = st.pds.get_mut(&pd) else {
+        return Err(EOPNOTSUPP);
+    };
+    if p.broken {
+        return Err(EOPNOTSUPP);
+    }
+    let mw = match p.idle.pop() {
+        Some(mw) => mw,
+        None => {
+            // SAFETY: the provider's alloc_mw op on the app's live PD.
+            let mw = unsafe {
+                let ctx = (*(pd as *mut IbvPd)).context;
+                let f: ffi::ProviderAllocMw = std::mem::transmute((*ctx).ops.alloc_mw);
+                f(pd as *mut IbvPd, ffi::IBV_MW_TYPE_1)
+            };
+            if mw.is_null() {
+                return Err(errno());
+            }
+            mw
+        }
+    };
+    if let Err(e) = bind(p, mw, mr, iova, len as u64, access & REMOTE) {
+        dealloc(mw);
+        return Err(e);
+    }
+    p.granted += 1;
+    // SAFETY: mw is live; the provider's bind_mw stored the new key in it.
+    let rkey = unsafe { (*mw).rkey };
+    st.grants.insert(slot, Grant { pd, mw, mr });
+    Ok(rkey)
+}
+
+/// The app released the handle at `slot`: unbind its window and wait, so its key reaches
+/// nothing once this returns. If the unbind fails the window is deallocated instead
+/// (which also invalidates its key); only if that fails too is the error returned.
+pub fn revoke(slot: usize) -> Result<(), i32> {
+    let mut st = lock();
+    let Some(g) = st.grants.remove(&slot) else {
+        return Ok(());
+    };
+    let Some(p) = st.pds.get_mut(&g.pd) else {
+        return Ok(());
+    };
+    p.granted -= 1;
+    if bind(p, g.mw, g.mr, 0, 0, 0).is_ok() {
+        p.idle.push(g.mw);
+        return Ok(());
+    }
+    match dealloc(g.mw) {
+        0 => Ok(()),
+        e => {
+            p.granted += 1;
+            st.grants.insert(slot, g);
+            Err(e)
+        }
+    }
+}
+
+/// Before the app's `ibv_dealloc_pd`: destroy our windows, QP and CQ on `pd` (they would
+/// keep it busy), unless the app still holds handles with windows on it.
+pub fn release_pd(pd: usize) {
+    let mut st = lock();
+    if st.pds.get(&pd).is_some_and(|p| p.granted == 0)
+        && let Some(p) = st.pds.remove(&pd)
+    {
+        destroy(p);
+    }
+}
+
+/// Before the app's `ibv_close_device`: the same for every PD of `ctx`.
+pub fn release_context(ctx: usize) {
+    let mut st = lock();
+    st.unsupported.remove(&ctx);
+    let pds: Vec<usize> = st
+        .pds
+        .iter()
+        .filter(|(pd, p)| {
+            // SAFETY: the PD is live while we hold objects on it.
+            p.granted == 0 && unsafe { (*(**pd as *mut IbvPd)).context } as usize == ctx
+        })
+        .map(|(pd, _)| *pd)
+        .collect();
+    for pd in pds {
+        if let Some(p) = st.pds.remove(&pd) {
+            destroy(p);
+        }
+    }
+}
+
+fn destroy(p: PdWindows) {
+    for mw in p.idle {
+        dealloc(mw);
+    }
+    if let (Some(dq), Some(dc)) = (DESTROY_QP.get(), DESTROY_CQ.get()) {
+        // SAFETY: IBVERBS_1.1 prototypes, on our own QP and CQ, destroyed once.
+        unsafe {
+            let dq: unsafe extern "C" fn(*mut IbvQp) -> i32 = std::mem::transmute(dq);
+            let dc: unsafe extern "C" fn(*mut IbvCq) -> i32 = std::mem::transmute(dc);
+            dq(p.qp);
+            dc(p.cq);
+        }
+    }
+}
