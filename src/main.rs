@@ -249,7 +249,7 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
         }
     }
     println!(
-        "  effective: cache {}, max {} entries, max {} bytes, shadows {}, monitor {}, fork {}",
+        "  effective: cache {}, max {} entries, max {} bytes, shadows {}, monitor {}, fork {}, remote keys {}",
         if cfg.enabled { "on" } else { "OFF" },
         if cfg.max_entries == usize::MAX {
             "unlimited".to_string()
@@ -263,7 +263,23 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
         },
         if cfg.shadow { "on" } else { "off" },
         cfg.monitor.as_str(),
-        cfg.fork.as_str()
+        cfg.fork.as_str(),
+        cfg.remote.as_str()
+    );
+    println!(
+        "  remote keys: MRCACHE_REMOTE={}: {}",
+        cfg.remote.as_str(),
+        match cfg.remote {
+            config::RemoteMode::Revoke => {
+                "registrations with remote access are cached; each gets a memory window key bound at registration and unbound before ibv_dereg_mr returns (devices without type-1 windows: passed to libibverbs uncached)"
+            }
+            config::RemoteMode::Keep => {
+                "a cached registration's rkey stays valid after ibv_dereg_mr, until the entry is evicted or its memory unmapped: a peer holding it can write into memory the app freed (trusted peers only)"
+            }
+            config::RemoteMode::Bypass => {
+                "registrations with remote access are passed to libibverbs uncached"
+            }
+        }
     );
     for p in &problems {
         println!("  {p}");
@@ -442,6 +458,10 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
     }
     let t = Report::total(&reports);
     row(&t, format!("{} procs", reports.len()));
+    println!(
+        "remote keys: MRCACHE_REMOTE={}; {} granted through windows, {} revoked at ibv_dereg_mr",
+        t.remote_keys, t.remote_grants, t.remote_revokes
+    );
     if t.double_deregs + t.verify_mismatches + t.trace_records_dropped > 0 {
         println!(
             "attention: {} double deregistrations, {} verify mismatches, {} trace records dropped",

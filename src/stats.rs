@@ -95,7 +95,13 @@ impl Report {
             t.saved_ns_estimate += r.saved_ns_estimate;
             t.forks += r.forks;
             t.trace_records_dropped += r.trace_records_dropped;
+            t.remote_grants += r.remote_grants;
+            t.remote_revokes += r.remote_revokes;
         }
+        let mut modes: Vec<&str> = reports.iter().map(|r| r.remote_keys.as_str()).collect();
+        modes.sort_unstable();
+        modes.dedup();
+        t.remote_keys = modes.join("+");
         t
     }
 

@@ -1,0 +1,195 @@
+//! `MRCACHE_REMOTE` in the core, against a fake HCA whose remote keys are checked like a
+//! device would: a key reaches memory only while it is live. The cached registration itself
+//! must never carry a live remote key in `revoke` mode; each handle gets a fresh one, dead
+//! before `release` returns. `keep` shows the old behaviour (the key outlives the release).
+
+use mrcache::access::{LOCAL_WRITE, REMOTE_WRITE};
+use mrcache::cache::{
+    AcquireError, Cache, Limits, Mr, Outcome, Registrar, Released, Request, UNSUPPORTED,
+};
+use mrcache::config::RemoteMode;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+#[derive(Default)]
+struct Hca {
+    windows: bool,
+    state: Mutex<HcaState>,
+}
+
+#[derive(Default)]
+struct HcaState {
+    next: usize,
+    /// MR pointer -> (access it was registered with, its own rkey).
+    mrs: HashMap<usize, (u32, u32)>,
+    /// Handle -> its window key.
+    grants: HashMap<usize, u32>,
+    /// Keys that reach memory now.
+    live_keys: Vec<u32>,
+    spare: Vec<usize>,
+}
+
+impl Hca {
+    fn live(&self, key: u32) -> bool {
+        self.state.lock().unwrap().live_keys.contains(&key)
+    }
+    /// The rkey the app would read from the handle.
+    fn rkey(&self, handle: usize) -> u32 {
+        let st = self.state.lock().unwrap();
+        st.grants
+            .get(&handle)
+            .copied()
+            .or_else(|| st.mrs.get(&handle).map(|m| m.1))
+            .unwrap()
+    }
+}
+
+impl Registrar for Hca {
+    fn register(&self, req: &Request) -> Result<Mr, i32> {
+        let mut st = self.state.lock().unwrap();
+        st.next += 1;
+        let ptr = 0x1000 * st.next;
+        let key = st.next as u32;
+        if req.access & REMOTE_WRITE != 0 {
+            st.live_keys.push(key);
+        }
+        st.mrs.insert(ptr, (req.access, key));
+        Ok(Mr {
+            ptr,
+            via_wrapper: false,
+        })
+    }
+    fn deregister(&self, mr: Mr) -> Result<(), i32> {
+        let mut st = self.state.lock().unwrap();
+        let (_, key) = st.mrs.remove(&mr.ptr).unwrap();
+        st.live_keys.retain(|&k| k != key);
+        Ok(())
+    }
+    fn alloc_shadow(&self) -> Option<usize> {
+        let mut st = self.state.lock().unwrap();
+        st.next += 1;
+        Some(0x1000 * st.next)
+    }
+    fn fill_shadow(&self, _slot: usize, _mr: Mr, _addr: usize, _len: usize) -> bool {
+        true
+    }
+    fn register_revocable(&self, req: &Request) -> Result<Mr, i32> {
+        if !self.windows {
+            return Err(UNSUPPORTED);
+        }
+        self.register(&Request {
+            access: req.access & !REMOTE_WRITE,
+            ..*req
+        })
+    }
+    fn grant(&self, mr: Mr, _req: &Request) -> Result<usize, i32> {
+        let mut st = self.state.lock().unwrap();
+        assert_eq!(
+            st.mrs[&mr.ptr].0 & REMOTE_WRITE,
+            0,
+            "a revocable MR has remote rights"
+        );
+        st.next += 1;
+        let key = 0x100_0000 + st.next as u32;
+        let h = st.spare.pop().unwrap_or(0x1000 * st.next);
+        st.grants.insert(h, key);
+        st.live_keys.push(key);
+        Ok(h)
+    }
+    fn revoke(&self, handle: usize) -> Result<(), i32> {
+        let mut st = self.state.lock().unwrap();
+        let key = st.grants.remove(&handle).unwrap();
+        st.live_keys.retain(|&k| k != key);
+        st.spare.push(handle);
+        Ok(())
+    }
+}
+
+const LIMITS: Limits = Limits {
+    max_entries: 16,
+    max_bytes: 1 << 30,
+    shadow: true,
+    remote_superset: false,
+};
+
+fn req(access: u32) -> Request {
+    Request {
+        pd: 1,
+        context: 1,
+        addr: 0x10_0000,
+        len: 16 << 10,
+        iova: 0x10_0000,
+        access,
+    }
+}
+
+#[test]
+fn revoke_kills_the_key_at_release_and_a_hit_gets_a_fresh_one() {
+    let hca = Hca {
+        windows: true,
+        ..Hca::default()
+    };
+    let cache = Cache::new(hca, LIMITS).with_remote(RemoteMode::Revoke);
+    let r = req(LOCAL_WRITE | REMOTE_WRITE);
+    let (h1, o) = cache.acquire(&r).unwrap();
+    assert_eq!(o, Outcome::Miss);
+    let k1 = cache.registrar().rkey(h1);
+    assert!(cache.registrar().live(k1));
+    assert_eq!(cache.release(h1), Released::Kept);
+    assert!(!cache.registrar().live(k1), "the key outlived ibv_dereg_mr");
+    let (h2, o) = cache.acquire(&r).unwrap();
+    assert_eq!(o, Outcome::Hit);
+    let k2 = cache.registrar().rkey(h2);
+    assert_ne!(k1, k2, "a hit handed out the key from before");
+    assert!(cache.registrar().live(k2) && !cache.registrar().live(k1));
+    // Two holders at once: two keys, each dead at its own release.
+    let (h3, _) = cache.acquire(&r).unwrap();
+    let k3 = cache.registrar().rkey(h3);
+    assert_ne!(k3, k2);
+    assert_eq!(cache.release(h2), Released::Kept);
+    assert!(!cache.registrar().live(k2) && cache.registrar().live(k3));
+    assert_eq!(cache.release(h3), Released::Kept);
+    assert_eq!(cache.release(h3), Released::DoubleRelease);
+    let s = cache.snapshot();
+    assert_eq!((s.grants, s.revokes, s.hits, s.misses), (3, 3, 2, 1));
+    // No key at all reaches the idle entry's memory.
+    assert!(cache.registrar().state.lock().unwrap().live_keys.is_empty());
+    // Local-only registrations are untouched: the provider's own pointer.
+    let (l, o) = cache.acquire(&req(LOCAL_WRITE)).unwrap();
+    assert_eq!(o, Outcome::Miss);
+    assert!(cache.registrar().state.lock().unwrap().mrs.contains_key(&l));
+    assert_eq!(cache.flush_all(), 1);
+}
+
+#[test]
+fn keep_leaves_the_key_alive_on_purpose() {
+    let cache = Cache::new(Hca::default(), LIMITS).with_remote(RemoteMode::Keep);
+    let r = req(LOCAL_WRITE | REMOTE_WRITE);
+    let (h1, _) = cache.acquire(&r).unwrap();
+    let k1 = cache.registrar().rkey(h1);
+    assert_eq!(cache.release(h1), Released::Kept);
+    assert!(
+        cache.registrar().live(k1),
+        "keep: the key stays live while cached"
+    );
+}
+
+#[test]
+fn bypass_and_devices_without_windows_pass_remote_requests_through() {
+    let cache = Cache::new(Hca::default(), LIMITS).with_remote(RemoteMode::Bypass);
+    let remote = req(LOCAL_WRITE | REMOTE_WRITE);
+    assert!(matches!(
+        cache.acquire(&remote),
+        Err(AcquireError::Bypass(mrcache::access::Bypass::Remote))
+    ));
+    let no_windows = Cache::new(Hca::default(), LIMITS).with_remote(RemoteMode::Revoke);
+    assert!(matches!(
+        no_windows.acquire(&remote),
+        Err(AcquireError::Bypass(mrcache::access::Bypass::Remote))
+    ));
+    assert!(no_windows.registrar().state.lock().unwrap().mrs.is_empty());
+    assert_eq!(
+        no_windows.acquire(&req(LOCAL_WRITE)).unwrap().1,
+        Outcome::Miss
+    );
+}
