@@ -450,7 +450,15 @@ fn register_inner(
                         mrcache::cache::Outcome::Uncached => Outcome::Uncached,
                     },
                 ),
-                Err(AcquireError::Bypass(b)) => passthrough(bypass_index(b)),
+                Err(AcquireError::Bypass(b)) => {
+                    let (mr, o) = passthrough(bypass_index(b));
+                    // libibverbs' MR may reuse the address of one the cache deregistered:
+                    // its dereg must not look like a second one.
+                    if !mr.is_null() {
+                        cache.note_foreign(mr as usize);
+                    }
+                    (mr, o)
+                }
                 Err(AcquireError::Failed(e)) => {
                     real::set_errno(e);
                     (std::ptr::null_mut(), Outcome::Failed)
