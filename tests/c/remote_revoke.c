@@ -41,7 +41,9 @@ int main(int argc, char **argv) {
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
     unsigned char *buf = malloc(LEN);
-    CHECK(buf, "malloc");
+    /* Keeps buf off the top of the heap, so free(buf) never trims (and unmaps) it. */
+    void *guard = malloc(LEN);
+    CHECK(buf && guard, "malloc");
     struct ibv_mr *mr = ibv_reg_mr(lb.pd, buf, LEN, access);
     CHECK(mr, "registration failed");
     uint32_t old_rkey = mr->rkey;
@@ -79,6 +81,7 @@ int main(int argc, char **argv) {
     if (again)
         CHECK(ibv_dereg_mr(again) == 0, "ibv_dereg_mr");
     free(target);
+    free(guard);
     lb_close(&lb);
     printf("remote_revoke %s: ok (%s)\n", argv[1], argv[2]);
     return 0;
