@@ -644,7 +644,8 @@ mod edge_cases {
         let n = next_id.load(SeqCst);
         let uncovered = bits[..n].iter().filter(|&&b| !b).count();
         eprintln!("{n} ranges, peeked {peeks}; bad {bad}; uncovered {uncovered}");
-        assert!(peeks > 0);
+        // How many ranges were peeked depends on timing (with the ring full they overflow
+        // instead); what must hold is that none is torn and none uncovered.
         assert_eq!((bad, uncovered), (0, 0));
     }
 }
