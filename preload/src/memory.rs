@@ -287,6 +287,12 @@ pub extern "C" fn mmap(
         ) as *mut c_void
     };
     let fixed = flags & MAP_FIXED != 0 && flags & MAP_FIXED_NOREPLACE == 0;
+    // The kernel rounds a hugetlb mapping up to whole huge pages: report what it replaces.
+    let len = if flags & libc::MAP_HUGETLB != 0 {
+        huge_round(len, flags)
+    } else {
+        len
+    };
     let r = invalidating_if(fixed, 3, addr as usize, len, call);
     traced(
         Call::Mmap,
@@ -296,6 +302,19 @@ pub extern "C" fn mmap(
         t,
     );
     r
+}
+
+/// `len` rounded up to the huge page size a MAP_HUGETLB mapping uses: the size encoded in
+/// flags bits 26..31 (MAP_HUGE_2MB, MAP_HUGE_1GB), else the largest x86-64 one (1 GiB), since
+/// the system default is not known here (over-invalidating is safe).
+fn huge_round(len: usize, flags: c_int) -> usize {
+    let shift = (flags as u32 >> 26) & 0x3f;
+    let page = if (12..=30).contains(&shift) {
+        1usize << shift
+    } else {
+        1 << 30
+    };
+    len.saturating_add(page - 1) & !(page - 1)
 }
 
 /// libc's `__curbrk`, which its brk keeps; our brk must keep it too.
@@ -442,8 +461,10 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
     count(7);
     // A segment attached before we were loaded (or beyond the table): assume everything
     // above it goes, as libfabric does.
+    // A SHM_HUGETLB segment is mapped in whole huge pages, and whether this one is cannot be
+    // told from its size: round up as for the largest huge page (shmdt is rare).
     let len = if size > 0 {
-        size
+        huge_round(size, 0)
     } else {
         usize::MAX - addr as usize
     };
@@ -565,6 +586,20 @@ pub fn install() {
     MONITOR.store(monitor, Relaxed);
     if monitor == 2 {
         REPORTING.store(false, Relaxed);
+    }
+    for (name, at) in [
+        (c"munmap", munmap as *const () as usize),
+        (c"madvise", madvise as *const () as usize),
+        (c"mremap", mremap as *const () as usize),
+        (c"mmap", mmap as *const () as usize),
+        (c"mmap64", mmap64 as *const () as usize),
+        (c"brk", brk as *const () as usize),
+        (c"sbrk", sbrk as *const () as usize),
+        (c"shmat", shmat as *const () as usize),
+        (c"shmdt", shmdt as *const () as usize),
+        (c"realloc", realloc as *const () as usize),
+    ] {
+        crate::patch::watch_hook(name, at);
     }
     let disabled = env_is(c"MRCACHE_ENABLE", &[b"0", b"off", b"false", b"no"]) == Some(true);
     if monitor != 0 || disabled {

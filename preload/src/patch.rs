@@ -134,6 +134,39 @@ const SITES: usize = 8;
 static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// How many bytes of endbr64 we kept before the jump (checked too: a patcher may write its
+/// own short jump over them).
+static SITE_ENDBR: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// Our own exported memory hooks: (entry, first 16 bytes as two words, name). A patcher
+/// that overwrites every loaded definition of munmap (not only libc's) takes ours too.
+const HOOKS: usize = 16;
+static HOOK_AT: [AtomicUsize; HOOKS] = [const { AtomicUsize::new(0) }; HOOKS];
+static HOOK_BYTES: [[AtomicUsize; 2]; HOOKS] =
+    [const { [const { AtomicUsize::new(0) }; 2] }; HOOKS];
+static HOOK_NAME: [AtomicUsize; HOOKS] = [const { AtomicUsize::new(0) }; HOOKS];
+
+fn read16(at: usize) -> [usize; 2] {
+    // SAFETY: code of our own library, never unloaded while hooks exist.
+    unsafe {
+        [
+            std::ptr::read_volatile(at as *const usize),
+            std::ptr::read_volatile((at + 8) as *const usize),
+        ]
+    }
+}
+
+/// Remember the first bytes of one of our exported hooks (constructor).
+pub fn watch_hook(name: &'static CStr, at: usize) {
+    for i in 0..HOOKS {
+        if HOOK_AT[i].compare_exchange(0, at, Relaxed, Relaxed).is_ok() {
+            let b = read16(at);
+            HOOK_BYTES[i][0].store(b[0], Relaxed);
+            HOOK_BYTES[i][1].store(b[1], Relaxed);
+            HOOK_NAME[i].store(name.as_ptr() as usize, Relaxed);
+            return;
+        }
+    }
+}
 /// Why each target of `install` was not patched (a `PatchError` code, 0 = patched).
 static REFUSED: [AtomicU8; SITES] = [const { AtomicU8::new(0) }; SITES];
 
@@ -191,6 +224,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         {
             SITE_HOOK[i].store(target.hook, Relaxed);
             SITE_NAME[i].store(target.name.as_ptr() as usize, Relaxed);
+            SITE_ENDBR[i].store(skip, Relaxed);
             break;
         }
     }
@@ -235,9 +269,32 @@ pub fn overwritten() -> Option<&'static CStr> {
         for (k, b) in have.iter_mut().enumerate() {
             *b = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
         }
-        if have != want {
+        let endbr_gone = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len() && {
+            let mut e = [0u8; 4];
+            for (k, b) in e.iter_mut().enumerate() {
+                // SAFETY: the 4 bytes before our jump are libc code (the kept endbr64).
+                *b = unsafe { std::ptr::read_volatile((at as *const u8).sub(4).add(k)) };
+            }
+            e != ENDBR64
+        };
+        if have != want || endbr_gone {
             // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
             return Some(unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) });
+        }
+    }
+    for i in 0..HOOKS {
+        let at = HOOK_AT[i].load(Relaxed);
+        if at == 0 {
+            break;
+        }
+        if read16(at)
+            != [
+                HOOK_BYTES[i][0].load(Relaxed),
+                HOOK_BYTES[i][1].load(Relaxed),
+            ]
+        {
+            // SAFETY: a &'static CStr stored with it.
+            return Some(unsafe { CStr::from_ptr(HOOK_NAME[i].load(Relaxed) as *const _) });
         }
     }
     None
@@ -307,6 +364,39 @@ mod tests {
         assert_eq!(call(std::ptr::null_mut(), 12345), 0);
         assert_eq!(CALLS.load(Relaxed), before + 1, "the hook caught the call");
         assert_eq!(LAST_LEN.load(Relaxed), 12345);
+    }
+
+    #[test]
+    fn overwriting_only_the_kept_endbr64_is_noticed() {
+        let f = code_page(&CET_MUNMAP);
+        let target = Target {
+            name: c"test_cet_munmap_2",
+            prologues: &MUNMAP_STUB,
+            hook: test_hook as *const () as usize,
+        };
+        // SAFETY: our own function.
+        assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+        assert_eq!(overwritten(), None);
+        // Another patcher puts a 2-byte short jump (to its stub in the padding) at the
+        // entry, over endbr64: calls no longer reach our jump.
+        // SAFETY: our own code page.
+        unsafe {
+            assert_eq!(
+                libc::mprotect(
+                    f as *mut c_void,
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC
+                ),
+                0
+            );
+            *f = 0xeb;
+            *f.add(1) = 0x40;
+        }
+        assert_eq!(
+            overwritten(),
+            Some(c"test_cet_munmap_2"),
+            "entry overwritten, not noticed"
+        );
     }
 
     #[test]

@@ -200,7 +200,7 @@ fn check_patches(cache: &Cache<Provider>) {
         fail_closed(
             cache,
             &format!(
-                "libc's {} entry point was overwritten by another code patcher (UCX, Open MPI, a profiler?) after mrcache patched it; memory released through it is no longer seen",
+                "the {} entry point (libc's, or mrcache's own hook) was overwritten by another code patcher (UCX, Open MPI, libfabric, a profiler?) after mrcache's start; memory released through it is no longer seen",
                 name.to_string_lossy()
             ),
         );

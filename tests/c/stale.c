@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <unistd.h>
+#include <sys/syscall.h>
 
 /* The scenarios reuse addresses after free/realloc on purpose: that is the hazard. */
 #pragma GCC diagnostic ignored "-Wuse-after-free"
@@ -215,6 +216,34 @@ static int s_hugetlb(void) {
     return fresh(p, len);
 }
 
+/* MAP_FIXED|MAP_HUGETLB of ONE small page over ordinary memory: the kernel rounds the
+ * length up to the huge page size and replaces the whole 2 MiB. */
+static int s_hugetlb_fixed_short(void) {
+    char *p = aligned_map(2 * MIB, 2 * MIB);
+    memset(p, 0x11, 2 * MIB);
+    char *buf = p + MIB;
+    warm(buf, MIB);
+    void *q = mmap(p, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_HUGETLB, -1, 0);
+    CHECK(q == p, "MAP_FIXED|MAP_HUGETLB: %s", strerror(errno));
+    memset(buf, 0x22, MIB);
+    return fresh(buf, MIB);
+}
+
+/* A System V hugetlb segment of one small page is mapped as a whole huge page. */
+static int s_shm_hugetlb_short(void) {
+    int a = shmget(IPC_PRIVATE, 4096, IPC_CREAT | SHM_HUGETLB | 0600);
+    CHECK(a >= 0, "shmget SHM_HUGETLB: %s", strerror(errno));
+    char *p = shmat(a, NULL, 0);
+    CHECK(p != (void *)-1, "shmat: %s", strerror(errno));
+    char *buf = p + MIB;
+    memset(buf, 0x11, MIB);
+    warm(buf, MIB);
+    CHECK(shmdt(p) == 0, "shmdt");
+    shmctl(a, IPC_RMID, NULL);
+    map_at(p, 2 * MIB, 0);
+    return fresh(buf, MIB);
+}
+
 static int s_cycle(void) {
     enum { N = 100 };
     char *b[N];
@@ -294,6 +323,41 @@ static int s_free_malloc_repatched(void) {
     return s_free_malloc();
 }
 
+static int transient_munmap(void *addr, size_t len) { return (int)syscall(SYS_munmap, addr, len); }
+static void entry_write(unsigned char *f, const unsigned char *code, size_t n) {
+    uintptr_t page = (uintptr_t)f & ~4095ul;
+    CHECK(syscall(SYS_mprotect, page, 8192, PROT_READ | PROT_WRITE | PROT_EXEC) == 0, "mprotect");
+    memcpy(f, code, n);
+    syscall(SYS_mprotect, page, 8192, PROT_READ | PROT_EXEC);
+}
+
+/* A patcher that overwrites the entry of every loaded definition of munmap (libfabric's
+ * memhooks walks the objects with dl_iterate_phdr): with the preload, the definition the
+ * global scope finds is mrcache's own hook, which libc's patched entry jumps to. */
+static int s_free_malloc_hook_patched(void) {
+    unsigned char *f = dlsym(RTLD_DEFAULT, "munmap");
+    CHECK(f, "munmap");
+    size_t len = 40 * MIB;
+    char *p = malloc(len);
+    memset(p, 0x11, len);
+    uintptr_t base = ((uintptr_t)p & ~4095ul) + 4096;
+    size_t rlen = len - 4096;
+    warm((void *)base, rlen);
+    unsigned char code[13] = {0x49, 0xbb};
+    uint64_t hook = (uint64_t)(uintptr_t)transient_munmap;
+    memcpy(code + 2, &hook, 8);
+    code[10] = 0x41, code[11] = 0xff, code[12] = 0xe3;
+    entry_write(f, code, sizeof code);
+    usleep(100000); /* several of mrcache's drain cycles: time to notice, if it looks */
+    free(p);
+    char *q = malloc(len);
+    CHECK((((uintptr_t)q & ~4095ul) + 4096) == base, "malloc after free returned %p, not the same pages", (void *)q);
+    memset(q, 0x22, len);
+    int rc = fresh((void *)base, rlen);
+    free(q);
+    return rc;
+}
+
 static const struct {
     const char *name;
     int (*run)(void);
@@ -310,6 +374,9 @@ static const struct {
     {"thp", s_thp},
     {"hugetlb", s_hugetlb},
     {"cycle", s_cycle},
+    {"hugetlb_fixed_short", s_hugetlb_fixed_short},
+    {"free_malloc_hook_patched", s_free_malloc_hook_patched},
+    {"shm_hugetlb_short", s_shm_hugetlb_short},
     {"arena_shrink", s_arena_shrink},
     {"free_malloc_repatched", s_free_malloc_repatched},
 };
