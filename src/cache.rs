@@ -853,7 +853,8 @@ impl<R: Registrar> Cache<R> {
             .entries
             .iter()
             .flatten()
-            .filter(|e| e.refs > 0 && !e.mr.via_wrapper)
+            // Not dead ones: their memory went away, the range may hold other memory now.
+            .filter(|e| e.refs > 0 && !e.dead && !e.mr.via_wrapper)
             .map(|e| (e.req.addr, e.req.len))
             .collect();
         (

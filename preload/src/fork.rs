@@ -11,7 +11,7 @@
 //! the parent's verbs objects) and serves its own registrations.
 //!
 //! glibc's `fork()` runs the atfork handlers; `_Fork()` (glibc 2.34+) skips them, so it is
-//! hooked as well.
+//! hooked as well, signal-safely (see `_Fork`).
 
 use crate::real;
 use crate::runtime;
@@ -19,6 +19,7 @@ use mrcache::cache::ForkGuard;
 use mrcache::config::ForkMode;
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 /// What this process does at fork, decided once when the cache is created.
 #[derive(Debug, Clone)]
@@ -102,6 +103,9 @@ pub extern "C" fn prepare() {
     let Some((cache, decision)) = runtime::fork_state() else {
         return;
     };
+    // Apply pending unmaps first: an entry in use whose memory went away is dead, and its
+    // range (now maybe other memory) must not be marked DONTFORK.
+    cache.drain_pending();
     let flushed = if decision.flush_idle {
         cache.flush_all()
     } else {
@@ -139,12 +143,32 @@ pub extern "C" fn child() {
     }
 }
 
-/// `_Fork()` skips the atfork handlers: run ours around it. (glibc's fork() calls its
-/// internal _Fork directly, never this.)
+/// glibc's `_Fork`, looked up in the constructor: the hook may run in a signal handler,
+/// where `dlsym` could wait for a loader lock the interrupted thread holds.
+static REAL_FORK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Constructor part.
+pub fn resolve() {
+    // SAFETY: dlsym on RTLD_NEXT with a valid name.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"_Fork".as_ptr()) };
+    REAL_FORK.store(p, Release);
+}
+
+/// `_Fork()` skips the atfork handlers, and is async-signal-safe: it may run in a signal
+/// handler that interrupted a thread holding the cache lock, the allocator's or the loader's.
+/// So it does only atomic stores around the real call: the parent flushes idle entries (when
+/// the fork policy says so) at its next registration, the child replaces the inherited cache
+/// at its first call. Ranges in use are not marked DONTFORK here (that takes locks): with
+/// libibverbs' fork tracking on a kernel that does not copy pinned pages at fork (< 5.13),
+/// use fork(). (glibc's fork() calls its internal _Fork directly, never this.)
 #[unsafe(no_mangle)]
 pub extern "C" fn _Fork() -> libc::pid_t {
-    // SAFETY: dlsym on RTLD_NEXT with a valid name.
-    let real = unsafe { libc::dlsym(libc::RTLD_NEXT, c"_Fork".as_ptr()) };
+    let mut real = REAL_FORK.load(Acquire);
+    if real.is_null() {
+        // Called before our constructor ran (from another library's constructor).
+        resolve();
+        real = REAL_FORK.load(Acquire);
+    }
     if real.is_null() {
         // SAFETY: __errno_location returns this thread's errno.
         unsafe { *libc::__errno_location() = libc::ENOSYS };
@@ -152,13 +176,11 @@ pub extern "C" fn _Fork() -> libc::pid_t {
     }
     // SAFETY: glibc's _Fork: pid_t _Fork(void).
     let real: unsafe extern "C" fn() -> libc::pid_t = unsafe { std::mem::transmute(real) };
-    prepare();
+    runtime::before_signal_safe_fork();
     // SAFETY: as above.
     let pid = unsafe { real() };
     if pid == 0 {
-        child()
-    } else {
-        parent()
+        runtime::after_signal_safe_fork_child();
     }
     pid
 }

@@ -6,9 +6,11 @@
 //! symbol versions (`libmrcache.map`), defined here with `global_asm!` so that rustc's
 //! version script (which exports everything unversioned) does not claim them.
 
+mod dl;
 mod ffi;
 mod fork;
 mod memory;
+mod once;
 mod patch;
 mod provider;
 mod real;
@@ -143,6 +145,7 @@ extern "C" fn fork_init() -> c_int {
 /// nothing.
 extern "C" fn init() {
     real::resolve_loaded();
+    fork::resolve();
     memory::install();
 }
 

@@ -5,6 +5,7 @@
 use crate::ffi::{self, IbvContext, IbvMr, IbvPd};
 use crate::fork;
 use crate::memory::{self, QUEUE};
+use crate::once::InitOnce;
 use crate::provider::Provider;
 use crate::real;
 use crate::selftest::{self, Coverage};
@@ -17,8 +18,7 @@ use mrcache::trace::{Call, Outcome};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 pub struct Runtime {
     pub cache: Option<Cache<Provider>>,
@@ -30,9 +30,10 @@ pub struct Runtime {
     pub stats_file: Option<String>,
 }
 
-/// Registrations passed to libibverbs untouched, by reason (`Bypass`, plus a NULL pd).
-static BYPASSED: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
-const BYPASS_NAMES: [&str; 9] = [
+/// Registrations passed to libibverbs untouched, by reason (`Bypass`, plus a NULL pd, a
+/// panic, remote access, and a call made while another thread sets the library up).
+static BYPASSED: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
+const BYPASS_NAMES: [&str; 10] = [
     "on-demand",
     "zero-based",
     "unknown-access-flags",
@@ -42,6 +43,7 @@ const BYPASS_NAMES: [&str; 9] = [
     "null-pd",
     "panic",
     "remote-access",
+    "setting-up",
 ];
 
 fn bypass_index(b: Bypass) -> usize {
@@ -69,10 +71,13 @@ pub fn log(level: LogLevel, msg: std::fmt::Arguments<'_>) {
     }
 }
 
-static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static RUNTIME: InitOnce<Runtime> = InitOnce::new();
 
-fn runtime() -> &'static Runtime {
+/// The runtime, set up at the first call; None while another thread sets it up (the caller
+/// passes through instead of waiting: see `once`).
+fn runtime() -> Option<&'static Runtime> {
     RUNTIME.get_or_init(|| {
+        test_init_delay();
         let phys = config::physical_memory();
         let vars = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
@@ -207,6 +212,81 @@ fn check_patches(cache: &Cache<Provider>) {
     }
 }
 
+/// Test-only: `MRCACHE_TEST_INIT_DELAY_MS` stalls the set-up at the first verbs call, so a
+/// test can fork (or call from another thread) while it is in progress.
+fn test_init_delay() {
+    if let Some(ms) = std::env::var("MRCACHE_TEST_INIT_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// A child of `_Fork()` (which may run in a signal handler, so it cannot lock or allocate)
+/// still has the parent's cache, whose lock a parent thread may hold forever: its first
+/// call replaces the cache. 0: current; 1: replace at the next call; 2: being replaced.
+static RENEW: AtomicU8 = AtomicU8::new(0);
+static RENEWED: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
+/// Set by `_Fork()` in the parent when idle entries must go at fork: the next registration
+/// deregisters them before it looks anything up.
+static FLUSH_AFTER_FORK: AtomicBool = AtomicBool::new(false);
+
+/// The cache, once set up (and not off); None also while a `_Fork` child's first call on
+/// another thread is replacing it.
+fn cache() -> Option<&'static Cache<Provider>> {
+    let first = RUNTIME.get()?.cache.as_ref()?;
+    if RENEW.load(Acquire) != 0 {
+        match RENEW.compare_exchange(1, 2, AcqRel, Acquire) {
+            Ok(_) => {
+                let fresh = Cache::with_queue(
+                    Provider::new(first.registrar().verify),
+                    first.limits(),
+                    &QUEUE,
+                );
+                RENEWED.store(Box::leak(Box::new(fresh)), Release);
+                RENEW.store(0, Release);
+            }
+            Err(0) => {}
+            Err(_) => return None,
+        }
+    }
+    let p = RENEWED.load(Acquire);
+    // SAFETY: a non-null RENEWED is a leaked Box, never freed.
+    Some(if p.is_null() { first } else { unsafe { &*p } })
+}
+
+/// `_Fork()`, before the real call, in the forking process: only atomic stores (it may run
+/// in a signal handler that interrupted a thread holding the cache lock or the allocator's).
+pub fn before_signal_safe_fork() {
+    if let Some(d) = RUNTIME.get().and_then(|r| r.fork.as_ref())
+        && d.flush_idle
+    {
+        FLUSH_AFTER_FORK.store(true, SeqCst);
+    }
+    FORKS.fetch_add(1, Relaxed);
+}
+
+/// `_Fork()` in the child: only atomic stores. The parent's cache is dropped at the next
+/// call (see `cache`); the drain and trace threads are gone.
+pub fn after_signal_safe_fork_child() {
+    if RUNTIME.get().is_some_and(|r| r.cache.is_some()) {
+        RENEW.store(1, SeqCst);
+    }
+    FLUSH_AFTER_FORK.store(false, Relaxed);
+    DRAIN_RUNNING.store(false, Relaxed);
+    trace::writer_gone();
+    // Other threads' hooks may have been mid-push at the fork: they are gone.
+    QUEUE.reset_after_fork();
+}
+
+/// Idle entries a `_Fork()` asked to flush, before the next lookup.
+fn flush_after_fork(cache: &Cache<Provider>) {
+    if FLUSH_AFTER_FORK.load(Relaxed) && FLUSH_AFTER_FORK.swap(false, SeqCst) {
+        FORK_FLUSHED.fetch_add(cache.flush_all() as u64, Relaxed);
+    }
+}
+
 /// Whether /proc/self/pagemap gives real frame numbers here (it gives 0 without
 /// CAP_SYS_ADMIN).
 fn pagemap_shows_frames() -> bool {
@@ -232,7 +312,7 @@ fn run_selftest() -> Coverage {
 
 /// For `mrcache info`: the self-test's result as lines of text.
 pub fn selftest_report() -> String {
-    if RUNTIME.get().and_then(|r| r.cache.as_ref()).is_some() {
+    if cache().is_some() {
         return "the cache is running in this process; the self-test ran at its start\n".into();
     }
     let c = run_selftest();
@@ -265,8 +345,7 @@ pub fn selftest_report() -> String {
 
 /// The cache and the fork decision, for the fork handlers.
 pub fn fork_state() -> Option<(&'static Cache<Provider>, &'static fork::Decision)> {
-    let rt = RUNTIME.get()?;
-    Some((rt.cache.as_ref()?, rt.fork.as_ref()?))
+    Some((cache()?, RUNTIME.get()?.fork.as_ref()?))
 }
 
 pub fn note_fork(flushed: usize, dontforked: usize) {
@@ -307,12 +386,13 @@ fn ensure_drain_thread() {
             loop {
                 std::thread::sleep(std::time::Duration::from_millis(20));
                 if let Some(rt) = RUNTIME.get()
-                    && let Some(cache) = rt.cache.as_ref()
+                    && let Some(cache) = cache()
                 {
                     let _ = catch_unwind(AssertUnwindSafe(|| {
                         if rt.monitor == Monitor::Patch {
                             check_patches(cache);
                         }
+                        flush_after_fork(cache);
                         cache.drain_pending()
                     }));
                 }
@@ -357,7 +437,7 @@ fn with_cache<T>(passthrough: impl Fn() -> T, f: impl FnOnce(&'static Cache<Prov
         return passthrough();
     };
     shielded(
-        || match RUNTIME.get().and_then(|r| r.cache.as_ref()) {
+        || match cache() {
             Some(cache) => f(cache),
             None => passthrough(),
         },
@@ -401,6 +481,7 @@ fn register_inner(
     let passthrough = |why: usize| {
         BYPASSED[why].fetch_add(1, Relaxed);
         let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
+        note_foreign(mr, why == bypass_index(Bypass::Nested));
         (
             mr,
             if mr.is_null() {
@@ -415,10 +496,16 @@ fn register_inner(
     };
     shielded(
         || {
-            let rt = runtime();
-            let Some(cache) = rt.cache.as_ref() else {
-                return passthrough(bypass_index(Bypass::Disabled));
+            let Some(rt) = runtime() else {
+                return passthrough(9); // another thread is setting the library up
             };
+            if rt.cache.is_none() {
+                return passthrough(bypass_index(Bypass::Disabled));
+            }
+            let Some(cache) = cache() else {
+                return passthrough(9); // another thread is replacing a fork child's cache
+            };
+            flush_after_fork(cache);
             if rt.monitor == Monitor::Patch {
                 check_patches(cache);
             }
@@ -467,6 +554,20 @@ fn register_inner(
         },
         || passthrough(7),
     )
+}
+
+/// A registration passed through to libibverbs returned `mr`: if the cache remembers that
+/// address as an MR it deregistered (a tombstone, to catch double deregistrations), it is a
+/// live MR now, and its `ibv_dereg_mr` must reach libibverbs. A nested registration may
+/// come from inside the cache (its lock held on this thread): tell it only when this thread
+/// is not inside one of our calls.
+fn note_foreign(mr: *mut IbvMr, nested: bool) {
+    if mr.is_null() || nested {
+        return;
+    }
+    if let Some(cache) = cache() {
+        shielded(|| cache.note_foreign(mr as usize), || ());
+    }
 }
 
 pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
@@ -617,10 +718,7 @@ fn flushed_then(
     real: impl FnOnce() -> i32,
 ) -> i32 {
     let t = if trace::enabled() { trace::now_ns() } else { 0 };
-    let flushed = RUNTIME
-        .get()
-        .and_then(|r| r.cache.as_ref())
-        .map_or(0, |c| shielded(|| flush(c), || 0));
+    let flushed = cache().map_or(0, |c| shielded(|| flush(c), || 0));
     let rc = real();
     if t != 0 {
         let o = if flushed > 0 {
@@ -680,6 +778,9 @@ pub fn reg_dmabuf_mr(
 ) -> *mut IbvMr {
     let t = if trace::enabled() { trace::now_ns() } else { 0 };
     let mr = real::reg_dmabuf_mr(pd, offset, len, iova, fd, access);
+    if Guard::enter().is_some() {
+        note_foreign(mr, false);
+    }
     if t != 0 {
         trace::emit(
             Call::RegDmabufMr,
@@ -695,7 +796,7 @@ pub fn reg_dmabuf_mr(
 /// This process's statistics.
 pub fn report() -> Option<Report> {
     let rt = RUNTIME.get()?;
-    let cache = rt.cache.as_ref()?;
+    let cache = cache()?;
     let s = cache.snapshot();
     let registrations = s.misses + s.uncached;
     let per_reg = s.reg_ns.checked_div(registrations).unwrap_or(0);

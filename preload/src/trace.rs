@@ -179,6 +179,11 @@ extern "C" fn flush_at_exit() {
 /// child never inherits it locked by a thread that does not exist there.
 pub struct ForkSink(std::sync::MutexGuard<'static, Sink>);
 
+/// In a `_Fork()` child: the writer thread is gone (an atomic store, signal-safe).
+pub fn writer_gone() {
+    WRITER_RUNNING.store(false, Relaxed);
+}
+
 pub fn prepare_fork() -> ForkSink {
     ForkSink(SINK.lock().unwrap_or_else(|e| e.into_inner()))
 }

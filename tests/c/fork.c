@@ -9,6 +9,9 @@
  *   fork tracking         with RDMAV_FORK_SAFE=1: the in-use range is not inherited by the
  *                         child (DONTFORK during the fork), and libibverbs' DONTFORK
  *                         reference counts are balanced afterwards (VmFlags "dc").
+ *   fork dead_in_use      with RDMAV_FORK_SAFE=1: a registration in use whose memory was
+ *                         unmapped and replaced by new memory at the same address; the
+ *                         child must inherit the new memory (no DONTFORK on a dead range).
  *   fork thread           a second thread forks while the first registers.
  *   fork loop             200 forks with registrations between them; nothing leaks.
  */
@@ -153,6 +156,25 @@ static int tracking(void) {
     return 0;
 }
 
+static int dead_in_use(void) {
+    char *b = map();
+    struct ibv_mr *mb = ibv_reg_mr(lb.pd, b, LEN, ACCESS); /* stays in use */
+    CHECK(mb, "reg b");
+    CHECK(munmap(b, LEN) == 0, "munmap");
+    char *n = mmap(b, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    CHECK(n == b, "new memory at the old address");
+    memset(n, 0x55, LEN);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(n[0] == 0x55 && n[LEN - 1] == 0x55 ? 0 : 1); /* SIGSEGV if not inherited */
+    CHECK(pid > 0, "fork");
+    int st = wait_child(pid);
+    CHECK(st == 0, "the child did not inherit the new memory at the registered address (status %d): the dead registration's range was marked DONTFORK", st);
+    CHECK(dontfork(n) == 0, "the new memory is left marked DONTFORK in the parent");
+    CHECK(ibv_dereg_mr(mb) == 0, "dereg");
+    return 0;
+}
+
 static volatile int stop;
 
 static void *forker(void *arg) {
@@ -223,7 +245,7 @@ static int loop(void) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: fork basic|underscore|child_registers|tracking|thread|loop");
+    CHECK(argc == 2, "usage: fork basic|underscore|child_registers|tracking|dead_in_use|thread|loop");
     CHECK(lb_open(&lb, NULL) == 0, "cannot open the loopback pair");
     int rc;
     if (!strcmp(argv[1], "basic"))
@@ -234,6 +256,8 @@ int main(int argc, char **argv) {
         rc = child_registers();
     else if (!strcmp(argv[1], "tracking"))
         rc = tracking();
+    else if (!strcmp(argv[1], "dead_in_use"))
+        rc = dead_in_use();
     else if (!strcmp(argv[1], "thread"))
         rc = thread_fork();
     else if (!strcmp(argv[1], "loop"))

@@ -1,0 +1,126 @@
+//! `dlclose`: the loader unmaps an unloaded object's segments with its own internal munmap,
+//! which none of the memory hooks sees. A registered static buffer of a plugin would then
+//! stay cached while another object is loaded at the same address. The hook reports the
+//! object's whole footprint (the span of its PT_LOAD segments) as going away before the real
+//! dlclose and ends the report after it. When the object stays loaded (other references)
+//! its entries are only invalidated, which is harmless.
+//!
+//! Like a memory hook it allocates nothing and takes no lock of ours; it does nothing extra
+//! until a cache exists.
+
+use crate::memory::{QUEUE, REPORTING};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+const PAGE: usize = 4096;
+
+static REAL_DLCLOSE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+fn real_dlclose() -> Option<unsafe extern "C" fn(*mut c_void) -> c_int> {
+    let mut p = REAL_DLCLOSE.load(Acquire);
+    if p.is_null() {
+        // SAFETY: dlsym on RTLD_NEXT with a valid name: libc's (or libdl's) dlclose.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlclose".as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        REAL_DLCLOSE.store(p, Release);
+    }
+    // SAFETY: dlclose has this prototype.
+    Some(unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(p)
+    })
+}
+
+/// The start of glibc's `struct link_map` (stable public ABI, <link.h>).
+#[repr(C)]
+struct LinkMap {
+    l_addr: usize,
+    l_name: *const libc::c_char,
+}
+
+/// What the `dl_iterate_phdr` callback looks for and finds.
+struct Search {
+    addr: usize,
+    name: *const libc::c_char,
+    span: Option<(usize, usize)>,
+}
+
+unsafe extern "C" fn visit(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: data is the &mut Search passed to dl_iterate_phdr; info is the loader's
+    // description of one loaded object, valid during the call.
+    let (search, info) = unsafe { (&mut *(data as *mut Search), &*info) };
+    if info.dlpi_addr as usize != search.addr || info.dlpi_name != search.name {
+        return 0;
+    }
+    let (mut lo, mut hi) = (usize::MAX, 0usize);
+    for i in 0..info.dlpi_phnum as usize {
+        // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+        let ph = unsafe { &*info.dlpi_phdr.add(i) };
+        if ph.p_type == libc::PT_LOAD {
+            let start = search.addr.wrapping_add(ph.p_vaddr as usize);
+            lo = lo.min(start & !(PAGE - 1));
+            hi = hi.max(
+                start
+                    .saturating_add(ph.p_memsz as usize)
+                    .saturating_add(PAGE - 1)
+                    & !(PAGE - 1),
+            );
+        }
+    }
+    if hi > lo {
+        search.span = Some((lo, hi));
+    }
+    1
+}
+
+/// The span of the loaded object behind `handle`, if it is one.
+fn footprint(handle: *mut c_void) -> Option<(usize, usize)> {
+    let mut map: *const LinkMap = std::ptr::null();
+    // SAFETY: RTLD_DI_LINKMAP stores the object's struct link_map pointer into `map`.
+    let rc = unsafe {
+        libc::dlinfo(
+            handle,
+            libc::RTLD_DI_LINKMAP,
+            &mut map as *mut _ as *mut c_void,
+        )
+    };
+    if rc != 0 || map.is_null() {
+        return None;
+    }
+    // SAFETY: map is the loader's link_map of a loaded object; we read its first two fields.
+    let (addr, name) = unsafe { ((*map).l_addr, (*map).l_name) };
+    let mut search = Search {
+        addr,
+        name,
+        span: None,
+    };
+    // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is given.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut search as *mut Search as *mut c_void) };
+    search.span
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+    let Some(real) = real_dlclose() else {
+        return -1;
+    };
+    let span = if !handle.is_null() && QUEUE.is_active() && REPORTING.load(Relaxed) {
+        footprint(handle)
+    } else {
+        None
+    };
+    if let Some((start, end)) = span {
+        QUEUE.begin(start, end);
+    }
+    // SAFETY: the app's own dlclose call, forwarded.
+    let rc = unsafe { real(handle) };
+    if span.is_some() {
+        QUEUE.end();
+    }
+    rc
+}
