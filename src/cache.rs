@@ -280,13 +280,15 @@ impl ForkGuard<'_> {
 
     /// In the child: forget every entry without deregistering (the child cannot use the
     /// parent's verbs objects) and start afresh for the child's own registrations.
-    pub fn child(mut self) {
+    /// `open_here`: memory hooks the forking thread has open (see
+    /// `InvalidationQueue::reset_after_fork`).
+    pub fn child(mut self, open_here: u64) {
         *self.guard = State {
             index: RangeIndex::new(),
             ..State::default()
         };
         // Other threads' hooks may have been mid-push at the fork: they are gone.
-        self.queue.reset_after_fork();
+        self.queue.reset_after_fork(open_here);
     }
 }
 

@@ -194,14 +194,26 @@ impl InvalidationQueue {
 
     /// In a fork child, where only the forking thread exists: forget pending ranges (the
     /// child's cache starts empty) and any push or hook another thread had in flight.
-    pub fn reset_after_fork(&self) {
-        for (i, slot) in self.slots.iter().enumerate() {
-            slot.seq.store(i, SeqCst);
+    /// `open_here`: hooks the forking thread itself has open (fork from a signal handler
+    /// that interrupted one): they finish in the child, so `finished` is set to leave them
+    /// counted as in flight, and the ring keeps its positions (such a hook may be between
+    /// claiming a slot and filling it, and will fill it): positions are skipped, not reset,
+    /// and a slot a vanished producer never fills only makes later pushes overflow, which
+    /// loses nothing.
+    pub fn reset_after_fork(&self, open_here: u64) {
+        let started = self.started.load(SeqCst);
+        if open_here == 0 {
+            for (i, slot) in self.slots.iter().enumerate() {
+                slot.seq.store(i, SeqCst);
+            }
+            self.head.store(0, SeqCst);
+            self.tail.store(0, SeqCst);
+        } else {
+            self.head.store(self.tail.load(SeqCst), SeqCst);
         }
-        self.head.store(0, SeqCst);
-        self.tail.store(0, SeqCst);
         self.overflow.store(packed::EMPTY, SeqCst);
-        self.finished.store(self.started.load(SeqCst), SeqCst);
+        self.finished
+            .store(started.saturating_sub(open_here), SeqCst);
     }
 
     /// Whether anything is waiting to be drained.
@@ -552,6 +564,65 @@ mod edge_cases {
         println!("checked {} ranges", ranges.len());
     }
 
+    /// A hook in the forking thread (fork called from a signal handler that interrupted
+    /// the hook between begin and end; _Fork is async-signal-safe): in the child,
+    /// reset_after_fork sets finished = started, then the interrupted hook's end() makes
+    /// finished = started + 1, so the next invalidation in flight reads as quiet.
+    #[test]
+    fn signal_fork_mid_hook_stays_in_flight_in_the_child() {
+        let q = InvalidationQueue::new();
+        q.activate();
+        q.begin(0x1000, 0x2000); // the hook; signal arrives during its syscall
+        q.reset_after_fork(1); // handler forks; child handler runs (one hook open here)
+        q.end(); // handler returns in the child; the hook finishes
+        q.begin(0x10_0000, 0x20_0000); // another unmap, in flight (before its syscall)
+        assert_eq!(
+            q.quiet(),
+            None,
+            "quiet() reports no invalidation in flight while one is"
+        );
+    }
+
+    /// Same, but the signal lands between the producer's tail CAS and its seq store: in
+    /// the child the slot gets a seq from the parent's lap and the ring wedges: push spins.
+    #[test]
+    fn signal_fork_mid_push_does_not_wedge_the_ring() {
+        let q: &'static InvalidationQueue = Box::leak(Box::new(InvalidationQueue::new()));
+        q.activate();
+        for i in 0..5 {
+            q.begin(i * 0x1000, i * 0x1000 + 0x1000);
+            q.end();
+        }
+        let mut n = 0;
+        q.drain(|_, _, _| n += 1);
+        assert_eq!(n, 5);
+        // The hook: begin counted and claimed slot 5, then the signal.
+        q.started.fetch_add(1, SeqCst);
+        let pos = q.tail.fetch_add(1, SeqCst);
+        q.reset_after_fork(1);
+        // Back from the handler in the child: the push completes.
+        let slot = &q.slots[pos % CAPACITY];
+        slot.start.store(0x5000, Relaxed);
+        slot.end.store(0x6000, Relaxed);
+        slot.seq.store(pos + 1, Release);
+        q.end();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for i in 0..8 {
+                q.begin(0x10_0000 + i * 0x1000, 0x10_1000 + i * 0x1000);
+                q.end();
+            }
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(2)).is_ok(),
+            "a memory hook in the child spins forever in push"
+        );
+    }
+
+    /// A producer that stalls between claim and fill while another pushes and a drainer
+    /// consumes and peeks: every range handed out is one that was pushed (no torn or
+    /// reused slot read during a peek) and every range is covered.
     #[test]
     fn stalled_producer_peeks_are_consistent() {
         use std::sync::atomic::AtomicUsize as AU;

@@ -518,7 +518,7 @@ fn fork_child_forgets_everything_without_deregistering() {
         vec![(b.addr, b.len)],
         "only entries in use need DONTFORK"
     );
-    guard.child();
+    guard.child(0);
     assert_eq!(
         hca.live.lock().unwrap().len(),
         2,

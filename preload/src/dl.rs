@@ -115,12 +115,12 @@ pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
         None
     };
     if let Some((start, end)) = span {
-        QUEUE.begin(start, end);
+        crate::memory::report_begin(start, end);
     }
     // SAFETY: the app's own dlclose call, forwarded.
     let rc = unsafe { real(handle) };
     if span.is_some() {
-        QUEUE.end();
+        crate::memory::report_end();
     }
     rc
 }

@@ -138,7 +138,7 @@ pub extern "C" fn child() {
         // The child has no mapping there; libibverbs ignores the DOFORK error but its
         // reference counts (inherited) come back into balance.
         for_ranges(&real::DOFORK_RANGE, &ranges);
-        guard.child();
+        guard.child(crate::memory::open_here());
         runtime::after_fork_child();
     }
 }

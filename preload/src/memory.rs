@@ -90,10 +90,34 @@ fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
     }
     let start = addr & !(PAGE - 1);
     let end = addr.saturating_add(len).saturating_add(PAGE - 1) & !(PAGE - 1);
-    QUEUE.begin(start, end);
+    report_begin(start, end);
     let r = f();
-    QUEUE.end();
+    report_end();
     r
+}
+
+thread_local! {
+    /// Hooks between their report and their end on this thread. Const-initialised, no
+    /// destructor: safe in any hook, at any point of a thread's life.
+    static OPEN_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A hook reports `[start, end)` as going away (before the system call).
+pub fn report_begin(start: usize, end: usize) {
+    let _ = OPEN_HERE.try_with(|n| n.set(n.get() + 1));
+    QUEUE.begin(start, end);
+}
+
+/// The hook's system call is done.
+pub fn report_end() {
+    QUEUE.end();
+    let _ = OPEN_HERE.try_with(|n| n.set(n.get().saturating_sub(1)));
+}
+
+/// Reports this thread has open: nonzero in a fork child only when fork was called from a
+/// signal handler that interrupted one of our hooks.
+pub fn open_here() -> u64 {
+    OPEN_HERE.try_with(|n| n.get()).unwrap_or(0)
 }
 
 fn set_errno(e: c_int) {
@@ -212,11 +236,11 @@ pub extern "C" fn process_madvise(
             .saturating_add(r.iov_len)
             .saturating_add(PAGE - 1)
             & !(PAGE - 1);
-        QUEUE.begin(start, end);
+        report_begin(start, end);
     }
     let rc = call();
     for _ in ranges {
-        QUEUE.end();
+        report_end();
     }
     rc
 }

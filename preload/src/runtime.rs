@@ -277,7 +277,7 @@ pub fn after_signal_safe_fork_child() {
     DRAIN_RUNNING.store(false, Relaxed);
     trace::writer_gone();
     // Other threads' hooks may have been mid-push at the fork: they are gone.
-    QUEUE.reset_after_fork();
+    QUEUE.reset_after_fork(memory::open_here());
 }
 
 /// Idle entries a `_Fork()` asked to flush, before the next lookup.
