@@ -111,7 +111,7 @@ static int s_mremap(void) {
     return fresh(p, len);
 }
 
-static int s_free_malloc(void) {
+static int free_malloc_then(void (*before_free)(void)) {
     size_t len = 40 * MIB; /* above glibc's largest mmap threshold: its own mapping */
     char *p = malloc(len);
     memset(p, 0x11, len);
@@ -120,6 +120,8 @@ static int s_free_malloc(void) {
     uintptr_t base = ((uintptr_t)p & ~4095ul) + 4096;
     size_t rlen = len - 4096;
     warm((void *)base, rlen);
+    if (before_free)
+        before_free();
     free(p);
     char *q = malloc(len);
     CHECK((((uintptr_t)q & ~4095ul) + 4096) == base, "malloc after free returned %p, not the same pages", (void *)q);
@@ -128,6 +130,8 @@ static int s_free_malloc(void) {
     free(q);
     return rc;
 }
+
+static int s_free_malloc(void) { return free_malloc_then(NULL); }
 
 static int s_realloc(void) {
     size_t len = 40 * MIB;
@@ -334,29 +338,18 @@ static void entry_write(unsigned char *f, const unsigned char *code, size_t n) {
 /* A patcher that overwrites the entry of every loaded definition of munmap (libfabric's
  * memhooks walks the objects with dl_iterate_phdr): with the preload, the definition the
  * global scope finds is mrcache's own hook, which libc's patched entry jumps to. */
-static int s_free_malloc_hook_patched(void) {
+static void overwrite_our_munmap(void) {
     unsigned char *f = dlsym(RTLD_DEFAULT, "munmap");
     CHECK(f, "munmap");
-    size_t len = 40 * MIB;
-    char *p = malloc(len);
-    memset(p, 0x11, len);
-    uintptr_t base = ((uintptr_t)p & ~4095ul) + 4096;
-    size_t rlen = len - 4096;
-    warm((void *)base, rlen);
     unsigned char code[13] = {0x49, 0xbb};
     uint64_t hook = (uint64_t)(uintptr_t)transient_munmap;
     memcpy(code + 2, &hook, 8);
     code[10] = 0x41, code[11] = 0xff, code[12] = 0xe3;
     entry_write(f, code, sizeof code);
     usleep(100000); /* several of mrcache's drain cycles: time to notice, if it looks */
-    free(p);
-    char *q = malloc(len);
-    CHECK((((uintptr_t)q & ~4095ul) + 4096) == base, "malloc after free returned %p, not the same pages", (void *)q);
-    memset(q, 0x22, len);
-    int rc = fresh((void *)base, rlen);
-    free(q);
-    return rc;
 }
+
+static int s_free_malloc_hook_patched(void) { return free_malloc_then(overwrite_our_munmap); }
 
 static const struct {
     const char *name;
