@@ -717,15 +717,19 @@ impl<R: Registrar> Cache<R> {
                 st.unref(id)
             }
             Handle::Granted { id } => {
-                // The key must be dead before ibv_dereg_mr returns; without the lock.
+                // The key must be dead before ibv_dereg_mr returns; without the lock. Marked
+                // released first, so a racing second ibv_dereg_mr of it is a double release,
+                // never passed to libibverbs.
+                st.released_grants.insert(ptr);
                 drop(st);
                 if let Err(e) = self.registrar.revoke(ptr) {
-                    self.lock().handles.insert(ptr, Handle::Granted { id });
+                    let mut st = self.lock();
+                    st.released_grants.remove(&ptr);
+                    st.handles.insert(ptr, Handle::Granted { id });
                     return Released::Failed(e);
                 }
                 self.stats.revokes.fetch_add(1, Relaxed);
                 st = self.lock();
-                st.released_grants.insert(ptr);
                 st.unref(id)
             }
         };

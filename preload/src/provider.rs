@@ -243,6 +243,10 @@ impl Registrar for Provider {
             let shadow = slot as *mut IbvMr;
             (*shadow).addr = addr as *mut c_void;
             (*shadow).length = len;
+            // A copy that ever reached libibverbs' ibv_dereg_mr (a racing double dereg, a
+            // fork child) must fail in the kernel, not deregister the cached MR: no
+            // kernel object has this handle.
+            (*shadow).handle = u32::MAX;
         }
         true
     }

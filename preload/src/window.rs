@@ -45,7 +45,8 @@ const COMPLETION_LIMIT: Duration = Duration::from_secs(5);
 struct PdWindows {
     cq: *mut IbvCq,
     qp: *mut IbvQp,
-    idle: Vec<*mut IbvMw>,
+    /// Unbound windows and how many binds each has had (see `KEY_BINDS`).
+    idle: Vec<(*mut IbvMw, u32)>,
     granted: usize,
     /// A bind failed or never completed: the QP is in error; grant nothing more here.
     broken: bool,
@@ -55,7 +56,15 @@ struct Grant {
     pd: usize,
     mw: *mut IbvMw,
     mr: *mut IbvMr,
+    /// Binds of `mw` so far, this grant's included.
+    binds: u32,
 }
+
+/// A window's key changes only in its low 8 bits at each bind (providers step the key
+/// byte), so after 256 binds a key it issued before would come back. A window is retired
+/// (deallocated; a new one gets a new index from the kernel) before that: no key it ever
+/// handed out, revoked since, can reach memory again.
+const KEY_BINDS: u32 = 250;
 
 #[derive(Default)]
 struct State {
@@ -394,8 +403,8 @@ pub fn grant(
     if p.broken {
         return Err(EOPNOTSUPP);
     }
-    let mw = match p.idle.pop() {
-        Some(mw) => mw,
+    let (mw, binds) = match p.idle.pop() {
+        Some(idle) => idle,
         None => {
             // SAFETY: the provider's alloc_mw op on the app's live PD.
             let mw = unsafe {
@@ -406,7 +415,7 @@ pub fn grant(
             if mw.is_null() {
                 return Err(errno());
             }
-            mw
+            (mw, 0)
         }
     };
     if let Err(e) = bind(p, mw, mr, iova, len as u64, access & REMOTE) {
@@ -416,7 +425,15 @@ pub fn grant(
     p.granted += 1;
     // SAFETY: mw is live; the provider's bind_mw stored the new key in it.
     let rkey = unsafe { (*mw).rkey };
-    st.grants.insert(slot, Grant { pd, mw, mr });
+    st.grants.insert(
+        slot,
+        Grant {
+            pd,
+            mw,
+            mr,
+            binds: binds + 1,
+        },
+    );
     Ok(rkey)
 }
 
@@ -433,7 +450,13 @@ pub fn revoke(slot: usize) -> Result<(), i32> {
     };
     p.granted -= 1;
     if bind(p, g.mw, g.mr, 0, 0, 0).is_ok() {
-        p.idle.push(g.mw);
+        if g.binds + 1 + 2 <= KEY_BINDS {
+            p.idle.push((g.mw, g.binds + 1));
+        } else {
+            // Unbound already: its key reaches nothing; retire it before its key byte
+            // wraps. A failed dealloc only leaks an unbound window.
+            dealloc(g.mw);
+        }
         return Ok(());
     }
     match dealloc(g.mw) {
@@ -478,7 +501,7 @@ pub fn release_context(ctx: usize) {
 }
 
 fn destroy(p: PdWindows) {
-    for mw in p.idle {
+    for (mw, _) in p.idle {
         dealloc(mw);
     }
     if let (Some(dq), Some(dc)) = (DESTROY_QP.get(), DESTROY_CQ.get()) {
