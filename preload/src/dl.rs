@@ -1,9 +1,10 @@
 //! `dlclose`: the loader unmaps an unloaded object's segments with its own internal munmap,
 //! which none of the memory hooks sees. A registered static buffer of a plugin would then
 //! stay cached while another object is loaded at the same address. The hook reports the
-//! object's whole footprint (the span of its PT_LOAD segments) as going away before the real
-//! dlclose and ends the report after it. When the object stays loaded (other references)
-//! its entries are only invalidated, which is harmless.
+//! object's whole footprint (the span of its PT_LOAD segments), and that of every object
+//! loaded after it (dependencies the loader unloads with it), as going away before the real
+//! dlclose and ends the report after it. Objects that stay loaded only have their entries
+//! invalidated, which is harmless.
 //!
 //! Like a memory hook it allocates nothing and takes no lock of ours; it does nothing extra
 //! until a cache exists.
@@ -39,11 +40,30 @@ struct LinkMap {
     l_name: *const libc::c_char,
 }
 
-/// What the `dl_iterate_phdr` callback looks for and finds.
+/// Spans reported for one dlclose; more objects than this are merged into the last.
+const SPANS: usize = 32;
+
+/// What the `dl_iterate_phdr` callback looks for and finds: the object's span and those of
+/// every object loaded after it (its dependencies, which the loader unloads with it when
+/// nothing else uses them).
 struct Search {
     addr: usize,
     name: *const libc::c_char,
-    span: Option<(usize, usize)>,
+    found: bool,
+    spans: [(usize, usize); SPANS],
+    n: usize,
+}
+
+impl Search {
+    fn add(&mut self, span: (usize, usize)) {
+        if self.n < SPANS {
+            self.spans[self.n] = span;
+            self.n += 1;
+        } else {
+            let last = &mut self.spans[SPANS - 1];
+            *last = (last.0.min(span.0), last.1.max(span.1));
+        }
+    }
 }
 
 unsafe extern "C" fn visit(
@@ -54,15 +74,19 @@ unsafe extern "C" fn visit(
     // SAFETY: data is the &mut Search passed to dl_iterate_phdr; info is the loader's
     // description of one loaded object, valid during the call.
     let (search, info) = unsafe { (&mut *(data as *mut Search), &*info) };
-    if info.dlpi_addr as usize != search.addr || info.dlpi_name != search.name {
-        return 0;
+    if !search.found {
+        if info.dlpi_addr as usize != search.addr || info.dlpi_name != search.name {
+            return 0;
+        }
+        search.found = true;
     }
+    let base = info.dlpi_addr as usize;
     let (mut lo, mut hi) = (usize::MAX, 0usize);
     for i in 0..info.dlpi_phnum as usize {
         // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
         let ph = unsafe { &*info.dlpi_phdr.add(i) };
         if ph.p_type == libc::PT_LOAD {
-            let start = search.addr.wrapping_add(ph.p_vaddr as usize);
+            let start = base.wrapping_add(ph.p_vaddr as usize);
             lo = lo.min(start & !(PAGE - 1));
             hi = hi.max(
                 start
@@ -73,13 +97,13 @@ unsafe extern "C" fn visit(
         }
     }
     if hi > lo {
-        search.span = Some((lo, hi));
+        search.add((lo, hi));
     }
-    1
+    0
 }
 
-/// The span of the loaded object behind `handle`, if it is one.
-fn footprint(handle: *mut c_void) -> Option<(usize, usize)> {
+/// The spans of the loaded object behind `handle` and of the objects loaded after it.
+fn footprint(handle: *mut c_void) -> Option<Search> {
     let mut map: *const LinkMap = std::ptr::null();
     // SAFETY: RTLD_DI_LINKMAP stores the object's struct link_map pointer into `map`.
     let rc = unsafe {
@@ -97,11 +121,13 @@ fn footprint(handle: *mut c_void) -> Option<(usize, usize)> {
     let mut search = Search {
         addr,
         name,
-        span: None,
+        found: false,
+        spans: [(0, 0); SPANS],
+        n: 0,
     };
     // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is given.
     unsafe { libc::dl_iterate_phdr(Some(visit), &mut search as *mut Search as *mut c_void) };
-    search.span
+    search.found.then_some(search)
 }
 
 #[unsafe(no_mangle)]
@@ -109,17 +135,18 @@ pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let Some(real) = real_dlclose() else {
         return -1;
     };
-    let span = if !handle.is_null() && QUEUE.is_active() && REPORTING.load(Relaxed) {
+    let found = if !handle.is_null() && QUEUE.is_active() && REPORTING.load(Relaxed) {
         footprint(handle)
     } else {
         None
     };
-    if let Some((start, end)) = span {
+    let spans = found.as_ref().map_or(&[][..], |s| &s.spans[..s.n]);
+    for &(start, end) in spans {
         crate::memory::report_begin(start, end);
     }
     // SAFETY: the app's own dlclose call, forwarded.
     let rc = unsafe { real(handle) };
-    if span.is_some() {
+    for _ in spans {
         crate::memory::report_end();
     }
     rc

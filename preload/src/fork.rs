@@ -100,6 +100,11 @@ fn for_ranges(sym: &real::Symbol, ranges: &[(usize, usize)]) {
 }
 
 pub extern "C" fn prepare() {
+    // Run twice for one fork (handlers registered twice by any path), the second would
+    // block on the cache lock the first holds.
+    if HELD.try_with(|h| h.borrow().is_some()).unwrap_or(true) {
+        return;
+    }
     let Some((cache, decision)) = runtime::fork_state() else {
         return;
     };
@@ -181,6 +186,8 @@ pub extern "C" fn _Fork() -> libc::pid_t {
     let pid = unsafe { real() };
     if pid == 0 {
         runtime::after_signal_safe_fork_child();
+    } else {
+        runtime::after_signal_safe_fork_parent();
     }
     pid
 }

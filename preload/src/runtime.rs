@@ -86,7 +86,7 @@ fn runtime() -> Option<&'static Runtime> {
             eprintln!("{p}");
         }
         trace::set_log_file(config.log_file.as_deref());
-        if config.stats != StatsMode::Off {
+        if config.stats != StatsMode::Off && !STATS_AT_EXIT.swap(true, SeqCst) {
             // SAFETY: registering a plain extern "C" fn with atexit.
             unsafe { libc::atexit(print_stats) };
         }
@@ -132,8 +132,13 @@ fn runtime() -> Option<&'static Runtime> {
             }
         }
         let fork = cache.as_ref().map(|_| {
-            // SAFETY: registering plain extern "C" handlers.
-            unsafe { libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child)) };
+            // Once per address space: a fork child that takes the set-up over inherits the
+            // parent's registrations (and this flag), and handlers registered twice would
+            // run prepare twice and block on the lock the first one holds.
+            if !ATFORK_REGISTERED.swap(true, SeqCst) {
+                // SAFETY: registering plain extern "C" handlers.
+                unsafe { libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child)) };
+            }
             fork::decide(config.fork)
         });
         if let (Some(d), Some(c)) = (&fork, &coverage)
@@ -231,6 +236,12 @@ static RENEWED: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut()
 /// Set by `_Fork()` in the parent when idle entries must go at fork: the next registration
 /// deregisters them before it looks anything up.
 static FLUSH_AFTER_FORK: AtomicBool = AtomicBool::new(false);
+/// `_Fork()` calls begun and finished, twice each (odd while one is in progress): a lookup
+/// meanwhile passes through uncached, so no registration made during it survives it idle.
+static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+/// Process-wide registrations made once per address space (inherited by fork children).
+static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
+static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 /// The cache, once set up (and not off); None also while a `_Fork` child's first call on
 /// another thread is replacing it.
@@ -259,12 +270,24 @@ fn cache() -> Option<&'static Cache<Provider>> {
 /// `_Fork()`, before the real call, in the forking process: only atomic stores (it may run
 /// in a signal handler that interrupted a thread holding the cache lock or the allocator's).
 pub fn before_signal_safe_fork() {
+    FORK_GEN.fetch_add(1, SeqCst);
+    FORKS.fetch_add(1, Relaxed);
+}
+
+/// `_Fork()` returned in the parent: idle entries (the ones cached before it and during it)
+/// are flushed before the next lookup, when the policy says so. Only atomic stores.
+pub fn after_signal_safe_fork_parent() {
     if let Some(d) = RUNTIME.get().and_then(|r| r.fork.as_ref())
         && d.flush_idle
     {
         FLUSH_AFTER_FORK.store(true, SeqCst);
     }
-    FORKS.fetch_add(1, Relaxed);
+    FORK_GEN.fetch_add(1, SeqCst);
+}
+
+/// Whether a `_Fork()` is in progress in this process (a lookup then passes through).
+pub fn forking() -> bool {
+    FORK_GEN.load(SeqCst) % 2 == 1
 }
 
 /// `_Fork()` in the child: only atomic stores. The parent's cache is dropped at the next
@@ -274,6 +297,7 @@ pub fn after_signal_safe_fork_child() {
         RENEW.store(1, SeqCst);
     }
     FLUSH_AFTER_FORK.store(false, Relaxed);
+    FORK_GEN.fetch_add(1, SeqCst);
     DRAIN_RUNNING.store(false, Relaxed);
     trace::writer_gone();
     // Other threads' hooks may have been mid-push at the fork: they are gone.
@@ -505,6 +529,9 @@ fn register_inner(
             let Some(cache) = cache() else {
                 return passthrough(9); // another thread is replacing a fork child's cache
             };
+            if forking() {
+                return passthrough(9); // a _Fork() is in progress on another thread
+            }
             flush_after_fork(cache);
             if rt.monitor == Monitor::Patch {
                 check_patches(cache);

@@ -1,0 +1,1 @@
+char dep_buf[16 * 4096] __attribute__((aligned(4096)));

@@ -1,0 +1,2 @@
+extern char dep_buf[];
+char *plug_buf(void) { return dep_buf; }
