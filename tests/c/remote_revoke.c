@@ -46,6 +46,20 @@ int main(int argc, char **argv) {
     CHECK(buf && guard, "malloc");
     struct ibv_mr *mr = ibv_reg_mr(lb.pd, buf, LEN, access);
     CHECK(mr, "registration failed");
+    if (!expect_refused) {
+        /* Showing keep's risk needs the registration cached; one made while an unrelated
+         * unmap is in flight (a library thread's) is handed out uncached: until a
+         * registration hits (same key), try again. */
+        int cached = 0;
+        for (int i = 0; i < 20 && !cached; i++) {
+            uint32_t key = mr->rkey;
+            CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+            mr = ibv_reg_mr(lb.pd, buf, LEN, access);
+            CHECK(mr, "registration failed");
+            cached = mr->rkey == key;
+        }
+        CHECK(cached, "MRCACHE_REMOTE=keep: 20 registrations of one buffer, none cached");
+    }
     uint32_t old_rkey = mr->rkey;
     CHECK(lb_prove_write(&lb, mr, buf, LEN, 1) == 0, "the write with the live rkey did not land");
     CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
