@@ -30,12 +30,11 @@ fn shared_object(name: &str) -> PathBuf {
     build(name, &format!("lib{name}.so"), &["-shared", "-fPIC"])
 }
 
-/// Runs `fake_zap SCENARIO` under the preload: Ok(true) reported, Ok(false) a stale hit,
-/// Err when this kernel refuses the call (printed, and the test passes vacuously).
-fn fake_zap(scenario: &str) -> Result<bool, String> {
-    let prog = build("fake_zap", "fake_zap", &["-libverbs"]);
-    let out = Command::new(&prog)
-        .arg(scenario)
+/// Runs `prog args` with libmrcache.so preloaded (the patch monitor): its exit status and
+/// everything it printed.
+fn run_preloaded(prog: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(prog)
+        .args(args)
         .env("LD_PRELOAD", lib())
         .env("MRCACHE_MONITOR", "patch")
         .output()
@@ -45,7 +44,15 @@ fn fake_zap(scenario: &str) -> Result<bool, String> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    match out.status.code() {
+    (out.status.code(), text)
+}
+
+/// Runs `fake_zap SCENARIO` under the preload: Ok(true) reported, Ok(false) a stale hit,
+/// Err when this kernel refuses the call (printed, and the test passes vacuously).
+fn fake_zap(scenario: &str) -> Result<bool, String> {
+    let prog = build("fake_zap", "fake_zap", &["-libverbs"]);
+    let (status, text) = run_preloaded(&prog, &[scenario]);
+    match status {
         Some(0) => Ok(true),
         Some(1) => Ok(false),
         Some(77) => Err(text),
@@ -110,17 +117,9 @@ fn dlclose_reports_the_dependencies_it_unloads() {
     );
     let prog = build("dlclose_deps", "dlclose_deps", &["-libverbs", "-ldl"]);
     for how in ["dep", "plug"] {
-        let out = Command::new(&prog)
-            .args([how, plug.to_str().unwrap(), dep.to_str().unwrap()])
-            .env("LD_PRELOAD", lib())
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        match out.status.code() {
+        let (status, text) =
+            run_preloaded(&prog, &[how, plug.to_str().unwrap(), dep.to_str().unwrap()]);
+        match status {
             Some(0) => {}
             Some(77) => println!("skipped ({how}): {text}"),
             _ => panic!("dlclose {how}: {text}"),
