@@ -689,11 +689,17 @@ impl<R: Registrar> Cache<R> {
         };
         let to_dereg = match handle {
             Handle::Uncached { mr } => {
+                // Tombstoned before the provider can free it (and so reuse the address): a
+                // second ibv_dereg_mr of it is then a double release, never handed to
+                // libibverbs with freed memory.
+                st.bury(ptr);
                 drop(st);
                 return match self.registrar.deregister(mr) {
                     Ok(()) => Released::Deregistered,
                     Err(e) => {
-                        self.lock().handles.insert(ptr, Handle::Uncached { mr });
+                        let mut st = self.lock();
+                        st.unbury(ptr);
+                        st.handles.insert(ptr, Handle::Uncached { mr });
                         Released::Failed(e)
                     }
                 };

@@ -197,6 +197,22 @@ fn flush_waits_are_bounded_and_per_pd() {
     });
 }
 
+/// An uncached registration (made while an unmap was in flight) released twice: the
+/// second release is a double release, not a pointer passed on to libibverbs (which would
+/// dereference the freed MR: seen as a segfault in the VM's double_dereg case).
+#[test]
+fn a_second_release_of_an_uncached_registration_is_a_double_release() {
+    let p = Provider::new(None);
+    let c = cache(&p);
+    let req = request(0x100, 0x10_0000, 8192);
+    c.invalidate_begin(req.addr, req.addr + req.len);
+    let (h, o) = c.acquire(&req).unwrap();
+    c.invalidate_end();
+    assert_eq!(o, Outcome::Uncached);
+    assert_eq!(c.release(h), Released::Deregistered);
+    assert_eq!(c.release(h), Released::DoubleRelease);
+}
+
 /// A panic in the first of several deregistrations of one flush does not strand the rest:
 /// every later flush (dealloc_pd, close_device, each fork's prepare) would wait for them.
 #[test]
