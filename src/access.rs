@@ -38,20 +38,6 @@ pub enum Bypass {
     Remote,
 }
 
-impl Bypass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bypass::OnDemand => "on-demand",
-            Bypass::ZeroBased => "zero-based",
-            Bypass::UnknownFlags => "unknown-access-flags",
-            Bypass::BadRange => "bad-range",
-            Bypass::Nested => "nested",
-            Bypass::Disabled => "disabled",
-            Bypass::Remote => "remote-access",
-        }
-    }
-}
-
 /// Decide whether a registration request can go through the cache.
 pub fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
     if access & ON_DEMAND != 0 {

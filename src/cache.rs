@@ -9,8 +9,8 @@ use crate::access::{self, Bypass};
 use crate::config::RemoteMode;
 use crate::index::RangeIndex;
 use crate::invalidation::InvalidationQueue;
+use crate::stats::{Counter, Counters, Counts};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -141,46 +141,10 @@ pub enum Detached {
     NotOurs,
 }
 
-#[derive(Default)]
-pub struct Stats {
-    pub hits: AtomicU64,
-    pub hits_containing: AtomicU64,
-    pub misses: AtomicU64,
-    pub uncached: AtomicU64,
-    pub bypassed: AtomicU64,
-    pub evictions: AtomicU64,
-    pub evictions_enomem: AtomicU64,
-    pub invalidated: AtomicU64,
-    pub dereg_failures: AtomicU64,
-    pub double_releases: AtomicU64,
-    pub verify_mismatches: AtomicU64,
-    /// Remote keys handed out with a hit or miss (`MRCACHE_REMOTE=revoke`), and revoked.
-    pub grants: AtomicU64,
-    pub revokes: AtomicU64,
-    pub reg_ns: AtomicU64,
-    pub peak_entries: AtomicU64,
-    pub peak_bytes: AtomicU64,
-}
-
-/// A plain copy of `Stats` for reporting.
+/// A copy of the cache's counters and its size, for reporting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
-    pub hits: u64,
-    pub hits_containing: u64,
-    pub misses: u64,
-    pub uncached: u64,
-    pub bypassed: u64,
-    pub evictions: u64,
-    pub evictions_enomem: u64,
-    pub invalidated: u64,
-    pub dereg_failures: u64,
-    pub double_releases: u64,
-    pub verify_mismatches: u64,
-    pub grants: u64,
-    pub revokes: u64,
-    pub reg_ns: u64,
-    pub peak_entries: u64,
-    pub peak_bytes: u64,
+    pub counts: Counts,
     pub entries: u64,
     pub bytes: u64,
     pub idle: u64,
@@ -265,7 +229,7 @@ pub struct Cache<R: Registrar> {
     /// Set once by `stop_caching`: why the cache no longer caches.
     stopped: std::sync::OnceLock<String>,
     remote: RemoteMode,
-    pub stats: Stats,
+    pub stats: Counters,
 }
 
 /// The cache lock, held from `fork()`'s prepare handler to its parent or child handler.
@@ -321,7 +285,7 @@ impl<R: Registrar> Cache<R> {
             queue,
             stopped: std::sync::OnceLock::new(),
             remote: RemoteMode::Keep,
-            stats: Stats::default(),
+            stats: Counters::new(),
         }
     }
 
@@ -364,7 +328,7 @@ impl<R: Registrar> Cache<R> {
                 }
             }
         });
-        self.stats.invalidated.fetch_add(n, Relaxed);
+        self.stats.add(Counter::Invalidated, n);
         to_dereg
     }
 
@@ -400,7 +364,6 @@ impl<R: Registrar> Cache<R> {
     /// to hand to the app.
     pub fn acquire(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
         if let Err(b) = access::classify(req.addr, req.len, req.access) {
-            self.stats.bypassed.fetch_add(1, Relaxed);
             return Err(AcquireError::Bypass(b));
         }
         if self.stopped.get().is_some() {
@@ -429,11 +392,11 @@ impl<R: Registrar> Cache<R> {
             if let Some(h) = self.finish_claim(claim, req) {
                 if self.verified(id, h) {
                     let counter = if outcome == Outcome::Hit {
-                        &self.stats.hits
+                        Counter::Hits
                     } else {
-                        &self.stats.hits_containing
+                        Counter::HitsContaining
                     };
-                    counter.fetch_add(1, Relaxed);
+                    self.stats.add(counter, 1);
                     return Ok((h, outcome));
                 }
             }
@@ -444,9 +407,7 @@ impl<R: Registrar> Cache<R> {
         drop(st);
         self.deregister_all(&evicted);
         let (started, quiet) = self.quiet_moment();
-        self.stats
-            .evictions
-            .fetch_add(evicted.len() as u64, Relaxed);
+        self.stats.add(Counter::Evictions, evicted.len() as u64);
 
         let t0 = Instant::now();
         let register = || {
@@ -463,17 +424,14 @@ impl<R: Registrar> Cache<R> {
             let idle = self.lock().evict_idle(|_| true);
             if !idle.is_empty() {
                 self.deregister_all(&idle);
-                self.stats
-                    .evictions_enomem
-                    .fetch_add(idle.len() as u64, Relaxed);
+                self.stats.add(Counter::EvictionsEnomem, idle.len() as u64);
                 result = register();
             } else {
                 result = Err(e);
             }
         }
         self.stats
-            .reg_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+            .add(Counter::RegistrationNs, t0.elapsed().as_nanos() as u64);
         if revocable && result == Err(UNSUPPORTED) {
             return Err(self.bypass_remote());
         }
@@ -484,7 +442,7 @@ impl<R: Registrar> Cache<R> {
                 Err(_) => {
                     // No window for it: libibverbs registers it with its own keys instead.
                     if self.registrar.deregister(mr).is_err() {
-                        self.stats.dereg_failures.fetch_add(1, Relaxed);
+                        self.stats.add(Counter::DeregFailures, 1);
                     }
                     return Err(self.bypass_remote());
                 }
@@ -505,9 +463,9 @@ impl<R: Registrar> Cache<R> {
             self.note_peak(&st);
             drop(st);
             self.deregister_all(&stale);
-            self.stats.misses.fetch_add(1, Relaxed);
+            self.stats.add(Counter::Misses, 1);
             if grant.is_some() {
-                self.stats.grants.fetch_add(1, Relaxed);
+                self.stats.add(Counter::RemoteGrants, 1);
             }
             Ok((grant.unwrap_or(mr.ptr), Outcome::Miss))
         } else if let Some(h) = grant {
@@ -516,7 +474,7 @@ impl<R: Registrar> Cache<R> {
             drop(st);
             self.deregister_all(&stale);
             if self.registrar.revoke(h).is_err() || self.registrar.deregister(mr).is_err() {
-                self.stats.dereg_failures.fetch_add(1, Relaxed);
+                self.stats.add(Counter::DeregFailures, 1);
             }
             Err(self.bypass_remote())
         } else {
@@ -524,7 +482,7 @@ impl<R: Registrar> Cache<R> {
             st.handles.insert(mr.ptr, Handle::Uncached { mr });
             drop(st);
             self.deregister_all(&stale);
-            self.stats.uncached.fetch_add(1, Relaxed);
+            self.stats.add(Counter::Uncached, 1);
             Ok((mr.ptr, Outcome::Uncached))
         }
     }
@@ -534,14 +492,13 @@ impl<R: Registrar> Cache<R> {
         let t0 = Instant::now();
         let result = self.registrar.register(req);
         self.stats
-            .reg_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+            .add(Counter::RegistrationNs, t0.elapsed().as_nanos() as u64);
         let mr = result.map_err(AcquireError::Failed)?;
         let mut st = self.lock();
         st.unbury(mr.ptr);
         st.handles.insert(mr.ptr, Handle::Uncached { mr });
         drop(st);
-        self.stats.uncached.fetch_add(1, Relaxed);
+        self.stats.add(Counter::Uncached, 1);
         Ok((mr.ptr, Outcome::Uncached))
     }
 
@@ -578,7 +535,6 @@ impl<R: Registrar> Cache<R> {
     }
 
     fn bypass_remote(&self) -> AcquireError {
-        self.stats.bypassed.fetch_add(1, Relaxed);
         AcquireError::Bypass(Bypass::Remote)
     }
 
@@ -606,7 +562,7 @@ impl<R: Registrar> Cache<R> {
         if self.registrar.verify(mr) {
             return true;
         }
-        self.stats.verify_mismatches.fetch_add(1, Relaxed);
+        self.stats.add(Counter::VerifyMismatches, 1);
         self.lock().unindex(id);
         self.release(handle);
         false
@@ -622,7 +578,7 @@ impl<R: Registrar> Cache<R> {
                     Ok(h) => {
                         st.released_grants.remove(&h);
                         st.handles.insert(h, Handle::Granted { id });
-                        self.stats.grants.fetch_add(1, Relaxed);
+                        self.stats.add(Counter::RemoteGrants, 1);
                         Some(h)
                     }
                     Err(_) => {
@@ -682,7 +638,7 @@ impl<R: Registrar> Cache<R> {
                     .and_then(|&id| st.entry(id))
                     .is_some_and(|e| !e.primary_out);
             if double {
-                self.stats.double_releases.fetch_add(1, Relaxed);
+                self.stats.add(Counter::DoubleDeregs, 1);
                 return Released::DoubleRelease;
             }
             return Released::NotOurs;
@@ -734,7 +690,7 @@ impl<R: Registrar> Cache<R> {
                     st.handles.insert(ptr, Handle::Granted { id });
                     return Released::Failed(e);
                 }
-                self.stats.revokes.fetch_add(1, Relaxed);
+                self.stats.add(Counter::RemoteRevokes, 1);
                 st = self.lock();
                 st.unref(id)
             }
@@ -879,28 +835,12 @@ impl<R: Registrar> Cache<R> {
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        let s = &self.stats;
         let (entries, bytes, idle) = {
             let st = self.lock();
             (st.count as u64, st.bytes, st.lru.len() as u64)
         };
         StatsSnapshot {
-            hits: s.hits.load(Relaxed),
-            hits_containing: s.hits_containing.load(Relaxed),
-            misses: s.misses.load(Relaxed),
-            uncached: s.uncached.load(Relaxed),
-            bypassed: s.bypassed.load(Relaxed),
-            evictions: s.evictions.load(Relaxed),
-            evictions_enomem: s.evictions_enomem.load(Relaxed),
-            invalidated: s.invalidated.load(Relaxed),
-            dereg_failures: s.dereg_failures.load(Relaxed),
-            double_releases: s.double_releases.load(Relaxed),
-            verify_mismatches: s.verify_mismatches.load(Relaxed),
-            grants: s.grants.load(Relaxed),
-            revokes: s.revokes.load(Relaxed),
-            reg_ns: s.reg_ns.load(Relaxed),
-            peak_entries: s.peak_entries.load(Relaxed),
-            peak_bytes: s.peak_bytes.load(Relaxed),
+            counts: self.stats.counts(),
             entries,
             bytes,
             idle,
@@ -908,8 +848,8 @@ impl<R: Registrar> Cache<R> {
     }
 
     fn note_peak(&self, st: &State) {
-        self.stats.peak_entries.fetch_max(st.count as u64, Relaxed);
-        self.stats.peak_bytes.fetch_max(st.bytes, Relaxed);
+        self.stats.max(Counter::PeakEntries, st.count as u64);
+        self.stats.max(Counter::PeakBytes, st.bytes);
     }
 
     /// Deregister MRs that `State::remove` took out of the cache.
@@ -930,10 +870,10 @@ impl<R: Registrar> Cache<R> {
             })) {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {
-                    self.stats.dereg_failures.fetch_add(1, Relaxed);
+                    self.stats.add(Counter::DeregFailures, 1);
                 }
                 Err(p) => {
-                    self.stats.dereg_failures.fetch_add(1, Relaxed);
+                    self.stats.add(Counter::DeregFailures, 1);
                     panicked.get_or_insert(p);
                 }
             }

@@ -4,7 +4,7 @@
 
 use clap::{Parser, Subcommand};
 use mrcache::config::{self, VARIABLES};
-use mrcache::stats::Report;
+use mrcache::stats::{Counter, Report};
 use std::ffi::{CString, OsString, c_void};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -443,14 +443,14 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
             r.host,
             pid,
             r.hits_total(),
-            r.misses,
-            r.uncached,
+            r[Counter::Misses],
+            r[Counter::Uncached],
             r.hit_rate() * 100.0,
-            r.invalidated_entries,
-            r.peak_entries,
-            r.peak_bytes as f64 / (1 << 20) as f64,
-            r.registration_ns as f64 / 1e6,
-            r.saved_ns_estimate as f64 / 1e6
+            r[Counter::Invalidated],
+            r[Counter::PeakEntries],
+            r[Counter::PeakBytes] as f64 / (1 << 20) as f64,
+            r[Counter::RegistrationNs] as f64 / 1e6,
+            r[Counter::SavedNsEstimate] as f64 / 1e6
         );
     };
     for r in &reports {
@@ -460,12 +460,17 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
     row(&t, format!("{} procs", reports.len()));
     println!(
         "remote keys: MRCACHE_REMOTE={}; {} granted through windows, {} revoked at ibv_dereg_mr",
-        t.remote_keys, t.remote_grants, t.remote_revokes
+        t.remote_keys,
+        t[Counter::RemoteGrants],
+        t[Counter::RemoteRevokes]
     );
-    if t.double_deregs + t.verify_mismatches + t.trace_records_dropped > 0 {
+    if t[Counter::DoubleDeregs] + t[Counter::VerifyMismatches] + t[Counter::TraceRecordsDropped] > 0
+    {
         println!(
             "attention: {} double deregistrations, {} verify mismatches, {} trace records dropped",
-            t.double_deregs, t.verify_mismatches, t.trace_records_dropped
+            t[Counter::DoubleDeregs],
+            t[Counter::VerifyMismatches],
+            t[Counter::TraceRecordsDropped]
         );
     }
     Ok(ExitCode::SUCCESS)

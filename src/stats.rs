@@ -1,39 +1,249 @@
-//! The per-process statistics report (`MRCACHE_STATS=json`), written by libmrcache.so at
-//! exit and read back by `mrcache stats FILES...` to aggregate a job's ranks.
+//! The statistics: every counter named once (an enum and its name table, as UCX's stats
+//! classes), the atomic counters the cache and the hooks bump, and the per-process report
+//! (`MRCACHE_STATS=json`) written by libmrcache.so at exit and read back by `mrcache stats
+//! FILES...` to aggregate a job's ranks.
 
-use serde::{Deserialize, Serialize};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// An enum whose variants each carry their one name, with `ALL`, `COUNT` and `name()`.
+macro_rules! named_enum {
+    ($(#[$m:meta])* pub enum $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name { $($(#[$vm])* $v,)* }
+        impl $name {
+            pub const ALL: &[$name] = &[$($name::$v,)*];
+            pub const COUNT: usize = Self::ALL.len();
+            const NAMES: [&str; Self::COUNT] = [$($s,)*];
+            /// The name in reports and JSON.
+            pub const fn name(self) -> &'static str {
+                Self::NAMES[self as usize]
+            }
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|c| c.name() == name)
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// The numeric statistics of one process (the names are the JSON keys).
+    pub enum Counter {
+        Hits = "hits",
+        HitsContaining = "hits_containing",
+        Misses = "misses",
+        Uncached = "uncached",
+        Evictions = "evictions",
+        EvictionsEnomem = "evictions_enomem",
+        /// Cached entries dropped because their memory went away.
+        Invalidated = "invalidated_entries",
+        UnmapsMergedOnOverflow = "unmaps_merged_on_overflow",
+        DoubleDeregs = "double_deregs",
+        VerifyMismatches = "verify_mismatches",
+        DeregFailures = "dereg_failures",
+        EntriesAtExit = "entries_at_exit",
+        BytesAtExit = "bytes_at_exit",
+        PeakEntries = "peak_entries",
+        PeakBytes = "peak_bytes",
+        /// Time spent in provider registrations (misses and uncached).
+        RegistrationNs = "registration_ns",
+        /// Estimated time hits saved: hits x the mean cost of a registration here.
+        SavedNsEstimate = "saved_ns_estimate",
+        Forks = "forks",
+        /// Remote keys handed out through windows (`MRCACHE_REMOTE=revoke`).
+        RemoteGrants = "remote_grants",
+        /// ... and revoked at `ibv_dereg_mr`.
+        RemoteRevokes = "remote_revokes",
+        TraceRecordsDropped = "trace_records_dropped",
+    }
+}
+
+impl Counter {
+    /// A high-water mark: a job's total is the largest, not the sum.
+    pub fn is_peak(self) -> bool {
+        matches!(self, Counter::PeakEntries | Counter::PeakBytes)
+    }
+}
+
+named_enum! {
+    /// Why a registration was passed to libibverbs untouched (`Report::bypassed` keys).
+    pub enum Bypassed {
+        /// ON_DEMAND: nothing is pinned, nothing to cache.
+        OnDemand = "on-demand",
+        ZeroBased = "zero-based",
+        UnknownFlags = "unknown-access-flags",
+        BadRange = "bad-range",
+        /// Made inside one of our own calls (by the provider or the cache).
+        Nested = "nested",
+        /// `MRCACHE_ENABLE=0`, or set-up failed.
+        Disabled = "disabled",
+        /// libibverbs' own behaviour for a NULL pd.
+        NullPd = "null-pd",
+        /// A bug: the cache panicked, the call fell back.
+        Panic = "panic",
+        RemoteAccess = "remote-access",
+        /// Another thread sets the library up, replaces a fork child's cache, or forks.
+        SettingUp = "setting-up",
+    }
+}
+
+impl From<crate::access::Bypass> for Bypassed {
+    fn from(b: crate::access::Bypass) -> Self {
+        use crate::access::Bypass;
+        match b {
+            Bypass::OnDemand => Bypassed::OnDemand,
+            Bypass::ZeroBased => Bypassed::ZeroBased,
+            Bypass::UnknownFlags => Bypassed::UnknownFlags,
+            Bypass::BadRange => Bypassed::BadRange,
+            Bypass::Nested => Bypassed::Nested,
+            Bypass::Disabled => Bypassed::Disabled,
+            Bypass::Remote => Bypassed::RemoteAccess,
+        }
+    }
+}
+
+named_enum! {
+    /// The memory hook that reported an unmap (`Report::unmaps_by_source` keys).
+    pub enum UnmapSource {
+        Munmap = "munmap",
+        Madvise = "madvise",
+        Mremap = "mremap",
+        MmapFixed = "mmap-fixed",
+        Brk = "brk",
+        Sbrk = "sbrk",
+        ShmatRemap = "shmat-remap",
+        Shmdt = "shmdt",
+        Realloc = "realloc",
+    }
+}
+
+/// Lock-free counters indexed by an enum made with `named_enum!` (no allocation: usable
+/// in a `static` and from memory hooks).
+pub struct Tally<const N: usize>([AtomicU64; N]);
+
+impl<const N: usize> Tally<N> {
+    pub const fn new() -> Self {
+        Tally([const { AtomicU64::new(0) }; N])
+    }
+    #[inline]
+    pub fn add(&self, i: usize, n: u64) {
+        self.0[i].fetch_add(n, Relaxed);
+    }
+    #[inline]
+    pub fn max(&self, i: usize, v: u64) {
+        self.0[i].fetch_max(v, Relaxed);
+    }
+    pub fn get(&self, i: usize) -> u64 {
+        self.0[i].load(Relaxed)
+    }
+    pub fn values(&self) -> [u64; N] {
+        std::array::from_fn(|i| self.get(i))
+    }
+}
+
+impl<const N: usize> Default for Tally<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The cache's and the shell's counters.
+#[derive(Default)]
+pub struct Counters(Tally<{ Counter::COUNT }>);
+
+impl Counters {
+    pub const fn new() -> Self {
+        Counters(Tally::new())
+    }
+    #[inline]
+    pub fn add(&self, c: Counter, n: u64) {
+        self.0.add(c as usize, n);
+    }
+    #[inline]
+    pub fn max(&self, c: Counter, v: u64) {
+        self.0.max(c as usize, v);
+    }
+    pub fn get(&self, c: Counter) -> u64 {
+        self.0.get(c as usize)
+    }
+    pub fn counts(&self) -> Counts {
+        Counts(self.0.values())
+    }
+}
+
+/// A plain copy of the counters; serialised as one JSON key per counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts(pub [u64; Counter::COUNT]);
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts([0; Counter::COUNT])
+    }
+}
+
+impl std::ops::Index<Counter> for Counts {
+    type Output = u64;
+    fn index(&self, c: Counter) -> &u64 {
+        &self.0[c as usize]
+    }
+}
+
+impl std::ops::IndexMut<Counter> for Counts {
+    fn index_mut(&mut self, c: Counter) -> &mut u64 {
+        &mut self.0[c as usize]
+    }
+}
+
+impl Serialize for Counts {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(Counter::COUNT))?;
+        for &c in Counter::ALL {
+            m.serialize_entry(c.name(), &self[c])?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Counts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Counts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of counters")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Counts, A::Error> {
+                let mut out = Counts::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match Counter::from_name(&key) {
+                        Some(c) => out[c] = map.next_value()?,
+                        None => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub version: String,
     pub pid: u32,
     pub host: String,
-    pub hits: u64,
-    pub hits_containing: u64,
-    pub misses: u64,
-    pub uncached: u64,
-    /// Registrations passed to libibverbs untouched, by reason.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Registrations passed to libibverbs untouched, by `Bypassed` name.
     pub bypassed: BTreeMap<String, u64>,
-    pub evictions: u64,
-    pub evictions_enomem: u64,
-    /// Cached entries dropped because their memory went away.
-    pub invalidated_entries: u64,
-    /// Unmaps reported by the memory hooks, by call.
+    /// Unmaps reported by the memory hooks, by `UnmapSource` name.
     pub unmaps_by_source: BTreeMap<String, u64>,
-    pub unmaps_merged_on_overflow: u64,
-    pub double_deregs: u64,
-    pub verify_mismatches: u64,
-    pub dereg_failures: u64,
-    pub entries_at_exit: u64,
-    pub bytes_at_exit: u64,
-    pub peak_entries: u64,
-    pub peak_bytes: u64,
-    /// Time spent in provider registrations (misses and uncached).
-    pub registration_ns: u64,
-    /// Estimated time hits saved: hits x the mean cost of a registration here.
-    pub saved_ns_estimate: u64,
-    pub forks: u64,
     pub fork_decision: String,
     pub monitor: String,
     /// Why caching was turned off in this process (empty: it was not).
@@ -42,23 +252,24 @@ pub struct Report {
     /// `MRCACHE_REMOTE`: revoke, keep or bypass.
     #[serde(default)]
     pub remote_keys: String,
-    /// Remote keys handed out through windows, and revoked at `ibv_dereg_mr`.
-    #[serde(default)]
-    pub remote_grants: u64,
-    #[serde(default)]
-    pub remote_revokes: u64,
     pub selftest_us: u64,
     pub selftest: BTreeMap<String, String>,
-    pub trace_records_dropped: u64,
+}
+
+impl std::ops::Index<Counter> for Report {
+    type Output = u64;
+    fn index(&self, c: Counter) -> &u64 {
+        &self.counts[c]
+    }
 }
 
 impl Report {
     pub fn hits_total(&self) -> u64 {
-        self.hits + self.hits_containing
+        self[Counter::Hits] + self[Counter::HitsContaining]
     }
 
     pub fn hit_rate(&self) -> f64 {
-        let all = self.hits_total() + self.misses + self.uncached;
+        let all = self.hits_total() + self[Counter::Misses] + self[Counter::Uncached];
         if all == 0 {
             0.0
         } else {
@@ -66,37 +277,26 @@ impl Report {
         }
     }
 
-    /// Sum of the counters over `reports` (pid 0, host "total").
+    /// Sum of the counters over `reports` (pid 0, host "total"; peaks: the largest).
     pub fn total(reports: &[Report]) -> Report {
         let mut t = Report {
             host: "total".into(),
             ..Report::default()
         };
         for r in reports {
-            t.hits += r.hits;
-            t.hits_containing += r.hits_containing;
-            t.misses += r.misses;
-            t.uncached += r.uncached;
+            for &c in Counter::ALL {
+                t.counts[c] = if c.is_peak() {
+                    t.counts[c].max(r[c])
+                } else {
+                    t.counts[c] + r[c]
+                };
+            }
             for (k, v) in &r.bypassed {
                 *t.bypassed.entry(k.clone()).or_default() += v;
             }
-            t.evictions += r.evictions;
-            t.evictions_enomem += r.evictions_enomem;
-            t.invalidated_entries += r.invalidated_entries;
             for (k, v) in &r.unmaps_by_source {
                 *t.unmaps_by_source.entry(k.clone()).or_default() += v;
             }
-            t.double_deregs += r.double_deregs;
-            t.verify_mismatches += r.verify_mismatches;
-            t.dereg_failures += r.dereg_failures;
-            t.peak_entries = t.peak_entries.max(r.peak_entries);
-            t.peak_bytes = t.peak_bytes.max(r.peak_bytes);
-            t.registration_ns += r.registration_ns;
-            t.saved_ns_estimate += r.saved_ns_estimate;
-            t.forks += r.forks;
-            t.trace_records_dropped += r.trace_records_dropped;
-            t.remote_grants += r.remote_grants;
-            t.remote_revokes += r.remote_revokes;
         }
         let mut modes: Vec<&str> = reports.iter().map(|r| r.remote_keys.as_str()).collect();
         modes.sort_unstable();
@@ -134,19 +334,19 @@ mod tests {
         let mut a = Report {
             pid: 1,
             host: "n1".into(),
-            hits: 10,
-            misses: 2,
             ..Report::default()
         };
+        a.counts[Counter::Hits] = 10;
+        a.counts[Counter::Misses] = 2;
         a.bypassed.insert("on-demand".into(), 1);
-        let b = Report {
+        let mut b = Report {
             pid: 2,
             host: "n2".into(),
-            hits: 5,
-            misses: 3,
-            peak_entries: 7,
             ..Report::default()
         };
+        b.counts[Counter::Hits] = 5;
+        b.counts[Counter::Misses] = 3;
+        b.counts[Counter::PeakEntries] = 7;
         let text = format!(
             "trace line\n{}\n{}\n",
             serde_json::to_string(&a).unwrap(),
@@ -155,12 +355,41 @@ mod tests {
         let parsed = Report::parse_lines(&text).unwrap();
         assert_eq!(parsed, vec![a.clone(), b.clone()]);
         let t = Report::total(&parsed);
-        assert_eq!((t.hits, t.misses, t.peak_entries), (15, 5, 7));
+        assert_eq!(
+            (
+                t[Counter::Hits],
+                t[Counter::Misses],
+                t[Counter::PeakEntries]
+            ),
+            (15, 5, 7)
+        );
         assert_eq!(t.bypassed["on-demand"], 1);
         assert!((a.hit_rate() - 10.0 / 12.0).abs() < 1e-9);
         assert_eq!(
             expand_path("/tmp/mrc.%h.%p.json", 42, "n1"),
             "/tmp/mrc.n1.42.json"
         );
+    }
+
+    /// The JSON keys are the counters' names, and a report from an older version (a key
+    /// missing, an unknown one) still reads.
+    #[test]
+    fn counter_names_are_the_json_keys() {
+        let mut r = Report::default();
+        r.counts[Counter::Invalidated] = 3;
+        let json = r.to_json();
+        for &c in Counter::ALL {
+            assert!(json.contains(&format!("\"{}\":", c.name())), "{json}");
+        }
+        assert!(json.contains("\"invalidated_entries\":3"), "{json}");
+        let old = r#"{"version":"0","pid":1,"host":"h","hits":4,"gone":1,"bypassed":{},"unmaps_by_source":{},"fork_decision":"","monitor":"patch","selftest_us":0,"selftest":{}}"#;
+        let parsed = Report::parse_lines(old).unwrap();
+        assert_eq!(parsed[0][Counter::Hits], 4);
+        assert_eq!(parsed[0][Counter::Misses], 0);
+        let names: std::collections::HashSet<&str> =
+            Counter::ALL.iter().map(|c| c.name()).collect();
+        assert_eq!(names.len(), Counter::COUNT);
+        assert_eq!(Bypassed::from_name("null-pd"), Some(Bypassed::NullPd));
+        assert_eq!(UnmapSource::Realloc.name(), "realloc");
     }
 }

@@ -9,6 +9,7 @@
 
 use mrcache::access::{self, LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE};
 use mrcache::cache::{AcquireError, Cache, Limits, Mr, Outcome, Registrar, Released, Request};
+use mrcache::stats::Counter;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -401,7 +402,7 @@ fn invalidation_while_in_use_defers_the_deregistration() {
     let req = request(0, 2, 4, LOCAL_WRITE);
     let (h, _) = cache.acquire(&req).unwrap();
     cache.invalidate(req.addr + 5000, req.addr + 5001);
-    assert_eq!(cache.snapshot().invalidated, 1);
+    assert_eq!(cache.snapshot().counts[Counter::Invalidated], 1);
     assert_eq!(
         hca.live.lock().unwrap().len(),
         1,
@@ -442,7 +443,7 @@ fn enomem_evicts_idle_entries_and_retries() {
     let c = request(0, 20, 4, LOCAL_WRITE);
     let (h3, o) = cache.acquire(&c).unwrap();
     assert_eq!(o, Outcome::Miss);
-    assert_eq!(cache.snapshot().evictions_enomem, 2);
+    assert_eq!(cache.snapshot().counts[Counter::EvictionsEnomem], 2);
     cache.release(h3);
     // With everything in use, the provider's error reaches the app.
     let (h4, _) = cache.acquire(&a).unwrap();

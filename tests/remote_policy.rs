@@ -8,6 +8,7 @@ use mrcache::cache::{
     AcquireError, Cache, Limits, Mr, Outcome, Registrar, Released, Request, UNSUPPORTED,
 };
 use mrcache::config::RemoteMode;
+use mrcache::stats::Counter;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -150,8 +151,16 @@ fn revoke_kills_the_key_at_release_and_a_hit_gets_a_fresh_one() {
     assert!(!cache.registrar().live(k2) && cache.registrar().live(k3));
     assert_eq!(cache.release(h3), Released::Kept);
     assert_eq!(cache.release(h3), Released::DoubleRelease);
-    let s = cache.snapshot();
-    assert_eq!((s.grants, s.revokes, s.hits, s.misses), (3, 3, 2, 1));
+    let s = cache.snapshot().counts;
+    assert_eq!(
+        (
+            s[Counter::RemoteGrants],
+            s[Counter::RemoteRevokes],
+            s[Counter::Hits],
+            s[Counter::Misses]
+        ),
+        (3, 3, 2, 1)
+    );
     // No key at all reaches the idle entry's memory.
     assert!(cache.registrar().state.lock().unwrap().live_keys.is_empty());
     // Local-only registrations are untouched: the provider's own pointer.

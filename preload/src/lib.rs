@@ -1,6 +1,6 @@
 //! `libmrcache.so`: the thin unsafe shell that is loaded with `LD_PRELOAD`.
 //!
-//! Each exported hook is one line into `runtime`, where the logic lives; `real` finds the
+//! Each exported hook is one line into `verbs`, where the logic lives; `real` finds the
 //! libibverbs functions underneath, `provider` registers through the verbs provider, and
 //! `ffi` is our view of the verbs structs. The hooks are exported under libibverbs' own
 //! symbol versions (`libmrcache.map`), defined here with `global_asm!` so that rustc's
@@ -9,14 +9,19 @@
 mod dl;
 mod ffi;
 mod fork;
+mod guard;
+mod init;
+mod load;
 mod memory;
 mod once;
 mod patch;
 mod provider;
 mod real;
+mod report;
 mod runtime;
 mod selftest;
 mod trace;
+mod verbs;
 mod window;
 
 use ffi::{IbvContext, IbvMr, IbvPd};
@@ -45,7 +50,7 @@ pub static mrcache_version: [u8; mrcache::VERSION.len() + 1] = {
 /// `buf` must be writable for `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mrcache_selftest_report(buf: *mut u8, len: usize) -> usize {
-    let text = std::panic::catch_unwind(runtime::selftest_report).unwrap_or_default();
+    let text = std::panic::catch_unwind(report::selftest_report).unwrap_or_default();
     let n = text.len().min(len);
     // SAFETY: the caller passes a writable buffer of len bytes.
     unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
@@ -78,7 +83,7 @@ export!("ibv_close_device" = close_device);
 export!("ibv_fork_init" = fork_init);
 
 extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_int) -> *mut IbvMr {
-    runtime::register(Call::RegMr, pd, addr, len, addr as u64, access as u32)
+    verbs::register(Call::RegMr, pd, addr, len, addr as u64, access as u32)
 }
 
 extern "C" fn reg_mr_iova(
@@ -88,7 +93,7 @@ extern "C" fn reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut IbvMr {
-    runtime::register(Call::RegMrIova, pd, addr, len, iova, access as u32)
+    verbs::register(Call::RegMrIova, pd, addr, len, iova, access as u32)
 }
 
 extern "C" fn reg_mr_iova2(
@@ -98,11 +103,11 @@ extern "C" fn reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut IbvMr {
-    runtime::register(Call::RegMrIova2, pd, addr, len, iova, access)
+    verbs::register(Call::RegMrIova2, pd, addr, len, iova, access)
 }
 
 extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
-    runtime::dereg_mr(mr)
+    verbs::dereg_mr(mr)
 }
 
 extern "C" fn rereg_mr(
@@ -113,7 +118,7 @@ extern "C" fn rereg_mr(
     len: usize,
     access: c_int,
 ) -> c_int {
-    runtime::rereg_mr(mr, flags, pd, addr, len, access)
+    verbs::rereg_mr(mr, flags, pd, addr, len, access)
 }
 
 extern "C" fn reg_dmabuf_mr(
@@ -125,19 +130,19 @@ extern "C" fn reg_dmabuf_mr(
     access: c_int,
 ) -> *mut IbvMr {
     // dma-buf memory is not process memory: nothing to cache or invalidate.
-    runtime::reg_dmabuf_mr(pd, offset, len, iova, fd, access)
+    verbs::reg_dmabuf_mr(pd, offset, len, iova, fd, access)
 }
 
 extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
-    runtime::dealloc_pd(pd)
+    verbs::dealloc_pd(pd)
 }
 
 extern "C" fn close_device(ctx: *mut IbvContext) -> c_int {
-    runtime::close_device(ctx)
+    verbs::close_device(ctx)
 }
 
 extern "C" fn fork_init() -> c_int {
-    runtime::fork_init()
+    verbs::fork_init()
 }
 
 /// Constructor: resolve the real verbs functions if libibverbs is already loaded, and
@@ -146,7 +151,7 @@ extern "C" fn fork_init() -> c_int {
 extern "C" fn init() {
     real::resolve_loaded();
     fork::resolve();
-    memory::install();
+    load::install();
 }
 
 #[used]

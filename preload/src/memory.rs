@@ -10,6 +10,7 @@
 
 use crate::trace;
 use mrcache::invalidation::InvalidationQueue;
+use mrcache::stats::{Tally, UnmapSource};
 use mrcache::trace::{Call, Outcome};
 use std::ffi::{c_int, c_long, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
@@ -26,24 +27,12 @@ const MAP_FIXED_NOREPLACE: c_int = 0x10_0000;
 const MREMAP_FIXED: c_int = 2;
 const SHM_REMAP: c_int = 0o40000;
 
-/// Unmaps reported, by hook (for the statistics): munmap, madvise, mremap, mmap MAP_FIXED,
-/// brk, sbrk, shmat SHM_REMAP, shmdt, realloc.
-pub static REPORTED: [AtomicUsize; 9] = [const { AtomicUsize::new(0) }; 9];
-pub const SOURCES: [&str; 9] = [
-    "munmap",
-    "madvise",
-    "mremap",
-    "mmap-fixed",
-    "brk",
-    "sbrk",
-    "shmat-remap",
-    "shmdt",
-    "realloc",
-];
+/// Unmaps reported, by `UnmapSource` (for the statistics).
+pub static REPORTED: Tally<{ UnmapSource::COUNT }> = Tally::new();
 
-fn count(source: usize) {
+fn count(source: UnmapSource) {
     if QUEUE.is_active() {
-        REPORTED[source].fetch_add(1, Relaxed);
+        REPORTED.add(source as usize, 1);
     }
 }
 
@@ -69,7 +58,7 @@ fn traced(call: Call, invalidated: bool, args: [u64; 5], result: i64, t0: u64) {
 #[inline]
 fn invalidating_if<T>(
     cond: bool,
-    source: usize,
+    source: UnmapSource,
     addr: usize,
     len: usize,
     f: impl FnOnce() -> T,
@@ -134,7 +123,7 @@ fn sys(n: c_long, a: usize, b: usize, c: usize, d: usize, e: usize, f: usize) ->
 #[unsafe(no_mangle)]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let t = t0();
-    count(0);
+    count(UnmapSource::Munmap);
     let r = invalidating(addr as usize, len, || {
         sys(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int
     });
@@ -175,7 +164,7 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
         ) as c_int
     };
     let zap = zaps(advice);
-    let r = invalidating_if(zap, 1, addr as usize, len, call);
+    let r = invalidating_if(zap, UnmapSource::Madvise, addr as usize, len, call);
     traced(
         Call::Madvise,
         zap,
@@ -227,7 +216,7 @@ pub extern "C" fn process_madvise(
     if !zaps(advice) || iov.is_null() || vlen > 1024 || !REPORTING.load(Relaxed) {
         return call();
     }
-    count(1);
+    count(UnmapSource::Madvise);
     // SAFETY: the caller passes vlen iovecs at iov (the kernel reads the same array).
     let ranges = unsafe { std::slice::from_raw_parts(iov, vlen) };
     for r in ranges {
@@ -256,7 +245,7 @@ pub extern "C" fn mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     let t = t0();
-    count(2);
+    count(UnmapSource::Mremap);
     let call = || {
         sys(
             libc::SYS_mremap,
@@ -317,7 +306,7 @@ pub extern "C" fn mmap(
     } else {
         len
     };
-    let r = invalidating_if(fixed, 3, addr as usize, len, call);
+    let r = invalidating_if(fixed, UnmapSource::MmapFixed, addr as usize, len, call);
     traced(
         Call::Mmap,
         fixed,
@@ -366,7 +355,7 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     let shrink = !addr.is_null() && (addr as usize) < cur;
     let got = invalidating_if(
         shrink,
-        4,
+        UnmapSource::Brk,
         addr as usize,
         cur.saturating_sub(addr as usize),
         call,
@@ -405,7 +394,7 @@ pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
     // SAFETY: f is libc's sbrk.
     let f: SbrkFn = unsafe { std::mem::transmute(f) };
     let r = if incr < 0 {
-        count(5);
+        count(UnmapSource::Sbrk);
         // SAFETY: sbrk(0) only reads the break.
         let cur = unsafe { f(0) } as usize;
         let shrink = incr.unsigned_abs();
@@ -452,7 +441,7 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
         ) as *mut c_void
     };
     let remap = flags & SHM_REMAP != 0 && !addr.is_null();
-    let p = invalidating_if(remap, 6, addr as usize, size, call);
+    let p = invalidating_if(remap, UnmapSource::ShmatRemap, addr as usize, size, call);
     if p as isize != -1 && size > 0 {
         for (a, s) in &SHM {
             if a.compare_exchange(0, p as usize, AcqRel, Relaxed).is_ok() {
@@ -482,7 +471,7 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
             break;
         }
     }
-    count(7);
+    count(UnmapSource::Shmdt);
     // A segment attached before we were loaded (or beyond the table): assume everything
     // above it goes, as libfabric does.
     // A SHM_HUGETLB segment is mapped in whole huge pages, and whether this one is cannot be
@@ -524,7 +513,7 @@ pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
             unsafe { (*(ptr as *const usize).sub(2), *(ptr as *const usize).sub(1)) };
         if size_field & 2 != 0 {
             let t = t0();
-            count(8);
+            count(UnmapSource::Realloc);
             let chunk = ptr as usize - 16;
             let start = chunk.wrapping_sub(prev);
             // SAFETY: as above.
@@ -557,106 +546,3 @@ pub extern "C" fn mmap64(
 ) -> *mut c_void {
     mmap(addr, len, prot, flags, fd, off)
 }
-
-/// libc's own handle (RTLD_NOLOAD), for its internal entry points.
-pub static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-/// Which of libc's entry points were patched: bit i for `PATCH_TARGETS[i]`.
-pub static PATCHED: AtomicUsize = AtomicUsize::new(0);
-/// The monitor chosen at load (`MRCACHE_MONITOR`), as read in the constructor.
-pub static MONITOR: AtomicUsize = AtomicUsize::new(0); // 0 patch, 1 symbols, 2 none, 3 invalid
-
-fn env_is(name: &std::ffi::CStr, values: &[&[u8]]) -> Option<bool> {
-    // SAFETY: getenv with a valid name; the result is read before anything can change it.
-    let v = unsafe { libc::getenv(name.as_ptr()) };
-    if v.is_null() {
-        return None;
-    }
-    // SAFETY: getenv returns a NUL-terminated string.
-    let v = unsafe { std::ffi::CStr::from_ptr(v) }.to_bytes();
-    Some(values.contains(&v))
-}
-
-/// Constructor part: find libc's pieces and install the monitor `MRCACHE_MONITOR` names.
-/// Reads the environment with getenv only (no allocation), prints nothing: a bad value is
-/// reported at the first verbs call.
-pub fn install() {
-    // SAFETY: RTLD_NOLOAD returns libc's handle (always loaded) without loading anything.
-    let h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-    if h.is_null() {
-        return;
-    }
-    LIBC.store(h, Relaxed);
-    // SAFETY: dlsym on libc's handle with valid names.
-    unsafe {
-        CURBRK.store(
-            libc::dlsym(h, c"__curbrk".as_ptr()) as *mut *mut c_void,
-            Relaxed,
-        );
-        REAL_SBRK.store(libc::dlsym(h, c"sbrk".as_ptr()), Relaxed);
-        let next = libc::dlsym(libc::RTLD_NEXT, c"realloc".as_ptr());
-        REAL_REALLOC.store(next, Relaxed);
-        GLIBC_REALLOC.store(
-            !next.is_null() && next == libc::dlsym(h, c"realloc".as_ptr()),
-            Relaxed,
-        );
-    }
-    let monitor = match env_is(c"MRCACHE_MONITOR", &[b"patch"]) {
-        None | Some(true) => 0,
-        Some(false) if env_is(c"MRCACHE_MONITOR", &[b"symbols"]) == Some(true) => 1,
-        Some(false) if env_is(c"MRCACHE_MONITOR", &[b"none"]) == Some(true) => 2,
-        Some(false) => 3,
-    };
-    MONITOR.store(monitor, Relaxed);
-    if monitor == 2 {
-        REPORTING.store(false, Relaxed);
-    }
-    for (name, at) in [
-        (c"munmap", munmap as *const () as usize),
-        (c"madvise", madvise as *const () as usize),
-        (c"mremap", mremap as *const () as usize),
-        (c"mmap", mmap as *const () as usize),
-        (c"mmap64", mmap64 as *const () as usize),
-        (c"brk", brk as *const () as usize),
-        (c"sbrk", sbrk as *const () as usize),
-        (c"shmat", shmat as *const () as usize),
-        (c"shmdt", shmdt as *const () as usize),
-        (c"realloc", realloc as *const () as usize),
-    ] {
-        crate::patch::watch_hook(name, at);
-    }
-    let disabled = env_is(c"MRCACHE_ENABLE", &[b"0", b"off", b"false", b"no"]) == Some(true);
-    if monitor != 0 || disabled {
-        return;
-    }
-    let targets = [
-        Target {
-            name: c"munmap",
-            prologues: &MUNMAP_STUB,
-            hook: munmap as *const () as usize,
-        },
-        Target {
-            name: c"madvise",
-            prologues: &MADVISE_STUB,
-            hook: madvise as *const () as usize,
-        },
-        Target {
-            name: c"brk",
-            prologues: &BRK_STUB,
-            hook: brk as *const () as usize,
-        },
-        Target {
-            name: c"mmap",
-            prologues: &crate::patch::MMAP,
-            hook: mmap as *const () as usize,
-        },
-    ];
-    PATCHED.store(crate::patch::install(h, &targets), Relaxed);
-}
-
-use crate::patch::{Prologue, Target};
-static MUNMAP_STUB: [Prologue; 1] = [crate::patch::syscall_stub(0x0b)];
-static MADVISE_STUB: [Prologue; 1] = [crate::patch::syscall_stub(0x1c)];
-static BRK_STUB: [Prologue; 1] = [crate::patch::BRK];
-/// The functions `install` patches, in its order (bit i of `PATCHED`).
-pub const PATCH_TARGETS: [&str; 4] = ["munmap", "madvise", "brk", "mmap"];

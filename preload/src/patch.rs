@@ -128,6 +128,52 @@ pub const MMAP: [Prologue; 2] = [
     },
 ];
 
+/// The libc entry points the patch monitor overwrites, in `install`'s order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchTarget {
+    Munmap,
+    Madvise,
+    Brk,
+    Mmap,
+}
+
+static MUNMAP_STUB: [Prologue; 1] = [syscall_stub(0x0b)];
+static MADVISE_STUB: [Prologue; 1] = [syscall_stub(0x1c)];
+static BRK_STUB: [Prologue; 1] = [BRK];
+
+impl PatchTarget {
+    pub const ALL: [PatchTarget; 4] = [
+        PatchTarget::Munmap,
+        PatchTarget::Madvise,
+        PatchTarget::Brk,
+        PatchTarget::Mmap,
+    ];
+
+    pub fn name(self) -> &'static CStr {
+        match self {
+            PatchTarget::Munmap => c"munmap",
+            PatchTarget::Madvise => c"madvise",
+            PatchTarget::Brk => c"brk",
+            PatchTarget::Mmap => c"mmap",
+        }
+    }
+
+    /// The function starts we recognise.
+    pub fn prologues(self) -> &'static [Prologue] {
+        match self {
+            PatchTarget::Munmap => &MUNMAP_STUB,
+            PatchTarget::Madvise => &MADVISE_STUB,
+            PatchTarget::Brk => &BRK_STUB,
+            PatchTarget::Mmap => &MMAP,
+        }
+    }
+
+    /// Its bit in `install`'s result.
+    pub const fn bit(self) -> usize {
+        1 << self as usize
+    }
+}
+
 /// Jumps we wrote: (address of the jump, hook), for `intact`. Written in the constructor
 /// (before threads), read anywhere.
 const SITES: usize = 8;

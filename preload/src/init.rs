@@ -1,0 +1,210 @@
+//! Setting the runtime up at the first verbs call: configuration, the self-test, the
+//! cache, the fork policy, and failing closed when the monitor cannot see everything.
+
+use crate::fork;
+use crate::memory::QUEUE;
+use crate::patch::{self, PatchTarget};
+use crate::provider::Provider;
+use crate::runtime::{ATFORK_REGISTERED, Runtime, STATS_AT_EXIT};
+use crate::selftest::{self, Coverage};
+use crate::trace;
+use mrcache::cache::{Cache, Limits};
+use mrcache::config::{self, LogLevel, Monitor, StatsMode};
+use std::sync::atomic::Ordering::*;
+
+/// This process's configuration, and what is wrong with it.
+pub fn environment() -> (config::Config, Vec<config::Problem>) {
+    let vars = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
+    config::parse(vars, config::physical_memory())
+}
+
+/// The runtime of this process, from its environment.
+pub fn set_up() -> Runtime {
+    test_init_delay();
+    let (config, problems) = environment();
+    for p in &problems {
+        eprintln!("{p}");
+    }
+    trace::set_log_file(config.log_file.as_deref());
+    if config.stats != StatsMode::Off && !STATS_AT_EXIT.swap(true, SeqCst) {
+        // SAFETY: registering a plain extern "C" fn with atexit.
+        unsafe { libc::atexit(crate::report::print_stats) };
+    }
+    if config.log >= LogLevel::Trace {
+        trace::start(config.trace_buffer);
+    }
+    if config.enabled && config.monitor == Monitor::None {
+        eprintln!(
+            "mrcache: WARNING: MRCACHE_MONITOR=none: unmapped and freed memory is NOT tracked; cached registrations can go stale and remote writes can land in memory that no longer belongs to the buffer. For tests only."
+        );
+    }
+    let mut coverage = None;
+    let mut blind = None;
+    let cache = config.enabled.then(|| {
+        let c = run_selftest();
+        let missed = c.missed();
+        if config.monitor != Monitor::None && !missed.is_empty() {
+            blind = Some(blind_spots(config.monitor, &missed));
+        }
+        coverage = Some(c);
+        let mut verify = config.verify_pfn;
+        if verify && !pagemap_shows_frames() {
+            eprintln!("mrcache: MRCACHE_VERIFY=pfn needs root (CAP_SYS_ADMIN) to read page frame numbers from /proc/self/pagemap; verification is off");
+            verify = false;
+        }
+        Cache::with_queue(
+            Provider::new(verify),
+            Limits {
+                max_entries: config.max_entries,
+                max_bytes: config.max_bytes,
+                shadow: config.shadow,
+                remote_superset: config.remote_superset,
+            },
+            &QUEUE,
+        )
+        .with_remote(config.remote)
+    });
+    if let Some(cache) = &cache {
+        if let Some(why) = blind {
+            fail_closed(cache, &why);
+        } else if config.monitor == Monitor::Patch {
+            check_patches(cache);
+        }
+    }
+    let fork = cache.as_ref().map(|_| {
+        // Once per address space: a fork child that takes the set-up over inherits the
+        // parent's registrations (and this flag), and handlers registered twice would
+        // run prepare twice and block on the lock the first one holds.
+        if !ATFORK_REGISTERED.swap(true, SeqCst) {
+            // SAFETY: registering plain extern "C" handlers.
+            unsafe {
+                libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child))
+            };
+        }
+        fork::decide(config.fork)
+    });
+    if let (Some(d), Some(c)) = (&fork, &coverage)
+        && config.log >= LogLevel::Info
+    {
+        let pid = std::process::id();
+        trace::write_line(&format!(
+            "mrcache[{pid}]: monitor {}; self-test {:.0} us: {}",
+            config.monitor.as_str(),
+            c.nanos as f64 / 1e3,
+            c.summary()
+        ));
+        trace::write_line(&format!("mrcache[{pid}]: fork policy: {}", d.why));
+    }
+    Runtime {
+        cache,
+        monitor: config.monitor,
+        coverage,
+        fork,
+        log: config.log,
+        stats: config.stats,
+        stats_file: config.stats_file.clone(),
+    }
+}
+
+/// What the monitor misses, and why, for the line that turns caching off.
+pub fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
+    let mut why = Vec::new();
+    if monitor == Monitor::Patch {
+        // One clause per reason: "libc's munmap, madvise were not patched: <why>".
+        let refused: Vec<(&str, patch::PatchError)> = PatchTarget::ALL
+            .iter()
+            .filter_map(|&t| Some((t.name().to_str().ok()?, patch::refused(t as usize)?)))
+            .collect();
+        let mut reasons: Vec<patch::PatchError> = refused.iter().map(|r| r.1).collect();
+        reasons.dedup();
+        for e in reasons {
+            let names: Vec<&str> = refused.iter().filter(|r| r.1 == e).map(|r| r.0).collect();
+            why.push(format!(
+                "libc's {} not patched: {}",
+                names.join(", "),
+                e.why()
+            ));
+        }
+        if let Some(name) = patch::overwritten() {
+            why.push(format!(
+                "libc's {} was patched, then overwritten by another code patcher",
+                name.to_string_lossy()
+            ));
+        }
+    } else {
+        why.push(format!("monitor '{}' only sees calls through the symbol table (MRCACHE_MONITOR=patch also sees libc's own calls)", monitor.as_str()));
+    }
+    format!(
+        "the monitor does not see: {} ({})",
+        missed.join(", "),
+        why.join("; ")
+    )
+}
+
+/// Memory could now go away unseen: stop caching (one line, once). Registrations are made
+/// and released uncached from here on; entries in use are deregistered at their release.
+fn fail_closed(cache: &Cache<Provider>, why: &str) {
+    if cache.stop_caching(why) {
+        trace::write_line(&format!(
+            "mrcache[{}]: caching is OFF: {why}; every registration now passes through uncached",
+            std::process::id()
+        ));
+    }
+}
+
+/// Fail closed when another patcher wrote over one of our jumps in libc. A few byte
+/// compares: run at the cache's creation, before every registration and on every
+/// background drain cycle.
+pub fn check_patches(cache: &Cache<Provider>) {
+    if cache.caching_stopped().is_some() {
+        return;
+    }
+    if let Some(name) = patch::overwritten() {
+        fail_closed(
+            cache,
+            &format!(
+                "the {} entry point (libc's, or mrcache's own hook) was overwritten by another code patcher (UCX, Open MPI, libfabric, a profiler?) after mrcache's start; memory released through it is no longer seen",
+                name.to_string_lossy()
+            ),
+        );
+    }
+}
+
+/// Test-only: `MRCACHE_TEST_INIT_DELAY_MS` stalls the set-up at the first verbs call, so a
+/// test can fork (or call from another thread) while it is in progress.
+fn test_init_delay() {
+    if let Some(ms) = std::env::var("MRCACHE_TEST_INIT_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Whether /proc/self/pagemap gives real frame numbers here (it gives 0 without
+/// CAP_SYS_ADMIN).
+fn pagemap_shows_frames() -> bool {
+    let probe = Box::new([1u8; 64]);
+    let addr = probe.as_ptr() as usize;
+    crate::provider::page_frames(addr & !4095, 1).is_some_and(|f| f[0] != 0)
+}
+
+/// The startup self-test, on this process's monitor.
+pub fn run_selftest() -> Coverage {
+    QUEUE.activate();
+    let libc_handle = crate::load::LIBC.load(Relaxed);
+    let patched = crate::load::PATCHED.load(Relaxed);
+    // The allocator probes only mean something when the program's malloc is glibc's.
+    // SAFETY: dlsym lookups of malloc in the global scope and in libc.
+    let glibc_malloc = !libc_handle.is_null()
+        && unsafe {
+            libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr())
+                == libc::dlsym(libc_handle, c"malloc".as_ptr())
+        };
+    selftest::run(
+        libc_handle,
+        glibc_malloc,
+        patched & PatchTarget::Brk.bit() != 0,
+    )
+}

@@ -1,0 +1,113 @@
+//! The constructor's part: find libc's pieces and install the monitor `MRCACHE_MONITOR`
+//! names. Runs before `main`, possibly before the allocator is ready: getenv only, no
+//! allocation, nothing printed (a bad value is reported at the first verbs call).
+
+use crate::memory::{
+    CURBRK, GLIBC_REALLOC, REAL_REALLOC, REAL_SBRK, REPORTING, brk, madvise, mmap, mmap64, mremap,
+    munmap, realloc, sbrk, shmat, shmdt,
+};
+use crate::patch::{self, PatchTarget, Target};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
+
+/// libc's own handle (RTLD_NOLOAD), for its internal entry points.
+pub static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Which of libc's entry points were patched: `PatchTarget::bit`s.
+pub static PATCHED: AtomicUsize = AtomicUsize::new(0);
+
+/// `MRCACHE_MONITOR` as read at load. An invalid value patches nothing; the first verbs
+/// call reports it and runs with the cache off.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LoadMonitor {
+    Patch,
+    Symbols,
+    None,
+    Invalid,
+}
+
+impl LoadMonitor {
+    fn from_env() -> LoadMonitor {
+        match env_is(c"MRCACHE_MONITOR", &[b"patch"]) {
+            None | Some(true) => LoadMonitor::Patch,
+            Some(false) if env_is(c"MRCACHE_MONITOR", &[b"symbols"]) == Some(true) => {
+                LoadMonitor::Symbols
+            }
+            Some(false) if env_is(c"MRCACHE_MONITOR", &[b"none"]) == Some(true) => {
+                LoadMonitor::None
+            }
+            Some(false) => LoadMonitor::Invalid,
+        }
+    }
+}
+
+fn env_is(name: &std::ffi::CStr, values: &[&[u8]]) -> Option<bool> {
+    // SAFETY: getenv with a valid name; the result is read before anything can change it.
+    let v = unsafe { libc::getenv(name.as_ptr()) };
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returns a NUL-terminated string.
+    let v = unsafe { std::ffi::CStr::from_ptr(v) }.to_bytes();
+    Some(values.contains(&v))
+}
+
+/// Constructor part: find libc's pieces and install the monitor `MRCACHE_MONITOR` names.
+/// Reads the environment with getenv only (no allocation), prints nothing: a bad value is
+/// reported at the first verbs call.
+pub fn install() {
+    // SAFETY: RTLD_NOLOAD returns libc's handle (always loaded) without loading anything.
+    let h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if h.is_null() {
+        return;
+    }
+    LIBC.store(h, Relaxed);
+    // SAFETY: dlsym on libc's handle with valid names.
+    unsafe {
+        CURBRK.store(
+            libc::dlsym(h, c"__curbrk".as_ptr()) as *mut *mut c_void,
+            Relaxed,
+        );
+        REAL_SBRK.store(libc::dlsym(h, c"sbrk".as_ptr()), Relaxed);
+        let next = libc::dlsym(libc::RTLD_NEXT, c"realloc".as_ptr());
+        REAL_REALLOC.store(next, Relaxed);
+        GLIBC_REALLOC.store(
+            !next.is_null() && next == libc::dlsym(h, c"realloc".as_ptr()),
+            Relaxed,
+        );
+    }
+    let monitor = LoadMonitor::from_env();
+    if monitor == LoadMonitor::None {
+        REPORTING.store(false, Relaxed);
+    }
+    for (name, at) in [
+        (c"munmap", munmap as *const () as usize),
+        (c"madvise", madvise as *const () as usize),
+        (c"mremap", mremap as *const () as usize),
+        (c"mmap", mmap as *const () as usize),
+        (c"mmap64", mmap64 as *const () as usize),
+        (c"brk", brk as *const () as usize),
+        (c"sbrk", sbrk as *const () as usize),
+        (c"shmat", shmat as *const () as usize),
+        (c"shmdt", shmdt as *const () as usize),
+        (c"realloc", realloc as *const () as usize),
+    ] {
+        crate::patch::watch_hook(name, at);
+    }
+    let disabled = env_is(c"MRCACHE_ENABLE", &[b"0", b"off", b"false", b"no"]) == Some(true);
+    if monitor != LoadMonitor::Patch || disabled {
+        return;
+    }
+    let hook = |t: PatchTarget| match t {
+        PatchTarget::Munmap => munmap as *const () as usize,
+        PatchTarget::Madvise => madvise as *const () as usize,
+        PatchTarget::Brk => brk as *const () as usize,
+        PatchTarget::Mmap => mmap as *const () as usize,
+    };
+    let targets = PatchTarget::ALL.map(|t| Target {
+        name: t.name(),
+        prologues: t.prologues(),
+        hook: hook(t),
+    });
+    PATCHED.store(patch::install(h, &targets), Relaxed);
+}

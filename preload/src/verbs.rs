@@ -1,0 +1,363 @@
+//! What each verbs hook does: registrations through the cache, deregistration, rereg,
+//! and the calls that must first flush the cache's idle entries.
+
+use crate::ffi::{self, IbvContext, IbvMr, IbvPd};
+use crate::guard::{Guard, shielded, with_cache};
+use crate::provider::Provider;
+use crate::real;
+use crate::runtime::{
+    cache, ensure_drain_thread, flush_after_fork, forking, log, note_bypass, runtime,
+};
+use crate::trace;
+use mrcache::cache::{AcquireError, Cache, Detached, Released, Request};
+use mrcache::config::{LogLevel, Monitor};
+use mrcache::stats::Bypassed;
+use mrcache::trace::{Call, Outcome};
+use std::ffi::c_void;
+use std::sync::atomic::Ordering::*;
+
+/// Every registration entry point lands here.
+pub fn register(
+    call: Call,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let (mr, outcome) = register_inner(pd, addr, len, iova, access);
+    if t != 0 {
+        let mut args = [pd as u64, addr as u64, len as u64, iova, access as u64];
+        if call == Call::RegMr {
+            args = [pd as u64, addr as u64, len as u64, access as u64, 0];
+        }
+        trace::emit(call, outcome, args, mr as i64, t);
+    }
+    mr
+}
+
+fn register_inner(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> (*mut IbvMr, Outcome) {
+    let passthrough = |why: Bypassed| {
+        note_bypass(why);
+        let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
+        note_foreign(mr, why == Bypassed::Nested);
+        (
+            mr,
+            if mr.is_null() {
+                Outcome::Failed
+            } else {
+                Outcome::Bypass
+            },
+        )
+    };
+    let Some(_guard) = Guard::enter() else {
+        return passthrough(Bypassed::Nested);
+    };
+    shielded(
+        || {
+            let Some(rt) = runtime() else {
+                return passthrough(Bypassed::SettingUp); // another thread is setting the library up
+            };
+            if rt.cache.is_none() {
+                return passthrough(Bypassed::Disabled);
+            }
+            let Some(cache) = cache() else {
+                return passthrough(Bypassed::SettingUp); // another thread is replacing a fork child's cache
+            };
+            if forking() {
+                return passthrough(Bypassed::SettingUp); // a _Fork() is in progress on another thread
+            }
+            flush_after_fork(cache);
+            if rt.monitor == Monitor::Patch {
+                crate::init::check_patches(cache);
+            }
+            if pd.is_null() {
+                return passthrough(Bypassed::NullPd); // libibverbs' own behaviour for a NULL pd
+            }
+            // SAFETY: pd is the app's non-null PD.
+            let context = unsafe { (*pd).context } as usize;
+            let req = Request {
+                pd: pd as usize,
+                context,
+                addr: addr as usize,
+                len,
+                iova,
+                access,
+            };
+            let result = cache.acquire(&req);
+            // After the registration: a new thread's start-up unmaps (arena set-up) would
+            // otherwise race this very registration and leave it uncached.
+            ensure_drain_thread();
+            trace::ensure_writer();
+            match result {
+                Ok((handle, o)) => (
+                    handle as *mut IbvMr,
+                    match o {
+                        mrcache::cache::Outcome::Hit => Outcome::Hit,
+                        mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
+                        mrcache::cache::Outcome::Miss => Outcome::Miss,
+                        mrcache::cache::Outcome::Uncached => Outcome::Uncached,
+                    },
+                ),
+                Err(AcquireError::Bypass(b)) => {
+                    let (mr, o) = passthrough(Bypassed::from(b));
+                    // libibverbs' MR may reuse the address of one the cache deregistered:
+                    // its dereg must not look like a second one.
+                    if !mr.is_null() {
+                        cache.note_foreign(mr as usize);
+                    }
+                    (mr, o)
+                }
+                Err(AcquireError::Failed(e)) => {
+                    real::set_errno(e);
+                    (std::ptr::null_mut(), Outcome::Failed)
+                }
+            }
+        },
+        || passthrough(Bypassed::Panic),
+    )
+}
+
+/// A registration passed through to libibverbs returned `mr`: if the cache remembers that
+/// address as an MR it deregistered (a tombstone, to catch double deregistrations), it is a
+/// live MR now, and its `ibv_dereg_mr` must reach libibverbs. A nested registration may
+/// come from inside the cache (its lock held on this thread): tell it only when this thread
+/// is not inside one of our calls.
+fn note_foreign(mr: *mut IbvMr, nested: bool) {
+    if mr.is_null() || nested {
+        return;
+    }
+    if let Some(cache) = cache() {
+        shielded(|| cache.note_foreign(mr as usize), || ());
+    }
+}
+
+pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let (rc, outcome) = dereg_inner(mr);
+    if t != 0 {
+        trace::emit(
+            Call::DeregMr,
+            outcome,
+            [mr as u64, 0, 0, 0, 0],
+            rc as i64,
+            t,
+        );
+    }
+    rc
+}
+
+fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
+    if mr.is_null() {
+        return (libc::EINVAL, Outcome::Failed);
+    }
+    let passthrough = || (real::dereg_mr(mr), Outcome::Passthrough);
+    with_cache(passthrough, |cache| match cache.release(mr as usize) {
+        Released::Kept => (0, Outcome::Kept),
+        Released::Deregistered => (0, Outcome::Deregistered),
+        Released::NotOurs => passthrough(),
+        Released::DoubleRelease => {
+            trace::write_line(&format!(
+                "mrcache: ibv_dereg_mr({mr:p}): this registration was already deregistered (a second ibv_dereg_mr of the same MR); returning EINVAL"
+            ));
+            (libc::EINVAL, Outcome::DoubleDereg)
+        }
+        Released::Failed(e) => (e, Outcome::Failed),
+    })
+}
+
+pub fn rereg_mr(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let rc = rereg_inner(mr, flags, pd, addr, len, access);
+    if t != 0 {
+        let o = if rc == 0 {
+            Outcome::Passthrough
+        } else {
+            Outcome::Failed
+        };
+        trace::emit(
+            Call::ReregMr,
+            o,
+            [mr as u64, flags as u64, addr as u64, len as u64, 0],
+            rc as i64,
+            t,
+        );
+    }
+    rc
+}
+
+fn rereg_inner(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
+    let passthrough = || real::rereg_mr(mr, flags, pd, addr, len, access);
+    if mr.is_null() {
+        return passthrough();
+    }
+    with_cache(passthrough, |cache| {
+        match cache.detach(mr as usize) {
+            Detached::NotOurs => passthrough(),
+            Detached::Shared => {
+                log(
+                    LogLevel::Error,
+                    format_args!(
+                        "ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_ENABLE=0"
+                    ),
+                );
+                ffi::IBV_REREG_MR_ERR_INPUT
+            }
+            Detached::Sole(m) => {
+                // Now the app's own, uncached registration; its dereg takes m's path.
+                let rc = if m.via_wrapper {
+                    passthrough()
+                } else {
+                    provider_rereg(mr, flags, pd, addr, len, access)
+                };
+                cache.adopt_uncached(m);
+                rc
+            }
+        }
+    })
+}
+
+/// `ibv_rereg_mr` for an MR made through the provider op: libibverbs' checks, then the
+/// provider's rereg op, without the fork bookkeeping (the MR never had any).
+fn provider_rereg(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
+    if flags == 0 || flags & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+        return ffi::IBV_REREG_MR_ERR_INPUT;
+    }
+    if flags & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 && (addr.is_null() || len == 0) {
+        return ffi::IBV_REREG_MR_ERR_INPUT;
+    }
+    if access != 0 && flags & ffi::IBV_REREG_MR_CHANGE_ACCESS == 0 {
+        return ffi::IBV_REREG_MR_ERR_INPUT;
+    }
+    // SAFETY: mr is a live provider-registered MR; the op has the provider rereg prototype.
+    unsafe {
+        let op = (*(*mr).context).ops._compat_rereg_mr;
+        if op.is_null() {
+            return ffi::IBV_REREG_MR_ERR_INPUT;
+        }
+        let f: ffi::ProviderReregMr = std::mem::transmute(op);
+        if f(mr, flags, pd, addr, len, access) != 0 {
+            return ffi::IBV_REREG_MR_ERR_CMD;
+        }
+        if flags & ffi::IBV_REREG_MR_CHANGE_PD != 0 {
+            (*mr).pd = pd;
+        }
+        if flags & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+            (*mr).addr = addr;
+            (*mr).length = len;
+        }
+    }
+    0
+}
+
+/// `ibv_dealloc_pd` / `ibv_close_device`: deregister the idle entries of that PD or context
+/// first (libibverbs would refuse with EBUSY while any MR of it exists), then the real call.
+fn flushed_then(
+    call: Call,
+    object: u64,
+    flush: impl Fn(&Cache<Provider>) -> usize,
+    real: impl FnOnce() -> i32,
+) -> i32 {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let flushed = cache().map_or(0, |c| shielded(|| flush(c), || 0));
+    let rc = real();
+    if t != 0 {
+        let o = if flushed > 0 {
+            Outcome::Flush
+        } else {
+            Outcome::Passthrough
+        };
+        trace::emit(call, o, [object, 0, 0, 0, 0], rc as i64, t);
+    }
+    rc
+}
+
+pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
+    flushed_then(
+        Call::DeallocPd,
+        pd as u64,
+        |c| {
+            let n = c.flush_pd(pd as usize);
+            // Our windows, QP and CQ on it would keep the PD busy.
+            crate::window::release_pd(pd as usize);
+            n
+        },
+        || real::dealloc_pd(pd),
+    )
+}
+
+pub fn close_device(ctx: *mut IbvContext) -> i32 {
+    flushed_then(
+        Call::CloseDevice,
+        ctx as u64,
+        |c| {
+            let n = c.flush_context(ctx as usize);
+            crate::window::release_context(ctx as usize);
+            n
+        },
+        || real::close_device(ctx),
+    )
+}
+
+pub fn fork_init() -> i32 {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    crate::FORK_INIT_CALLED.store(true, Relaxed);
+    let rc = real::fork_init();
+    if t != 0 {
+        trace::emit(Call::ForkInit, Outcome::Passthrough, [0; 5], rc as i64, t);
+    }
+    rc
+}
+
+pub fn reg_dmabuf_mr(
+    pd: *mut IbvPd,
+    offset: u64,
+    len: usize,
+    iova: u64,
+    fd: i32,
+    access: i32,
+) -> *mut IbvMr {
+    let t = if trace::enabled() { trace::now_ns() } else { 0 };
+    let mr = real::reg_dmabuf_mr(pd, offset, len, iova, fd, access);
+    if Guard::enter().is_some() {
+        note_foreign(mr, false);
+    }
+    if t != 0 {
+        trace::emit(
+            Call::RegDmabufMr,
+            Outcome::Passthrough,
+            [pd as u64, offset, len as u64, fd as u64, 0],
+            mr as i64,
+            t,
+        );
+    }
+    mr
+}
