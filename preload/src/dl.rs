@@ -17,7 +17,7 @@ const PAGE: usize = 4096;
 
 static REAL_DLCLOSE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-fn real_dlclose() -> Option<unsafe extern "C" fn(*mut c_void) -> c_int> {
+pub(crate) fn real_dlclose() -> Option<unsafe extern "C" fn(*mut c_void) -> c_int> {
     let mut p = REAL_DLCLOSE.load(Acquire);
     if p.is_null() {
         // SAFETY: dlsym on RTLD_NEXT with a valid name: libc's (or libdl's) dlclose.

@@ -7,6 +7,7 @@
 //! version script (which exports everything unversioned) does not claim them.
 
 mod dl;
+mod dlsym;
 mod ffi;
 mod fork;
 mod guard;
@@ -26,7 +27,7 @@ mod window;
 
 use ffi::{IbvContext, IbvMr, IbvPd};
 use mrcache::trace::Call;
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{CStr, c_int, c_uint, c_void};
 use std::sync::atomic::AtomicBool;
 
 /// Exported so that tools (and tests) can tell the library is loaded: `dlsym(RTLD_DEFAULT,
@@ -81,6 +82,45 @@ export!("ibv_reg_dmabuf_mr" = reg_dmabuf_mr);
 export!("ibv_dealloc_pd" = dealloc_pd);
 export!("ibv_close_device" = close_device);
 export!("ibv_fork_init" = fork_init);
+
+/// The hooks above as `dlsym`/`dlvsym` hand them out in place of libibverbs' functions.
+pub(crate) static HOOKED: [dlsym::Hooked; 9] = [
+    hooked(c"ibv_reg_mr", c"IBVERBS_1.1", || {
+        reg_mr as *const () as usize
+    }),
+    hooked(c"ibv_reg_mr_iova", c"IBVERBS_1.7", || {
+        reg_mr_iova as *const () as usize
+    }),
+    hooked(c"ibv_reg_mr_iova2", c"IBVERBS_1.8", || {
+        reg_mr_iova2 as *const () as usize
+    }),
+    hooked(c"ibv_dereg_mr", c"IBVERBS_1.1", || {
+        dereg_mr as *const () as usize
+    }),
+    hooked(c"ibv_rereg_mr", c"IBVERBS_1.1", || {
+        rereg_mr as *const () as usize
+    }),
+    hooked(c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12", || {
+        reg_dmabuf_mr as *const () as usize
+    }),
+    hooked(c"ibv_dealloc_pd", c"IBVERBS_1.1", || {
+        dealloc_pd as *const () as usize
+    }),
+    hooked(c"ibv_close_device", c"IBVERBS_1.1", || {
+        close_device as *const () as usize
+    }),
+    hooked(c"ibv_fork_init", c"IBVERBS_1.1", || {
+        fork_init as *const () as usize
+    }),
+];
+
+const fn hooked(name: &'static CStr, version: &'static CStr, hook: fn() -> usize) -> dlsym::Hooked {
+    dlsym::Hooked {
+        name,
+        version,
+        hook,
+    }
+}
 
 extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_int) -> *mut IbvMr {
     verbs::register(Call::RegMr, pd, addr, len, addr as u64, access as u32)
@@ -149,6 +189,7 @@ extern "C" fn fork_init() -> c_int {
 /// install the memory monitor. It never loads libibverbs, allocates nothing and prints
 /// nothing.
 extern "C" fn init() {
+    dlsym::resolve();
     real::resolve_loaded();
     fork::resolve();
     load::install();

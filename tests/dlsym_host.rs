@@ -1,0 +1,101 @@
+//! `dlsym`/`dlvsym` under libmrcache.so, on the host (no RDMA): lookups through a handle of a
+//! dlopen'd libibverbs hand out our hooks (the NCCL pattern), and every other lookup
+//! answers exactly as without the preload, `RTLD_NEXT` relative to its caller included.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn lib() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_mrcache")).with_file_name("libmrcache.so")
+}
+
+fn tmp() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dlsym_host")
+}
+
+/// Builds `tests/c/host/SRC` into the test's directory as `out`.
+fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
+    let dir = tmp();
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c/host")
+        .join(src);
+    let out = dir.join(out);
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(flags)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "building {}", src.display());
+    out
+}
+
+/// Runs `prog` plain and preloaded; both must exit 0. Returns the preloaded output.
+fn plain_and_preloaded(prog: &Path) -> String {
+    for preload in [false, true] {
+        let mut cmd = Command::new(prog);
+        if preload {
+            cmd.env("LD_PRELOAD", lib());
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "{} (preload {preload}): {}\n{text}",
+            prog.display(),
+            out.status
+        );
+        if preload {
+            return text;
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn lookups_of_other_names_answer_as_without_the_preload() {
+    let dir = tmp();
+    let map = |lib: &str| {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/host/dlsym/{lib}.map"));
+        format!("-Wl,--version-script={}", path.display())
+    };
+    // Both define mrc_probe@MRC_1: a lookup relative to the wrong object finds next_a's.
+    build(
+        "dlsym/next_a.c",
+        "libnext_a.so",
+        &["-shared", "-fPIC", "-ldl", &map("next_a")],
+    );
+    build(
+        "dlsym/next_b.c",
+        "libnext_b.so",
+        &["-shared", "-fPIC", &map("next_b")],
+    );
+    let prog = build(
+        "dlsym_next.c",
+        "dlsym_next",
+        &[
+            &format!("-L{}", dir.display()),
+            "-Wl,--no-as-needed",
+            "-lnext_a",
+            "-lnext_b",
+            "-ldl",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    );
+    let text = plain_and_preloaded(&prog);
+    assert!(text.contains("dlsym_next: ok"), "{text}");
+}
+
+#[test]
+fn lookups_through_a_dlopened_libibverbs_get_our_hooks() {
+    let prog = build("dlsym_verbs.c", "dlsym_verbs", &["-ldl"]);
+    let text = plain_and_preloaded(&prog);
+    assert!(text.contains("dlsym_verbs: ok (preload loaded)"), "{text}");
+}
