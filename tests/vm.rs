@@ -178,6 +178,32 @@ fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
         .args(["-libverbs", "-lrdmacm", "-ldl"]);
         run(&mut cmd, &format!("compiling {}", src.display()))?;
     }
+    // NCCL-style programs (tests/c/dl/NAME.c -> $BIN/NAME): not linked with libibverbs;
+    // lib/dlverbs.h turns every verbs call into a pointer dlsym'd from a dlopen'd one.
+    for src in sorted_files(&cdir.join("dl"), "c")? {
+        let out = bin.join(src.file_stem().unwrap_or_default());
+        let mut cmd = Command::new(&cc);
+        cmd.args([
+            "-O2",
+            "-g",
+            "-D_GNU_SOURCE",
+            "-DMRCACHE_DLVERBS",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+            "-include",
+            "lib/dlverbs.h",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("-I")
+        .arg(&cdir)
+        .arg(&src)
+        .args(&lib)
+        .arg("-ldl");
+        run(&mut cmd, &format!("compiling {}", src.display()))?;
+    }
     // Test libraries (tests/c/so/NAME.c -> $BIN/libNAME.so), for cases that load them.
     for src in sorted_files(&cdir.join("so"), "c")? {
         let stem = src.file_stem().unwrap_or_default().to_string_lossy();

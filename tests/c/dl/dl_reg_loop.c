@@ -1,0 +1,1 @@
+#include "../reg_loop.c"
