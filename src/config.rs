@@ -2,6 +2,7 @@
 //! naming the variable, the value and what is allowed; the caller then runs with the cache
 //! off, so nothing is silently misconfigured.
 
+use crate::node::{self, LocalRanks, Memlock, Node};
 use std::fmt;
 
 /// Every variable the library reads. docs/configuration.md is checked against this table.
@@ -20,7 +21,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "MRCACHE_MAX_BYTES",
-        default: "auto (a quarter of physical memory)",
+        default: "auto (a quarter of physical memory, divided by the ranks on the node, at most 3/4 of RLIMIT_MEMLOCK)",
         allowed: "a size in bytes with optional K, M, G, T suffix (powers of 1024, e.g. 512M, 4G), auto, or unlimited",
         about: "most bytes kept registered (pinned); idle entries beyond it are evicted",
     },
@@ -115,6 +116,13 @@ pub struct Config {
     pub fork: ForkMode,
     pub log: LogLevel,
     pub trace_buffer: usize,
+    /// How `max_bytes` was chosen: "MRCACHE_MAX_BYTES" when set, else the derivation of
+    /// the default (see `node::auto_max_bytes`).
+    pub max_bytes_why: String,
+    /// The node-local rank count a launcher set, if any.
+    pub local_ranks: Option<LocalRanks>,
+    /// The locked-memory limit the process runs under.
+    pub memlock: Memlock,
 }
 
 /// `MRCACHE_LOG`: how much the library says on stderr.
@@ -248,10 +256,15 @@ impl Monitor {
 impl Config {
     /// The defaults for a machine with `physical_memory` bytes.
     pub fn defaults(physical_memory: u64) -> Config {
+        let (max_bytes, max_bytes_why) = node::auto_max_bytes(&Node {
+            physical_memory,
+            local_ranks: None,
+            memlock: Memlock::Unknown,
+        });
         Config {
             enabled: true,
             max_entries: 16384,
-            max_bytes: auto_max_bytes(physical_memory),
+            max_bytes,
             shadow: true,
             remote_superset: false,
             remote: RemoteMode::Revoke,
@@ -263,6 +276,9 @@ impl Config {
             fork: ForkMode::Auto,
             log: LogLevel::Off,
             trace_buffer: 8192,
+            max_bytes_why,
+            local_ranks: None,
+            memlock: Memlock::Unknown,
         }
     }
 }
@@ -330,9 +346,20 @@ impl fmt::Display for Problem {
     }
 }
 
-/// Parse the `MRCACHE_*` variables among `vars`. With any fatal problem the returned config
-/// has `enabled = false`.
+/// Parse the `MRCACHE_*` variables among `vars`, with no locked-memory limit known. With
+/// any fatal problem the returned config has `enabled = false`.
 pub fn parse<I, K, V>(vars: I, physical_memory: u64) -> (Config, Vec<Problem>)
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: AsRef<str>,
+{
+    parse_on(vars, physical_memory, Memlock::Unknown)
+}
+
+/// Parse the `MRCACHE_*` variables among `vars` (the whole environment: a launcher's
+/// node-local rank count divides the default byte cap) for a process with `memlock`.
+pub fn parse_on<I, K, V>(vars: I, physical_memory: u64, memlock: Memlock) -> (Config, Vec<Problem>)
 where
     I: IntoIterator<Item = (K, V)>,
     K: AsRef<str>,
@@ -340,8 +367,13 @@ where
 {
     let mut cfg = Config::defaults(physical_memory);
     let mut problems = Vec::new();
+    let mut launcher: [Option<String>; node::LAUNCHER_VARIABLES.len()] = Default::default();
+    let mut explicit_bytes = false;
     for (k, v) in vars {
         let (name, value) = (k.as_ref(), v.as_ref().trim());
+        if let Some(i) = node::LAUNCHER_VARIABLES.iter().position(|l| *l == name) {
+            launcher[i] = Some(value.to_string());
+        }
         if !name.starts_with("MRCACHE_") {
             continue;
         }
@@ -357,7 +389,11 @@ where
         let ok = match name {
             "MRCACHE_ENABLE" => parse_bool(value).map(|b| cfg.enabled = b),
             "MRCACHE_MAX_ENTRIES" => parse_count(value).map(|n| cfg.max_entries = n),
-            "MRCACHE_MAX_BYTES" => parse_bytes(value, physical_memory).map(|n| cfg.max_bytes = n),
+            "MRCACHE_MAX_BYTES" if value.eq_ignore_ascii_case("auto") => Some(()),
+            "MRCACHE_MAX_BYTES" => parse_bytes(value, physical_memory).map(|n| {
+                cfg.max_bytes = n;
+                explicit_bytes = true;
+            }),
             "MRCACHE_SHADOW" => parse_bool(value).map(|b| cfg.shadow = b),
             "MRCACHE_REMOTE_SUPERSET" => parse_bool(value).map(|b| cfg.remote_superset = b),
             "MRCACHE_STATS" => match value {
@@ -407,6 +443,20 @@ where
                 allowed: var.allowed,
             });
         }
+    }
+    cfg.local_ranks = node::local_ranks(|name| {
+        let i = node::LAUNCHER_VARIABLES.iter().position(|l| *l == name)?;
+        launcher[i].as_deref()
+    });
+    cfg.memlock = memlock;
+    if explicit_bytes {
+        cfg.max_bytes_why = "MRCACHE_MAX_BYTES".to_string();
+    } else {
+        (cfg.max_bytes, cfg.max_bytes_why) = node::auto_max_bytes(&Node {
+            physical_memory,
+            local_ranks: cfg.local_ranks,
+            memlock,
+        });
     }
     if problems.iter().any(Problem::is_fatal) {
         cfg.enabled = false;
@@ -485,6 +535,34 @@ mod tests {
         assert!(problems.is_empty());
         assert_eq!(cfg, Config::defaults(16 * GIB));
         assert_eq!(cfg.max_bytes, 4 * GIB);
+    }
+
+    #[test]
+    fn default_bytes_per_rank_and_under_memlock() {
+        let four_ranks = [("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), ("PATH", "/bin")];
+        let (cfg, problems) = parse(four_ranks, 16 * GIB);
+        assert!(problems.is_empty());
+        assert_eq!(cfg.max_bytes, GIB);
+        assert_eq!(cfg.local_ranks.map(|r| r.count), Some(4));
+        // `auto` spelled out is the same default; an explicit size is taken as given.
+        let (cfg, _) = parse([four_ranks[0], ("MRCACHE_MAX_BYTES", "auto")], 16 * GIB);
+        assert_eq!(cfg.max_bytes, GIB);
+        let (cfg, _) = parse([four_ranks[0], ("MRCACHE_MAX_BYTES", "8G")], 16 * GIB);
+        assert_eq!(
+            (cfg.max_bytes, cfg.max_bytes_why.as_str()),
+            (8 * GIB, "MRCACHE_MAX_BYTES")
+        );
+        let hydra = [("MPI_LOCALNRANKS", "8")];
+        let (cfg, _) = parse_on(hydra, 16 * GIB, Memlock::Limit(64 << 20));
+        assert_eq!(cfg.max_bytes, 48 << 20);
+        assert!(
+            cfg.max_bytes_why.contains("RLIMIT_MEMLOCK"),
+            "{}",
+            cfg.max_bytes_why
+        );
+        assert_eq!(cfg.memlock, Memlock::Limit(64 << 20));
+        let (cfg, _) = parse_on(hydra, 16 * GIB, Memlock::CapIpcLock);
+        assert_eq!(cfg.max_bytes, 512 << 20);
     }
 
     #[test]

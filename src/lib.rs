@@ -6,12 +6,14 @@
 //! - [`invalidation::InvalidationQueue`]: how memory hooks report unmaps, lock-free.
 //! - [`access`]: which registrations may be cached and which entry may serve a request.
 //! - [`config`]: the `MRCACHE_*` environment variables.
+//! - [`node`]: what the default byte cap depends on (ranks per node, the memlock limit).
 
 pub mod access;
 pub mod cache;
 pub mod config;
 pub mod index;
 pub mod invalidation;
+pub mod node;
 pub mod stats;
 pub mod trace;
 

@@ -238,9 +238,13 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
     let vars: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("MRCACHE_"))
         .collect();
-    let (cfg, problems) = config::parse(
-        vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    // The whole environment: a launcher's node-local rank count divides the default cap.
+    let all = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
+    let (cfg, problems) = config::parse_on(
+        all,
         config::physical_memory(),
+        mrcache::node::Memlock::current(),
     );
     for v in VARIABLES {
         match vars.iter().find(|(k, _)| k == v.name) {
@@ -256,16 +260,25 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
         } else {
             cfg.max_entries.to_string()
         },
-        if cfg.max_bytes == u64::MAX {
-            "unlimited".to_string()
-        } else {
-            cfg.max_bytes.to_string()
-        },
+        bytes_text(cfg.max_bytes),
         if cfg.shadow { "on" } else { "off" },
         cfg.monitor.as_str(),
         cfg.fork.as_str(),
         cfg.remote.as_str()
     );
+    println!(
+        "  max bytes: {} ({})",
+        bytes_text(cfg.max_bytes),
+        cfg.max_bytes_why
+    );
+    match cfg.local_ranks {
+        Some(r) => println!("  ranks on this node: {} ({})", r.count, r.from),
+        None => println!(
+            "  ranks on this node: not set by a launcher (read: {})",
+            mrcache::node::LAUNCHER_VARIABLES.join(", ")
+        ),
+    }
+    println!("  RLIMIT_MEMLOCK: {}", cfg.memlock);
     println!(
         "  remote keys: MRCACHE_REMOTE={}: {}",
         cfg.remote.as_str(),
@@ -474,6 +487,14 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn bytes_text(bytes: u64) -> String {
+    if bytes == u64::MAX {
+        "unlimited".to_string()
+    } else {
+        bytes.to_string()
+    }
 }
 
 #[cfg(test)]

@@ -252,6 +252,18 @@ pub struct Report {
     /// `MRCACHE_REMOTE`: revoke, keep or bypass.
     #[serde(default)]
     pub remote_keys: String,
+    /// The byte cap in force, and how it was chosen (`MRCACHE_MAX_BYTES`, or the default:
+    /// a quarter of memory / node-local ranks, capped under RLIMIT_MEMLOCK).
+    #[serde(default)]
+    pub max_bytes: u64,
+    #[serde(default)]
+    pub max_bytes_why: String,
+    /// The node-local rank count a launcher set (0: none).
+    #[serde(default)]
+    pub local_ranks: u64,
+    /// RLIMIT_MEMLOCK as it applies to pinning ("unlimited", "N bytes", ...).
+    #[serde(default)]
+    pub memlock: String,
     pub selftest_us: u64,
     pub selftest: BTreeMap<String, String>,
 }
@@ -297,6 +309,7 @@ impl Report {
             for (k, v) in &r.unmaps_by_source {
                 *t.unmaps_by_source.entry(k.clone()).or_default() += v;
             }
+            t.max_bytes = t.max_bytes.saturating_add(r.max_bytes);
         }
         let mut modes: Vec<&str> = reports.iter().map(|r| r.remote_keys.as_str()).collect();
         modes.sort_unstable();

@@ -16,13 +16,18 @@ use std::sync::atomic::Ordering::*;
 pub fn environment() -> (config::Config, Vec<config::Problem>) {
     let vars = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));
-    config::parse(vars, config::physical_memory())
+    config::parse_on(
+        vars,
+        config::physical_memory(),
+        mrcache::node::Memlock::current(),
+    )
 }
 
 /// The runtime of this process, from its environment.
 pub fn set_up() -> Runtime {
     test_init_delay();
     let (config, problems) = environment();
+    crate::budget::record(&config);
     for p in &problems {
         eprintln!("{p}");
     }

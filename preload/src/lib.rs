@@ -6,6 +6,7 @@
 //! symbol versions (`libmrcache.map`), defined here with `global_asm!` so that rustc's
 //! version script (which exports everything unversioned) does not claim them.
 
+mod budget;
 mod dl;
 mod dlsym;
 mod ffi;

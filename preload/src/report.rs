@@ -59,6 +59,7 @@ pub fn report() -> Option<Report> {
         caching_off: cache.caching_stopped().unwrap_or_default().into(),
         ..Report::default()
     };
+    crate::budget::fill(&mut r);
     let c = &mut r.counts;
     c[Counter::UnmapsMergedOnOverflow] = QUEUE.overflows.load(Relaxed);
     c[Counter::EntriesAtExit] = s.entries;
@@ -140,6 +141,7 @@ pub extern "C" fn print_stats() {
                     / (r[Counter::Misses] + r[Counter::Uncached]).max(1) as f64,
                 r[Counter::SavedNsEstimate] as f64 / 1e6,
             ));
+            trace::write_line(&crate::budget::summary(&r));
             trace::write_line(&format!(
                 "mrcache: pid {pid}: remote keys: MRCACHE_REMOTE={}; {} granted, {} revoked, {} registrations with remote access passed to libibverbs",
                 r.remote_keys,

@@ -1,0 +1,54 @@
+//! The byte cap this process runs under and why (`MRCACHE_MAX_BYTES`, or the default
+//! divided among the node's ranks and kept under `RLIMIT_MEMLOCK`: `mrcache::node`), kept
+//! for the statistics.
+
+use mrcache::config::Config;
+use mrcache::stats::Report;
+use std::sync::OnceLock;
+
+struct Budget {
+    max_bytes: u64,
+    why: String,
+    local_ranks: u64,
+    memlock: String,
+}
+
+static BUDGET: OnceLock<Budget> = OnceLock::new();
+
+/// Remember the configuration's cap (runtime set-up, once).
+pub fn record(config: &Config) {
+    let _ = BUDGET.set(Budget {
+        max_bytes: config.max_bytes,
+        why: config.max_bytes_why.clone(),
+        local_ranks: config.local_ranks.map_or(0, |r| r.count as u64),
+        memlock: config.memlock.to_string(),
+    });
+}
+
+pub fn fill(r: &mut Report) {
+    if let Some(b) = BUDGET.get() {
+        r.max_bytes = b.max_bytes;
+        r.max_bytes_why = b.why.clone();
+        r.local_ranks = b.local_ranks;
+        r.memlock = b.memlock.clone();
+    }
+}
+
+/// The summary line about the cap.
+pub fn summary(r: &Report) -> String {
+    let cap = if r.max_bytes == u64::MAX {
+        "unlimited".to_string()
+    } else {
+        format!("{} KiB", r.max_bytes / 1024)
+    };
+    format!(
+        "mrcache: pid {}: byte cap {cap} ({}); ranks on this node: {}; RLIMIT_MEMLOCK: {}",
+        r.pid,
+        r.max_bytes_why,
+        match r.local_ranks {
+            0 => "not set by a launcher".to_string(),
+            n => n.to_string(),
+        },
+        r.memlock
+    )
+}

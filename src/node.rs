@@ -1,0 +1,300 @@
+//! What the default byte cap (`MRCACHE_MAX_BYTES=auto`) depends on besides physical memory:
+//! how many ranks of the job share this node (each runs its own cache) and the locked
+//! memory limit (`RLIMIT_MEMLOCK`), which pinned registrations count against.
+//!
+//! Launchers say how many ranks they started on the node in the environment of each rank;
+//! the first of these that is set and valid is used:
+//!
+//! | variable | set by |
+//! |---|---|
+//! | `OMPI_COMM_WORLD_LOCAL_SIZE` | Open MPI's `mpirun` (ranks of this job on this node) |
+//! | `MPI_LOCALNRANKS` | MPICH's Hydra `mpiexec` |
+//! | `SLURM_STEP_TASKS_PER_NODE` + `SLURM_NODEID` | `srun`: tasks per node of the step, compressed (`2(x3),1`), indexed by the node's relative id |
+//! | `SLURM_NTASKS_PER_NODE` | Slurm, when the job asked for `--ntasks-per-node` |
+
+use std::fmt;
+
+/// The node-local rank count and the variable it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalRanks {
+    pub count: u32,
+    pub from: &'static str,
+}
+
+/// The launcher variables read, in order of preference.
+pub const LAUNCHER_VARIABLES: [&str; 5] = [
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NODEID",
+    "SLURM_NTASKS_PER_NODE",
+];
+
+/// The node-local rank count from the launcher's variables (`get` looks one up), if any
+/// launcher set one: None for a process not started by a known launcher.
+pub fn local_ranks<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<LocalRanks> {
+    let count = |v: &str| v.trim().parse::<u32>().ok().filter(|&n| n > 0);
+    for from in ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"] {
+        if let Some(n) = get(from).and_then(count) {
+            return Some(LocalRanks { count: n, from });
+        }
+    }
+    if let Some(list) = get("SLURM_STEP_TASKS_PER_NODE") {
+        let node = get("SLURM_NODEID")
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if let Some(n) = slurm_tasks_on_node(list, node) {
+            return Some(LocalRanks {
+                count: n,
+                from: "SLURM_STEP_TASKS_PER_NODE",
+            });
+        }
+    }
+    let from = "SLURM_NTASKS_PER_NODE";
+    get(from)
+        .and_then(count)
+        .map(|n| LocalRanks { count: n, from })
+}
+
+/// Slurm's compressed per-node task list (`2(x3),1`: three nodes with 2 tasks, then one
+/// with 1), entry `node`.
+pub fn slurm_tasks_on_node(list: &str, node: usize) -> Option<u32> {
+    let mut index = 0usize;
+    for part in list.trim().split(',') {
+        let (n, repeat) = match part.split_once("(x") {
+            Some((n, rest)) => (n, rest.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (part, 1),
+        };
+        let n = n.parse::<u32>().ok().filter(|&n| n > 0)?;
+        if node < index + repeat {
+            return Some(n);
+        }
+        index += repeat;
+    }
+    None
+}
+
+/// `RLIMIT_MEMLOCK` as it applies to RDMA pinning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memlock {
+    /// The soft limit, in bytes.
+    Limit(u64),
+    Unlimited,
+    /// The process has CAP_IPC_LOCK: the kernel does not charge its pins against the limit.
+    CapIpcLock,
+    /// Could not be read.
+    Unknown,
+}
+
+impl Memlock {
+    /// From the text of `/proc/self/limits` and `/proc/self/status`.
+    pub fn from_proc(limits: &str, status: &str) -> Memlock {
+        if has_cap_ipc_lock(status) {
+            return Memlock::CapIpcLock;
+        }
+        let Some(line) = limits.lines().find(|l| l.starts_with("Max locked memory")) else {
+            return Memlock::Unknown;
+        };
+        match line["Max locked memory".len()..].split_whitespace().next() {
+            Some("unlimited") => Memlock::Unlimited,
+            Some(v) => v.parse().map_or(Memlock::Unknown, Memlock::Limit),
+            None => Memlock::Unknown,
+        }
+    }
+
+    /// This process's limit.
+    pub fn current() -> Memlock {
+        let read = |p| std::fs::read_to_string(p).unwrap_or_default();
+        Memlock::from_proc(&read("/proc/self/limits"), &read("/proc/self/status"))
+    }
+}
+
+impl fmt::Display for Memlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Memlock::Limit(b) => write!(f, "{b} bytes"),
+            Memlock::Unlimited => write!(f, "unlimited"),
+            Memlock::CapIpcLock => write!(f, "not applied (CAP_IPC_LOCK)"),
+            Memlock::Unknown => write!(f, "unknown"),
+        }
+    }
+}
+
+/// CAP_IPC_LOCK (bit 14) in the effective set of a `/proc/PID/status` text.
+fn has_cap_ipc_lock(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 14) != 0)
+}
+
+/// What the default byte cap is derived from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub physical_memory: u64,
+    pub local_ranks: Option<LocalRanks>,
+    pub memlock: Memlock,
+}
+
+/// The default cap and why: a quarter of physical memory, divided among the node's ranks,
+/// and at most three quarters of the locked memory limit (the rest is left for what the
+/// process pins outside the cache: uncached registrations, queues, the app's own mlock).
+pub fn auto_max_bytes(node: &Node) -> (u64, String) {
+    let mut why = Vec::new();
+    let mut bytes = if node.physical_memory == 0 {
+        why.push("physical memory unknown".to_string());
+        u64::MAX
+    } else {
+        why.push(format!(
+            "a quarter of {} bytes of memory",
+            node.physical_memory
+        ));
+        node.physical_memory / 4
+    };
+    if let Some(r) = node.local_ranks.filter(|r| r.count > 1)
+        && bytes != u64::MAX
+    {
+        bytes /= r.count as u64;
+        why.push(format!(
+            "divided by {} ranks on this node ({})",
+            r.count, r.from
+        ));
+    }
+    if let Memlock::Limit(limit) = node.memlock {
+        let cap = limit / 4 * 3;
+        if cap < bytes {
+            bytes = cap;
+            why.push(format!("capped at 3/4 of RLIMIT_MEMLOCK ({limit} bytes)"));
+        }
+    }
+    (bytes, why.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<&'a str> {
+        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| *v)
+    }
+
+    #[test]
+    fn slurm_lists() {
+        assert_eq!(slurm_tasks_on_node("4", 0), Some(4));
+        assert_eq!(slurm_tasks_on_node("1(x4)", 3), Some(1));
+        assert_eq!(slurm_tasks_on_node("1(x4)", 4), None);
+        assert_eq!(slurm_tasks_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(slurm_tasks_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(slurm_tasks_on_node("8,4(x2),16", 3), Some(16));
+        for bad in ["", "x", "2(x", "2(x3", "0", "-1", "2(xa)"] {
+            assert_eq!(slurm_tasks_on_node(bad, 0), None, "{bad}");
+        }
+        assert_eq!(slurm_tasks_on_node("2,,3", 1), None);
+    }
+
+    #[test]
+    fn launcher_preference_and_bad_values() {
+        assert_eq!(local_ranks(env(&[])), None);
+        let r = local_ranks(env(&[
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("MPI_LOCALNRANKS", "2"),
+        ]));
+        assert_eq!(
+            r,
+            Some(LocalRanks {
+                count: 4,
+                from: "OMPI_COMM_WORLD_LOCAL_SIZE"
+            })
+        );
+        let r = local_ranks(env(&[
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "0"),
+            ("MPI_LOCALNRANKS", "3"),
+        ]));
+        assert_eq!(
+            r,
+            Some(LocalRanks {
+                count: 3,
+                from: "MPI_LOCALNRANKS"
+            })
+        );
+        let r = local_ranks(env(&[
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x3),1"),
+            ("SLURM_NODEID", "3"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+        ]));
+        assert_eq!(
+            r,
+            Some(LocalRanks {
+                count: 1,
+                from: "SLURM_STEP_TASKS_PER_NODE"
+            })
+        );
+        let r = local_ranks(env(&[
+            ("SLURM_STEP_TASKS_PER_NODE", "junk"),
+            ("SLURM_NTASKS_PER_NODE", "8"),
+        ]));
+        assert_eq!(
+            r,
+            Some(LocalRanks {
+                count: 8,
+                from: "SLURM_NTASKS_PER_NODE"
+            })
+        );
+        assert_eq!(local_ranks(env(&[("MPI_LOCALNRANKS", "many")])), None);
+    }
+
+    #[test]
+    fn memlock_from_proc() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \nMax locked memory         8388608              16777216             bytes     \n";
+        let no_caps = "Name:\tx\nCapEff:\t0000000000000000\n";
+        let ipc_lock = "CapEff:\t0000000000004000\n";
+        assert_eq!(Memlock::from_proc(limits, no_caps), Memlock::Limit(8388608));
+        assert_eq!(Memlock::from_proc(limits, ipc_lock), Memlock::CapIpcLock);
+        let unl = "Max locked memory         unlimited            unlimited            bytes\n";
+        assert_eq!(Memlock::from_proc(unl, no_caps), Memlock::Unlimited);
+        assert_eq!(Memlock::from_proc("", no_caps), Memlock::Unknown);
+    }
+
+    #[test]
+    fn default_cap() {
+        const GIB: u64 = 1 << 30;
+        let node = |ranks: Option<u32>, memlock| Node {
+            physical_memory: 64 * GIB,
+            local_ranks: ranks.map(|count| LocalRanks {
+                count,
+                from: "MPI_LOCALNRANKS",
+            }),
+            memlock,
+        };
+        assert_eq!(auto_max_bytes(&node(None, Memlock::Unlimited)).0, 16 * GIB);
+        assert_eq!(
+            auto_max_bytes(&node(Some(1), Memlock::Unlimited)).0,
+            16 * GIB
+        );
+        let (b, why) = auto_max_bytes(&node(Some(64), Memlock::Unknown));
+        assert_eq!(b, GIB / 4);
+        assert!(
+            why.contains("64 ranks") && why.contains("MPI_LOCALNRANKS"),
+            "{why}"
+        );
+        let (b, why) = auto_max_bytes(&node(Some(4), Memlock::Limit(GIB)));
+        assert_eq!(b, GIB / 4 * 3);
+        assert!(why.contains("RLIMIT_MEMLOCK"), "{why}");
+        // A limit above the per-rank share changes nothing; CAP_IPC_LOCK lifts it.
+        assert_eq!(
+            auto_max_bytes(&node(Some(4), Memlock::Limit(64 * GIB))).0,
+            4 * GIB
+        );
+        assert_eq!(
+            auto_max_bytes(&node(Some(4), Memlock::CapIpcLock)).0,
+            4 * GIB
+        );
+        // Unknown physical memory: unlimited, but the memlock cap still applies.
+        let unknown = Node {
+            physical_memory: 0,
+            ..node(Some(4), Memlock::Limit(GIB))
+        };
+        assert_eq!(auto_max_bytes(&unknown).0, GIB / 4 * 3);
+    }
+}
