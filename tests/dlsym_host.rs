@@ -32,10 +32,11 @@ fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
     out
 }
 
-/// Runs `prog` plain and preloaded; both must exit 0. Returns the preloaded output.
-fn plain_and_preloaded(prog: &Path) -> String {
+/// Runs `prog ARGS` plain and preloaded; both must exit 0. Returns the preloaded output.
+fn plain_and_preloaded(prog: &Path, args: &[&std::ffi::OsStr]) -> String {
     for preload in [false, true] {
         let mut cmd = Command::new(prog);
+        cmd.args(args);
         if preload {
             cmd.env("LD_PRELOAD", lib());
         }
@@ -89,13 +90,48 @@ fn lookups_of_other_names_answer_as_without_the_preload() {
             "-Wl,-rpath,$ORIGIN",
         ],
     );
-    let text = plain_and_preloaded(&prog);
+    let text = plain_and_preloaded(&prog, &[]);
     assert!(text.contains("dlsym_next: ok"), "{text}");
 }
 
 #[test]
 fn lookups_through_a_dlopened_libibverbs_get_our_hooks() {
     let prog = build("dlsym_verbs.c", "dlsym_verbs", &["-ldl"]);
-    let text = plain_and_preloaded(&prog);
+    let text = plain_and_preloaded(&prog, &[]);
     assert!(text.contains("dlsym_verbs: ok (preload loaded)"), "{text}");
+}
+
+/// Builds `tests/c/host/dlsym/SRC.c` as `libSRC.so` with `flags`.
+fn build_lib(src: &str, flags: &[&str]) -> PathBuf {
+    let mut all = vec!["-shared", "-fPIC"];
+    all.extend_from_slice(flags);
+    build(&format!("dlsym/{src}.c"), &format!("lib{src}.so"), &all)
+}
+
+#[test]
+fn rtld_next_of_a_verbs_name_is_relative_to_its_caller() {
+    build_lib("wrap_verbs", &[]);
+    build_lib("late_verbs", &[]);
+    let prog = build(
+        "dlsym_wrap.c",
+        "dlsym_wrap",
+        &[
+            &format!("-L{}", tmp().display()),
+            "-Wl,--no-as-needed",
+            "-lwrap_verbs",
+            "-libverbs",
+            "-ldl",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    );
+    let text = plain_and_preloaded(&prog, &[]);
+    assert!(text.contains("dlsym_wrap: ok (preload loaded)"), "{text}");
+}
+
+#[test]
+fn rtld_next_from_a_local_plugin_finds_its_libibverbs() {
+    let plugin = build_lib("local_verbs", &["-Wl,--no-as-needed", "-libverbs"]);
+    let prog = build("dlsym_local.c", "dlsym_local", &["-ldl"]);
+    let text = plain_and_preloaded(&prog, &[plugin.as_os_str()]);
+    assert!(text.contains("dlsym_local: ok (preload loaded)"), "{text}");
 }

@@ -83,10 +83,21 @@ extern "C" fn route_dlsym(
         Some(h) if !from_us(caller) => h,
         _ => return real as usize,
     };
-    // SAFETY: the caller's own lookup, made from here; for RTLD_NEXT this resolves after
-    // libmrcache.so, which for a name only libibverbs and we define is what an object
-    // loaded after us would get (see docs/nccl.md).
-    let found = unsafe { real(handle, name) };
+    let found = if handle == libc::RTLD_NEXT {
+        // SAFETY: h is a live handle; name is the caller's NUL-terminated string.
+        match next_hook(caller, hooked, |h| unsafe { real(h, name) }) {
+            Some(ours) => {
+                // SAFETY: out points to the entry point's stack slot.
+                unsafe { *out = ours };
+                return 0;
+            }
+            None => return real as usize,
+        }
+    } else {
+        // SAFETY: the caller's own lookup, made from here: a handle or RTLD_DEFAULT
+        // answers the same for every caller in the base namespace (see docs/nccl.md).
+        unsafe { real(handle, name) }
+    };
     // SAFETY: out points to the entry point's stack slot.
     unsafe { *out = substitute(found, hooked) };
     0
@@ -110,8 +121,20 @@ extern "C" fn route_dlvsym(
         Some(h) if !from_us(caller) => h,
         _ => return real as usize,
     };
-    // SAFETY: as in route_dlsym.
-    let found = unsafe { real(handle, name, version) };
+    let found = if handle == libc::RTLD_NEXT {
+        // SAFETY: h is a live handle; name and version are the caller's strings.
+        match next_hook(caller, hooked, |h| unsafe { real(h, name, version) }) {
+            Some(ours) => {
+                // SAFETY: out points to the entry point's stack slot.
+                unsafe { *out = ours };
+                return 0;
+            }
+            None => return real as usize,
+        }
+    } else {
+        // SAFETY: as in route_dlsym.
+        unsafe { real(handle, name, version) }
+    };
     // SAFETY: out points to the entry point's stack slot.
     unsafe { *out = substitute(found, hooked) };
     0
@@ -177,6 +200,127 @@ fn substitute(found: *mut c_void, hooked: &Hooked) -> *mut c_void {
     } else {
         found
     }
+}
+
+/// For `RTLD_NEXT`, which glibc resolves relative to the object containing the return
+/// address: our hook if glibc's answer for `caller` would be libibverbs' definition of
+/// `hooked`, else None (the caller then gets glibc's own answer). A lookup made from
+/// libmrcache.so instead would start after us: it could return the caller's own definition
+/// (a wrapper calling it recurses forever) or miss the libibverbs a `RTLD_LOCAL` plugin
+/// brought. Approximates glibc's search: objects loaded after the caller's, in load order,
+/// the first that defines the name itself, if that is a libibverbs in the global scope or
+/// among the caller's own dependencies.
+fn next_hook(
+    caller: usize,
+    hooked: &Hooked,
+    lookup: impl Fn(*mut c_void) -> *mut c_void,
+) -> Option<*mut c_void> {
+    let mut after = After {
+        caller,
+        caller_path: std::ptr::null(),
+        seen: false,
+        len: 0,
+        objects: [(0, 0, std::ptr::null()); AFTER_MAX],
+    };
+    // SAFETY: visit_after matches dl_iterate_phdr's callback type and only reads what it is
+    // given.
+    unsafe { libc::dl_iterate_phdr(Some(visit_after), &mut after as *mut After as *mut c_void) };
+    let close = crate::dl::real_dlclose()?;
+    // SAFETY (closure): path is NULL (the program) or a loaded object's NUL-terminated name;
+    // RTLD_NOLOAD loads nothing (an object unloaded since the walk just gives NULL) and the
+    // real dlclose drops only the reference it added (ours would report the object's span
+    // as unmapped).
+    let with_handle = |path: *const c_char, f: &dyn Fn(*mut c_void) -> *mut c_void| unsafe {
+        let h = libc::dlopen(path, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        if h.is_null() {
+            return std::ptr::null_mut();
+        }
+        let found = f(h);
+        close(h);
+        found
+    };
+    let (found, lo, hi) = after.objects[..after.len]
+        .iter()
+        .find_map(|&(lo, hi, path)| {
+            let found = with_handle(path, &lookup);
+            // A definition outside the object comes from one of its dependencies.
+            (lo..hi)
+                .contains(&(found as usize))
+                .then_some((found, lo, hi))
+        })?;
+    let ours = substitute(found, hooked);
+    if ours == found {
+        return None;
+    }
+    // Is that libibverbs in the caller's search scope? (One loaded RTLD_LOCAL by someone
+    // else is not.) Any function of its that we do not hook tells where it is found.
+    let real = real_dlsym()?;
+    let probe = c"ibv_get_device_list".as_ptr();
+    // SAFETY: libc's dlsym with a valid name.
+    let global = unsafe { real(libc::RTLD_DEFAULT, probe) };
+    // SAFETY: h is a live handle.
+    let own = with_handle(after.caller_path, &|h| unsafe { real(h, probe) });
+    [global, own]
+        .iter()
+        .any(|&p| (lo..hi).contains(&(p as usize)))
+        .then_some(ours)
+}
+
+/// Objects loaded after the caller's, at most this many (more: the rest go unexamined).
+const AFTER_MAX: usize = 128;
+
+struct After {
+    caller: usize,
+    /// The caller's object's name (NULL for the program: dlopen(NULL) is its handle).
+    caller_path: *const c_char,
+    seen: bool,
+    len: usize,
+    objects: [(usize, usize, *const c_char); AFTER_MAX],
+}
+
+unsafe extern "C" fn visit_after(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: data is the &mut After passed to dl_iterate_phdr; info is the loader's
+    // description of one loaded object, valid during the call.
+    let (after, info) = unsafe { (&mut *(data as *mut After), &*info) };
+    // SAFETY: as in visit.
+    let (lo, hi) = unsafe { span(info) };
+    // The main program and the vDSO have no name to open them by.
+    // SAFETY: dlpi_name is NULL or a NUL-terminated path.
+    let named = !info.dlpi_name.is_null() && unsafe { *info.dlpi_name } != 0;
+    if !after.seen {
+        after.seen = (lo..hi).contains(&after.caller);
+        if after.seen && named {
+            after.caller_path = info.dlpi_name;
+        }
+        return 0;
+    }
+    if !named {
+        return 0;
+    }
+    after.objects[after.len] = (lo, hi, info.dlpi_name);
+    after.len += 1;
+    (after.len == AFTER_MAX) as c_int
+}
+
+/// The span of an object's loadable segments.
+///
+/// # Safety
+/// `info` must be the loader's description of a loaded object.
+unsafe fn span(info: &libc::dl_phdr_info) -> (usize, usize) {
+    let base = info.dlpi_addr as usize;
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let (mut lo, mut hi) = (usize::MAX, 0usize);
+    for ph in phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD) {
+        let start = base.wrapping_add(ph.p_vaddr as usize);
+        lo = lo.min(start);
+        hi = hi.max(start.saturating_add(ph.p_memsz as usize));
+    }
+    (lo, hi)
 }
 
 fn from_us(caller: usize) -> bool {
