@@ -66,10 +66,12 @@ pub fn slurm_tasks_on_node(list: &str, node: usize) -> Option<u32> {
             None => (part, 1),
         };
         let n = n.parse::<u32>().ok().filter(|&n| n > 0)?;
-        if node < index + repeat {
+        // Saturating: a (bogus) list longer than usize::MAX nodes must not wrap around.
+        let end = index.saturating_add(repeat);
+        if node < end {
             return Some(n);
         }
-        index += repeat;
+        index = end;
     }
     None
 }
@@ -87,9 +89,12 @@ pub enum Memlock {
 }
 
 impl Memlock {
-    /// From the text of `/proc/self/limits` and `/proc/self/status`.
-    pub fn from_proc(limits: &str, status: &str) -> Memlock {
-        if has_cap_ipc_lock(status) {
+    /// From the text of `/proc/self/limits` and `/proc/self/status`, and the target of
+    /// `/proc/self/ns/user`.
+    pub fn from_proc(limits: &str, status: &str, user_ns: &str) -> Memlock {
+        // The kernel asks capable(CAP_IPC_LOCK), i.e. in the initial user namespace: root in
+        // a namespace of its own (rootless containers) has the bit, yet its pins are charged.
+        if user_ns == INITIAL_USER_NS && has_cap_ipc_lock(status) {
             return Memlock::CapIpcLock;
         }
         let Some(line) = limits.lines().find(|l| l.starts_with("Max locked memory")) else {
@@ -105,7 +110,14 @@ impl Memlock {
     /// This process's limit.
     pub fn current() -> Memlock {
         let read = |p| std::fs::read_to_string(p).unwrap_or_default();
-        Memlock::from_proc(&read("/proc/self/limits"), &read("/proc/self/status"))
+        let user_ns = std::fs::read_link("/proc/self/ns/user")
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Memlock::from_proc(
+            &read("/proc/self/limits"),
+            &read("/proc/self/status"),
+            &user_ns,
+        )
     }
 }
 
@@ -119,6 +131,9 @@ impl fmt::Display for Memlock {
         }
     }
 }
+
+/// `/proc/self/ns/user` in the initial user namespace (its inode is fixed: PROC_USER_INIT_INO).
+const INITIAL_USER_NS: &str = "user:[4026531837]";
 
 /// CAP_IPC_LOCK (bit 14) in the effective set of a `/proc/PID/status` text.
 fn has_cap_ipc_lock(status: &str) -> bool {
@@ -191,6 +206,10 @@ mod tests {
             assert_eq!(slurm_tasks_on_node(bad, 0), None, "{bad}");
         }
         assert_eq!(slurm_tasks_on_node("2,,3", 1), None);
+        // Repeat counts that overflow the node index: no wrap-around (nor a panic).
+        let max = usize::MAX;
+        let huge = format!("1(x{}),5(x3),7(x{})", max - 1, max - 1);
+        assert_eq!(slurm_tasks_on_node(&huge, max - 1), Some(5));
     }
 
     #[test]
@@ -249,11 +268,26 @@ mod tests {
         let limits = "Limit                     Soft Limit           Hard Limit           Units     \nMax locked memory         8388608              16777216             bytes     \n";
         let no_caps = "Name:\tx\nCapEff:\t0000000000000000\n";
         let ipc_lock = "CapEff:\t0000000000004000\n";
-        assert_eq!(Memlock::from_proc(limits, no_caps), Memlock::Limit(8388608));
-        assert_eq!(Memlock::from_proc(limits, ipc_lock), Memlock::CapIpcLock);
+        let init = INITIAL_USER_NS;
+        assert_eq!(
+            Memlock::from_proc(limits, no_caps, init),
+            Memlock::Limit(8388608)
+        );
+        assert_eq!(
+            Memlock::from_proc(limits, ipc_lock, init),
+            Memlock::CapIpcLock
+        );
+        // Only the initial user namespace's CAP_IPC_LOCK exempts (and an unreadable link
+        // is not taken for it).
+        for other in ["user:[4026532841]", ""] {
+            assert_eq!(
+                Memlock::from_proc(limits, ipc_lock, other),
+                Memlock::Limit(8388608)
+            );
+        }
         let unl = "Max locked memory         unlimited            unlimited            bytes\n";
-        assert_eq!(Memlock::from_proc(unl, no_caps), Memlock::Unlimited);
-        assert_eq!(Memlock::from_proc("", no_caps), Memlock::Unknown);
+        assert_eq!(Memlock::from_proc(unl, no_caps, init), Memlock::Unlimited);
+        assert_eq!(Memlock::from_proc("", no_caps, init), Memlock::Unknown);
     }
 
     #[test]

@@ -208,3 +208,35 @@ fn tempdir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// Root in a user namespace of its own (a rootless container, `unshare -r`) has
+/// CAP_IPC_LOCK in its effective set, but the kernel honours it only in the initial
+/// namespace: its pins are charged against RLIMIT_MEMLOCK all the same, so the default byte
+/// cap must stay under that limit and `mrcache info` must say the limit applies.
+#[test]
+fn cap_ipc_lock_in_a_user_namespace_does_not_lift_the_memlock_cap() {
+    let script = format!(
+        "ulimit -l 64 && grep CapEff /proc/self/status && exec {} info",
+        env!("CARGO_BIN_EXE_mrcache")
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--user", "--map-root-user", "sh", "-c", &script]);
+    for v in mrcache::node::LAUNCHER_VARIABLES
+        .iter()
+        .chain(&["MRCACHE_MAX_BYTES"])
+    {
+        cmd.env_remove(v);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("CapEff:") {
+        // No user namespaces here (kernel or container policy): nothing to check.
+        eprintln!(
+            "skipped: unshare --user failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    assert!(text.contains("RLIMIT_MEMLOCK: 65536 bytes"), "{text}");
+    assert!(text.contains("max bytes: 49152 "), "{text}");
+}
