@@ -135,6 +135,10 @@ impl Registrar for Provider {
         }
     }
 
+    fn verifies(&self) -> bool {
+        self.verify
+    }
+
     fn verify(&self, mr: Mr) -> bool {
         if !self.verify {
             return true;

@@ -1,0 +1,186 @@
+//! The cache's less frequent operations: flushes before a PD or device goes away, stopping
+//! caching, `ibv_rereg_mr`'s detach, `fork()`, and the statistics snapshot.
+
+use super::state::{Entry, Handle};
+use super::*;
+
+impl<R: Registrar> Cache<R> {
+    /// Stop caching for good: the monitor can no longer be trusted to see memory go away
+    /// (`reason` says why). Idle entries are deregistered now; entries in use leave the
+    /// index (no new hit) and are deregistered at their last release; from now on every
+    /// registration is made for its caller alone. Returns false when already stopped.
+    pub fn stop_caching(&self, reason: &str) -> bool {
+        if self.stopped.set(reason.to_string()).is_err() {
+            return false;
+        }
+        let idle = {
+            let mut st = self.lock();
+            let mut idle = st.evict_idle(&self.fast, |_| true);
+            for id in st.ids() {
+                // Released on the hit path since evict_idle: gone now.
+                let prev = st.unindex(&self.fast, id);
+                if !slots::dead(prev) && slots::refs(prev) == 0 {
+                    idle.extend(st.remove(&self.fast, id));
+                }
+            }
+            idle
+        };
+        self.deregister_all(&idle);
+        true
+    }
+
+    /// Why caching was stopped, if it was.
+    pub fn caching_stopped(&self) -> Option<&str> {
+        self.stopped.get().map(String::as_str)
+    }
+
+    /// Deregister every idle entry of this PD (before `ibv_dealloc_pd`, which would fail
+    /// with EBUSY while any MR of the PD exists).
+    pub fn flush_pd(&self, pd: usize) -> usize {
+        self.flush(|e| e.req.pd == pd, |p, _| p == pd)
+    }
+
+    /// Deregister every idle entry of this device context (before `ibv_close_device`).
+    pub fn flush_context(&self, context: usize) -> usize {
+        self.flush(|e| e.req.context == context, |_, c| c == context)
+    }
+
+    /// Deregister every idle entry.
+    pub fn flush_all(&self) -> usize {
+        self.flush(|_| true, |_, _| true)
+    }
+
+    fn flush(&self, pred: impl Fn(&Entry) -> bool, owned: impl Fn(usize, usize) -> bool) -> usize {
+        let idle = self.lock().evict_idle(&self.fast, pred);
+        self.deregister_all(&idle);
+        // Other threads (the background drain) may be deregistering entries of the same PD
+        // or context they took out just before: wait for those, a handful of provider calls
+        // normally, and never longer than FLUSH_WAIT (a stuck provider call elsewhere must
+        // not hang this one; the caller then gets the provider's own EBUSY).
+        let deadline = Instant::now() + FLUSH_WAIT;
+        while self
+            .lock()
+            .in_flight
+            .values()
+            .flatten()
+            .any(|&(pd, ctx)| owned(pd, ctx))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        idle.len()
+    }
+
+    /// Take the registration behind `ptr` out of the cache so that `ibv_rereg_mr` can change
+    /// it in place.
+    pub fn detach(&self, ptr: usize) -> Detached {
+        let mut st = self.lock();
+        match st.handles.get(&ptr) {
+            Some(Handle::Uncached { mr }) => {
+                let mr = *mr;
+                st.handles.remove(&ptr);
+                Detached::Sole(mr)
+            }
+            // A granted handle is not the provider's object: it cannot change in place.
+            Some(Handle::Shadow { .. } | Handle::Granted { .. }) => Detached::Shared,
+            None => {
+                let Some(id) = self.fast.by_mr.get(&ptr) else {
+                    return Detached::NotOurs;
+                };
+                let Some(slot) = self.fast.slots.get(id) else {
+                    return Detached::NotOurs;
+                };
+                if !slot.kill_if_sole() {
+                    return if slots::holders(slot.load()) > 0 {
+                        Detached::Shared
+                    } else {
+                        Detached::NotOurs
+                    };
+                }
+                match st.remove(&self.fast, id) {
+                    Some(mr) => {
+                        // Handed to the app, not to a deregistration.
+                        st.unbury(mr.ptr);
+                        st.land(mr.ptr);
+                        Detached::Sole(mr)
+                    }
+                    None => Detached::NotOurs,
+                }
+            }
+        }
+    }
+
+    /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
+    /// path that made it.
+    pub fn adopt_uncached(&self, mr: Mr) {
+        self.lock().handles.insert(mr.ptr, Handle::Uncached { mr });
+    }
+
+    /// A registration made outside the cache (passed through to libibverbs) has this
+    /// address: it is live, not a tombstone.
+    pub fn note_foreign(&self, ptr: usize) {
+        self.lock().unbury(ptr);
+    }
+
+    /// Whether `ptr` is a handle the app currently holds from the cache.
+    pub fn is_handle(&self, ptr: usize) -> bool {
+        let primary = self.fast.by_mr.get(&ptr).is_some_and(|id| {
+            self.fast
+                .slots
+                .get(id)
+                .is_some_and(|s| slots::holders(s.load()) > 0)
+        });
+        primary || self.lock().handles.contains_key(&ptr)
+    }
+
+    /// `fork()` prepare: hold the cache lock across the fork, so the child never inherits it
+    /// mid-update. Returns the guard and the ranges of entries in use that this library
+    /// registered through the provider (no MADV_DONTFORK from libibverbs on them).
+    pub fn fork_prepare(&self) -> (ForkGuard<'_>, Vec<(usize, usize)>) {
+        let st = self.lock();
+        let fast = self.fast.lock_all();
+        let ranges = st
+            .states(&self.fast)
+            // Not dead ones: their memory went away, the range may hold other memory now.
+            .filter(|&(e, s)| slots::refs(s) > 0 && !slots::dead(s) && !e.mr.via_wrapper)
+            .map(|(e, _)| (e.req.addr, e.req.len))
+            .collect();
+        (
+            ForkGuard {
+                guard: st,
+                fast,
+                queue: self.queue,
+            },
+            ranges,
+        )
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let (entries, bytes, idle) = {
+            let st = self.lock();
+            let idle = st
+                .states(&self.fast)
+                .filter(|&(_, s)| slots::refs(s) == 0 && !slots::dead(s))
+                .count();
+            (st.count as u64, st.bytes, idle as u64)
+        };
+        let mut counts = self.stats.counts();
+        counts[Counter::Hits] += self.hits.load();
+        StatsSnapshot {
+            counts,
+            entries,
+            bytes,
+            idle,
+        }
+    }
+
+    /// Bytes of lookup metadata the cache holds (for the per-entry figure in benchmarks).
+    pub fn metadata_bytes(&self) -> usize {
+        self.lock().metadata_bytes(&self.fast)
+    }
+
+    pub(super) fn note_peak(&self, st: &State) {
+        self.stats.max(Counter::PeakEntries, st.count as u64);
+        self.stats.max(Counter::PeakBytes, st.bytes);
+    }
+}

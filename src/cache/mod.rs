@@ -1,0 +1,589 @@
+//! The registration cache: a small policy over `RangeIndex`, refcounted entries and an
+//! approximate LRU (a clock) of idle entries. It knows nothing of LD_PRELOAD: registration
+//! goes through a `Registrar` (the verbs provider in `libmrcache.so`, a fake in tests).
+//!
+//! Locking: one mutex guards the state, and it is never held across a `Registrar` call, so
+//! a slow registration on one thread never stalls lookups on the others. An exact hit on
+//! the provider's own pointer, and its release, do not take it: they go through sharded
+//! maps and one atomic word per entry (`state::Fast`), and only while no invalidation
+//! began since the last drain (`clean`); otherwise they take the locked path, which drains
+//! first. So no lookup that starts after an unmap hook began can hit an entry overlapping
+//! the unmapped range.
+
+mod admin;
+mod shards;
+mod slots;
+mod state;
+mod types;
+
+use shards::Striped;
+pub use slots::MAX_SLOTS;
+pub use types::*;
+
+use crate::access::{self, Bypass};
+use crate::config::RemoteMode;
+use crate::invalidation::InvalidationQueue;
+use crate::stats::{Counter, Counters};
+use state::{Claim, Fast, FastGuards, Handle, State, key};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+const ENOMEM: i32 = 12;
+const EAGAIN: i32 = 11;
+/// The longest a flush waits for other threads' deregistrations of the same PD or context.
+const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// `clean` before any drain: never equal to the count of invalidations begun.
+const NEVER_DRAINED: u64 = u64::MAX;
+
+pub struct Cache<R: Registrar> {
+    registrar: R,
+    limits: Limits,
+    state: Mutex<State>,
+    /// Where memory hooks report unmaps. Its counters of invalidations begun and finished
+    /// decide whether a new registration may be cached: none may have been in flight when
+    /// it started, and none may have begun before it is inserted (between an unmap hook and
+    /// the unmap syscall itself, a new registration would still pin the old pages).
+    queue: &'static InvalidationQueue,
+    /// Set once by `stop_caching`: why the cache no longer caches.
+    stopped: std::sync::OnceLock<String>,
+    remote: RemoteMode,
+    /// The lookup structures the hit path reads without the lock.
+    fast: Fast,
+    /// The count of invalidations begun as of the last drain that found none in flight
+    /// (all of them drained): while the queue's count still equals it, nothing needs
+    /// draining and a hit may skip the lock.
+    clean: AtomicU64,
+    pub stats: Counters,
+    /// Hits, counted apart: the hit path's stripe per shard, so threads working on
+    /// different buffers do not write one cache line (`snapshot` adds them in).
+    hits: Striped,
+}
+
+/// The cache lock and every shard of the hit path's maps, held from `fork()`'s prepare
+/// handler to its parent or child handler.
+pub struct ForkGuard<'a> {
+    guard: MutexGuard<'a, State>,
+    fast: FastGuards<'a>,
+    queue: &'static InvalidationQueue,
+}
+
+impl ForkGuard<'_> {
+    /// In the parent: carry on.
+    pub fn parent(self) {}
+
+    /// In the child: forget every entry without deregistering (the child cannot use the
+    /// parent's verbs objects) and start afresh for the child's own registrations.
+    /// `open_here`: memory hooks the forking thread has open (see
+    /// `InvalidationQueue::reset_after_fork`).
+    pub fn child(mut self, open_here: u64) {
+        *self.guard = State::new();
+        self.fast.clear();
+        // Other threads' hooks may have been mid-push at the fork: they are gone.
+        self.queue.reset_after_fork(open_here);
+    }
+}
+
+impl<R: Registrar> Cache<R> {
+    /// A cache with a queue of its own (tests; the preload shares a static one with its
+    /// memory hooks through `with_queue`).
+    pub fn new(registrar: R, limits: Limits) -> Cache<R> {
+        Self::with_queue(
+            registrar,
+            limits,
+            Box::leak(Box::new(InvalidationQueue::new())),
+        )
+    }
+
+    pub fn with_queue(registrar: R, limits: Limits, queue: &'static InvalidationQueue) -> Cache<R> {
+        queue.activate();
+        Cache {
+            registrar,
+            limits,
+            state: Mutex::new(State::new()),
+            queue,
+            stopped: std::sync::OnceLock::new(),
+            remote: RemoteMode::Keep,
+            fast: Fast::default(),
+            clean: AtomicU64::new(NEVER_DRAINED),
+            stats: Counters::new(),
+            hits: Striped::default(),
+        }
+    }
+
+    /// What happens to remote keys (`MRCACHE_REMOTE`); `Keep` unless set.
+    pub fn with_remote(mut self, mode: RemoteMode) -> Cache<R> {
+        self.remote = mode;
+        self
+    }
+
+    pub fn remote(&self) -> RemoteMode {
+        self.remote
+    }
+
+    pub fn queue(&self) -> &'static InvalidationQueue {
+        self.queue
+    }
+
+    /// Apply every pending invalidation (under the lock); returns the MRs to deregister.
+    fn drain_locked(&self, st: &mut State) -> Vec<Mr> {
+        let mut to_dereg = Vec::new();
+        // Read before draining: when no invalidation is in flight, every one begun so far
+        // has pushed its range, and this drain takes them all.
+        let quiet = self.queue.quiet();
+        if self.queue.has_pending() {
+            let mut n = 0u64;
+            let fast = &self.fast;
+            self.queue.drain(|number, start, end| {
+                if let Some(number) = number {
+                    st.remember_invalidation(number, start, end);
+                }
+                let mut ids = Vec::new();
+                st.index
+                    .for_each_overlap(start, end, |id, _, _| ids.push(id));
+                n += ids.len() as u64;
+                for id in ids {
+                    let prev = st.unindex(fast, id);
+                    if !slots::dead(prev) && slots::refs(prev) == 0 {
+                        to_dereg.extend(st.remove(fast, id));
+                    }
+                }
+            });
+            self.stats.add(Counter::Invalidated, n);
+        }
+        if let Some(started) = quiet {
+            self.clean.store(started, SeqCst);
+        }
+        to_dereg
+    }
+
+    /// Whether no invalidation began since the last complete drain (the hit path may skip
+    /// the lock). An unmap hook counts itself begun before the memory changes, so a lookup
+    /// that starts after that sees it here.
+    fn clean(&self) -> bool {
+        self.queue.started() == self.clean.load(SeqCst)
+    }
+
+    /// Apply pending invalidations now and deregister what they freed (the background
+    /// drain, and verbs calls that do not look anything up).
+    pub fn drain_pending(&self) -> usize {
+        if self.clean() {
+            return 0;
+        }
+        let freed = {
+            let mut st = self.lock();
+            self.drain_locked(&mut st)
+        };
+        self.deregister_all(&freed);
+        freed.len()
+    }
+
+    pub fn registrar(&self) -> &R {
+        &self.registrar
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic was caught mid-update at the FFI boundary; the
+        // state is still structurally sound (every update is a few plain assignments).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serve a registration: a cached one if one fits, else a new one. Returns the pointer
+    /// to hand to the app.
+    pub fn acquire(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
+        if let Err(b) = access::classify(req.addr, req.len, req.access) {
+            return Err(AcquireError::Bypass(b));
+        }
+        if self.stopped.get().is_some() {
+            return self.register_uncached(req);
+        }
+        let remote = req.access & access::REMOTE != 0;
+        if remote && self.remote == RemoteMode::Bypass {
+            return Err(self.bypass_remote());
+        }
+        let revocable = remote && self.remote == RemoteMode::Revoke;
+        if !revocable
+            && !self.registrar.verifies()
+            && let Some(h) = self.hit_unlocked(req)
+        {
+            return Ok((h, Outcome::Hit));
+        }
+        let mut st = self.lock();
+        let stale = self.drain_locked(&mut st);
+        if !stale.is_empty() {
+            drop(st);
+            self.deregister_all(&stale);
+            st = self.lock();
+        }
+        let exact = self.fast.exact.get(&key(req));
+        let found = exact.map(|id| (id, Outcome::Hit)).or_else(|| {
+            st.find_containing(req, self.limits)
+                .map(|id| (id, Outcome::HitContaining))
+        });
+        if let Some((id, outcome)) = found
+            && let Some(claim) = st.claim(&self.fast, id, req, self.limits.shadow)
+        {
+            drop(st);
+            if let Some(h) = self.finish_claim(claim, req) {
+                if self.verified(id, h) {
+                    match outcome {
+                        Outcome::Hit => self.hits.add(0, 1),
+                        _ => self.stats.add(Counter::HitsContaining, 1),
+                    }
+                    return Ok((h, outcome));
+                }
+            }
+            st = self.lock();
+        }
+        // Miss: make room first, register without the lock, then insert.
+        let (evicted, fits) = st.make_room(&self.fast, req.len as u64, self.limits);
+        drop(st);
+        self.deregister_all(&evicted);
+        let (started, quiet) = self.quiet_moment();
+        self.stats.add(Counter::Evictions, evicted.len() as u64);
+
+        let t0 = Instant::now();
+        let register = || {
+            if revocable {
+                self.registrar.register_revocable(req)
+            } else {
+                self.registrar.register(req)
+            }
+        };
+        let mut result = register();
+        if let Err(e @ (ENOMEM | EAGAIN)) = result {
+            // Out of pinnable memory (RLIMIT_MEMLOCK, device limits): give back every idle
+            // registration and try once more.
+            let idle = self.lock().evict_idle(&self.fast, |_| true);
+            if !idle.is_empty() {
+                self.deregister_all(&idle);
+                self.stats.add(Counter::EvictionsEnomem, idle.len() as u64);
+                result = register();
+            } else {
+                result = Err(e);
+            }
+        }
+        self.stats
+            .add(Counter::RegistrationNs, t0.elapsed().as_nanos() as u64);
+        if revocable && result == Err(UNSUPPORTED) {
+            return Err(self.bypass_remote());
+        }
+        let mr = result.map_err(AcquireError::Failed)?;
+        let grant = if revocable {
+            match self.registrar.grant(mr, req) {
+                Ok(h) => Some(h),
+                Err(_) => {
+                    // No window for it: libibverbs registers it with its own keys instead.
+                    if self.registrar.deregister(mr).is_err() {
+                        self.stats.add(Counter::DeregFailures, 1);
+                    }
+                    return Err(self.bypass_remote());
+                }
+            }
+        } else {
+            None
+        };
+
+        let mut st = self.lock();
+        let stale = self.drain_locked(&mut st);
+        let raced =
+            !quiet || st.raced(req, started, self.queue.started()) || self.stopped.get().is_some();
+        // Another thread may have missed on the same key and inserted meanwhile: one
+        // cached registration per key (this one is released uncached).
+        let duplicate = self.fast.exact.contains(&key(req));
+        if fits
+            && !raced
+            && !duplicate
+            && st.fits(req.len as u64, self.limits)
+            && st.insert(&self.fast, *req, mr, grant)
+        {
+            self.note_peak(&st);
+            drop(st);
+            self.deregister_all(&stale);
+            self.stats.add(Counter::Misses, 1);
+            if grant.is_some() {
+                self.stats.add(Counter::RemoteGrants, 1);
+            }
+            Ok((grant.unwrap_or(mr.ptr), Outcome::Miss))
+        } else if let Some(h) = grant {
+            // Not cacheable now; an uncached handle needs the registration's own remote
+            // rights, which ours lacks: give both back and let libibverbs register it.
+            drop(st);
+            self.deregister_all(&stale);
+            if self.registrar.revoke(h).is_err() || self.registrar.deregister(mr).is_err() {
+                self.stats.add(Counter::DeregFailures, 1);
+            }
+            Err(self.bypass_remote())
+        } else {
+            st.unbury(mr.ptr);
+            st.handles.insert(mr.ptr, Handle::Uncached { mr });
+            drop(st);
+            self.deregister_all(&stale);
+            self.stats.add(Counter::Uncached, 1);
+            Ok((mr.ptr, Outcome::Uncached))
+        }
+    }
+
+    /// A registration the app owns, released by its `ibv_dereg_mr` (after `stop_caching`).
+    fn register_uncached(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
+        let t0 = Instant::now();
+        let result = self.registrar.register(req);
+        self.stats
+            .add(Counter::RegistrationNs, t0.elapsed().as_nanos() as u64);
+        let mr = result.map_err(AcquireError::Failed)?;
+        let mut st = self.lock();
+        st.unbury(mr.ptr);
+        st.handles.insert(mr.ptr, Handle::Uncached { mr });
+        drop(st);
+        self.stats.add(Counter::Uncached, 1);
+        Ok((mr.ptr, Outcome::Uncached))
+    }
+
+    fn bypass_remote(&self) -> AcquireError {
+        AcquireError::Bypass(Bypass::Remote)
+    }
+
+    /// An exact hit on the provider's own pointer without the cache lock, when no
+    /// invalidation began since the last drain; None: take the locked path.
+    fn hit_unlocked(&self, req: &Request) -> Option<usize> {
+        if !self.clean() {
+            return None;
+        }
+        let share = !self.limits.shadow;
+        let (ptr, shard) = self.fast.exact.with(&key(req), |id| {
+            // Under the shard lock: the entry cannot leave the map (and its slot be reused)
+            // meanwhile.
+            let slot = self.fast.slots.get(*id?)?;
+            slot.claim_primary(share).then(|| slot.mr.load(Relaxed))
+        });
+        self.hits.add(shard, ptr.is_some() as u64);
+        ptr
+    }
+
+    /// A moment with no invalidation in flight, from which on those begun can be checked
+    /// one by one. Unmap hooks are a system call long: wait for a few of them rather than
+    /// give up caching this registration because another thread happened to be unmapping.
+    fn quiet_moment(&self) -> (u64, bool) {
+        for _ in 0..256 {
+            if let Some(started) = self.queue.quiet() {
+                return (started, true);
+            }
+            std::thread::yield_now();
+        }
+        (self.queue.started(), false)
+    }
+
+    /// `MRCACHE_VERIFY`: check the entry behind a hit; on a mismatch the entry leaves the
+    /// index, the app's new handle is released (deregistering it if it was the last) and
+    /// the caller registers afresh.
+    fn verified(&self, id: u32, handle: usize) -> bool {
+        if !self.registrar.verifies() {
+            return true;
+        }
+        let mr = match self.lock().entry(id) {
+            Some(e) => e.mr,
+            None => return true,
+        };
+        if self.registrar.verify(mr) {
+            return true;
+        }
+        self.stats.add(Counter::VerifyMismatches, 1);
+        self.lock().unindex(&self.fast, id);
+        self.release(handle);
+        false
+    }
+
+    fn finish_claim(&self, claim: Claim, req: &Request) -> Option<usize> {
+        match claim {
+            Claim::Ready(h) => Some(h),
+            Claim::NeedGrant { id, mr } => {
+                let granted = self.registrar.grant(mr, req);
+                let mut st = self.lock();
+                match granted {
+                    Ok(h) => {
+                        st.released_grants.remove(&h);
+                        st.handles.insert(h, Handle::Granted { id });
+                        self.stats.add(Counter::RemoteGrants, 1);
+                        Some(h)
+                    }
+                    Err(_) => {
+                        // Give the reference back; the caller registers afresh instead.
+                        if let Some(mr) = st.unref(&self.fast, id) {
+                            drop(st);
+                            self.deregister_all(&[mr]);
+                        }
+                        None
+                    }
+                }
+            }
+            Claim::NeedShadow { id, mr } => {
+                let spare = {
+                    let mut st = self.lock();
+                    let s = st.spare_shadows.iter().next().copied();
+                    if let Some(s) = s {
+                        st.spare_shadows.remove(&s);
+                    }
+                    s
+                };
+                let slot = spare.or_else(|| self.registrar.alloc_shadow());
+                let filled = slot.filter(|&s| self.registrar.fill_shadow(s, mr, req.addr, req.len));
+                let mut st = self.lock();
+                match filled {
+                    Some(s) => {
+                        st.handles.insert(s, Handle::Shadow { id });
+                        Some(s)
+                    }
+                    None => {
+                        if let Some(s) = slot {
+                            st.spare_shadows.insert(s);
+                        }
+                        // Give the reference back; the caller registers afresh instead.
+                        if let Some(mr) = st.unref(&self.fast, id) {
+                            drop(st);
+                            self.deregister_all(&[mr]);
+                        }
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// The app's `ibv_dereg_mr(ptr)`.
+    pub fn release(&self, ptr: usize) -> Released {
+        self.drain_pending();
+        // The provider's own pointer, not the last reference of a dead entry: no lock.
+        let (fast, _) = self.fast.by_mr.with(&ptr, |id| {
+            let slot = self.fast.slots.get(*id?)?;
+            slot.release_primary(false).ok()
+        });
+        if fast.is_some() {
+            return Released::Kept;
+        }
+        let mut st = self.lock();
+        let Some(handle) = st.handles.remove(&ptr) else {
+            return match st.release_primary(&self.fast, ptr) {
+                Ok(None) => Released::Kept,
+                Ok(Some(mr)) => {
+                    drop(st);
+                    // Invalidated while in use, now released: gone.
+                    self.deregister_all(&[mr]);
+                    Released::Deregistered
+                }
+                Err(()) => {
+                    let double = st.spare_shadows.contains(&ptr)
+                        || st.released_grants.contains(&ptr)
+                        || st.tombstone_set.contains(&ptr)
+                        || self.fast.by_mr.contains(&ptr);
+                    if double {
+                        self.stats.add(Counter::DoubleDeregs, 1);
+                        Released::DoubleRelease
+                    } else {
+                        Released::NotOurs
+                    }
+                }
+            };
+        };
+        let to_dereg = match handle {
+            Handle::Uncached { mr } => {
+                // Tombstoned before the provider can free it (and so reuse the address): a
+                // second ibv_dereg_mr of it is then a double release, never handed to
+                // libibverbs with freed memory.
+                st.bury(ptr);
+                drop(st);
+                return match self.registrar.deregister(mr) {
+                    Ok(()) => Released::Deregistered,
+                    Err(e) => {
+                        let mut st = self.lock();
+                        st.unbury(ptr);
+                        st.handles.insert(ptr, Handle::Uncached { mr });
+                        Released::Failed(e)
+                    }
+                };
+            }
+            Handle::Shadow { id } => {
+                st.spare_shadows.insert(ptr);
+                st.unref(&self.fast, id)
+            }
+            Handle::Granted { id } => {
+                // The key must be dead before ibv_dereg_mr returns; without the lock. Marked
+                // released first, so a racing second ibv_dereg_mr of it is a double release,
+                // never passed to libibverbs.
+                st.released_grants.insert(ptr);
+                drop(st);
+                if let Err(e) = self.registrar.revoke(ptr) {
+                    let mut st = self.lock();
+                    st.released_grants.remove(&ptr);
+                    st.handles.insert(ptr, Handle::Granted { id });
+                    return Released::Failed(e);
+                }
+                self.stats.add(Counter::RemoteRevokes, 1);
+                st = self.lock();
+                st.unref(&self.fast, id)
+            }
+        };
+        drop(st);
+        match to_dereg {
+            None => Released::Kept,
+            Some(mr) => {
+                // Invalidated while in use, now released: gone. A failure is counted (the
+                // app released it; nothing can hand it out again).
+                self.deregister_all(&[mr]);
+                Released::Deregistered
+            }
+        }
+    }
+
+    /// Memory in `[start, end)` is going away: no entry overlapping it may be hit again.
+    /// Idle entries are deregistered now, entries in use at their last release.
+    pub fn invalidate(&self, start: usize, end: usize) {
+        self.invalidate_begin(start, end);
+        self.invalidate_end();
+        self.drain_pending();
+    }
+
+    /// What a memory hook does before the memory changes: lock-free, allocation-free.
+    pub fn invalidate_begin(&self, start: usize, end: usize) {
+        self.queue.begin(start, end);
+    }
+
+    /// What a memory hook does after the memory changed.
+    pub fn invalidate_end(&self) {
+        self.queue.end();
+    }
+
+    /// Deregister MRs that `State::remove` took out of the cache.
+    fn deregister_all(&self, mrs: &[Mr]) {
+        /// Takes the MR off the in-flight list when the provider call returns or unwinds.
+        struct Landed<'a>(&'a Mutex<State>, usize);
+        impl Drop for Landed<'_> {
+            fn drop(&mut self) {
+                let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                st.land(self.1);
+            }
+        }
+        let mut panicked = None;
+        for &mr in mrs {
+            let _landed = Landed(&self.state, mr.ptr);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.registrar.deregister(mr)
+            })) {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    self.stats.add(Counter::DeregFailures, 1);
+                }
+                Err(p) => {
+                    self.stats.add(Counter::DeregFailures, 1);
+                    panicked.get_or_insert(p);
+                }
+            }
+        }
+        if let Some(p) = panicked {
+            std::panic::resume_unwind(p);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The cache's interface types: requests, provider registrations, the `Registrar` a cache
+//! registers through, outcomes, and the statistics counters.
+
+use crate::access::Bypass;
+use crate::stats::Counts;
+
+/// What a `Registrar` answers when it cannot revoke remote access (EOPNOTSUPP).
+pub const UNSUPPORTED: i32 = 95;
+
+/// A provider registration: the `ibv_mr *` and the path that made it (the deregistration
+/// must take the same path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mr {
+    pub ptr: usize,
+    pub via_wrapper: bool,
+}
+
+/// One registration request, as the app made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Request {
+    pub pd: usize,
+    pub context: usize,
+    pub addr: usize,
+    pub len: usize,
+    pub iova: u64,
+    pub access: u32,
+}
+
+impl Request {
+    pub(crate) fn end(&self) -> usize {
+        self.addr + self.len
+    }
+    pub(crate) fn natural_iova(&self) -> bool {
+        self.iova == self.addr as u64
+    }
+}
+
+/// What the cache needs from the verbs provider.
+pub trait Registrar: Sync {
+    /// Register exactly the requested range; `Err(errno)` on failure.
+    fn register(&self, req: &Request) -> Result<Mr, i32>;
+    /// Deregister through the path that registered; `Err(errno)` leaves the MR valid.
+    fn deregister(&self, mr: Mr) -> Result<(), i32>;
+    /// Memory for one shadow `ibv_mr` (kept and reused by the cache, never freed).
+    fn alloc_shadow(&self) -> Option<usize>;
+    /// Make `slot` a copy of `mr` whose addr/length are `[addr, addr + len)`.
+    fn fill_shadow(&self, slot: usize, mr: Mr, addr: usize, len: usize) -> bool;
+    /// A diagnostic check before a hit is handed out (`MRCACHE_VERIFY`): whether `mr`
+    /// still pins the pages that back its range now. False makes the hit a miss.
+    fn verify(&self, _mr: Mr) -> bool {
+        true
+    }
+    /// Whether `verify` checks anything: hits then take the locked path, which calls it.
+    fn verifies(&self) -> bool {
+        false
+    }
+    /// `MRCACHE_REMOTE=revoke`: register `req`'s range with its local rights only, so that
+    /// its remote rights can be granted per handle (`grant`). `Err(UNSUPPORTED)` when the
+    /// device cannot: the request is then passed through uncached.
+    fn register_revocable(&self, _req: &Request) -> Result<Mr, i32> {
+        Err(UNSUPPORTED)
+    }
+    /// A new handle for `req` over `mr` (from `register_revocable`) carrying a remote key
+    /// of its own that reaches exactly `req`'s range with `req`'s remote rights, and that
+    /// no earlier handle carried.
+    fn grant(&self, _mr: Mr, _req: &Request) -> Result<usize, i32> {
+        Err(UNSUPPORTED)
+    }
+    /// The app released `handle` (from `grant`): its key must reach nothing once this
+    /// returns. `Err` when that cannot be done; the handle then stays valid.
+    fn revoke(&self, _handle: usize) -> Result<(), i32> {
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    /// Give concurrent users their own `ibv_mr` copy; allows containing-range hits.
+    pub shadow: bool,
+    pub remote_superset: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The same range was cached.
+    Hit,
+    /// A cached registration of a containing range (or wider local rights) served it.
+    HitContaining,
+    /// Registered now and cached.
+    Miss,
+    /// Registered now, not cached: limits reached with nothing idle to evict, or the range
+    /// was invalidated while it was being registered.
+    Uncached,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireError {
+    /// Not for the cache: pass the call to libibverbs unchanged.
+    Bypass(Bypass),
+    /// The provider refused the registration (errno), even after evicting idle entries.
+    Failed(i32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The app's reference is gone; the registration stays cached (idle or still in use).
+    Kept,
+    /// The registration was deregistered (uncached, or invalidated while in use).
+    Deregistered,
+    /// The pointer is not one the cache handed out: pass it to libibverbs.
+    NotOurs,
+    /// The pointer was already released: the app's second `ibv_dereg_mr`.
+    DoubleRelease,
+    /// Deregistration failed with this errno; the handle stays valid.
+    Failed(i32),
+}
+
+/// Result of taking a registration back from the cache for `ibv_rereg_mr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detached {
+    /// The app's handle is the sole user: it is now uncached, the caller owns `Mr`.
+    Sole(Mr),
+    /// Other users share the provider object; it cannot be changed in place.
+    Shared,
+    NotOurs,
+}
+
+/// A copy of the cache's counters and its size, for reporting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub counts: Counts,
+    pub entries: u64,
+    pub bytes: u64,
+    pub idle: u64,
+}
