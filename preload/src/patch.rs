@@ -309,18 +309,14 @@ pub fn overwritten() -> Option<&'static CStr> {
             break;
         }
         let want = jump(SITE_HOOK[i].load(Relaxed));
-        let mut have = [0u8; JUMP_LEN];
         // SAFETY: `at` is code we patched in a library that is never unloaded (libc); a
         // patcher may change its bytes, never unmap them. Volatile: another thread writes.
-        for (k, b) in have.iter_mut().enumerate() {
-            *b = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
-        }
+        // One read of the whole array (alignment 1), not one per byte: this runs on every
+        // registration.
+        let have = unsafe { std::ptr::read_volatile(at as *const [u8; JUMP_LEN]) };
         let endbr_gone = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len() && {
-            let mut e = [0u8; 4];
-            for (k, b) in e.iter_mut().enumerate() {
-                // SAFETY: the 4 bytes before our jump are libc code (the kept endbr64).
-                *b = unsafe { std::ptr::read_volatile((at as *const u8).sub(4).add(k)) };
-            }
+            // SAFETY: the 4 bytes before our jump are libc code (the kept endbr64).
+            let e = unsafe { std::ptr::read_volatile((at as *const [u8; 4]).byte_sub(4)) };
             e != ENDBR64
         };
         if have != want || endbr_gone {

@@ -177,7 +177,8 @@ pub fn after_fork_child() {
 /// verbs calls, so their pinned pages are given back. Started at the first registration
 /// (and again in a fork child).
 pub fn ensure_drain_thread() {
-    if DRAIN_RUNNING.swap(true, Relaxed) {
+    // Load first: a swap on every registration would write this line from every thread.
+    if DRAIN_RUNNING.load(Relaxed) || DRAIN_RUNNING.swap(true, Relaxed) {
         return;
     }
     let _ = std::thread::Builder::new()

@@ -151,7 +151,7 @@ fn drain() {
 }
 
 pub fn ensure_writer() {
-    if !enabled() || WRITER_RUNNING.swap(true, Relaxed) {
+    if !enabled() || WRITER_RUNNING.load(Relaxed) || WRITER_RUNNING.swap(true, Relaxed) {
         return;
     }
     let _ = std::thread::Builder::new()
