@@ -7,8 +7,9 @@
  * (or sequential) order; each figure is the median over 201 batches of 1,000
  * registration+deregistration pairs, in ns per pair, after every buffer was registered once.
  *
- *   hitpath [-t THREADS] [-o random|seq] N...      (ci/bench-hitpath runs it)
- * Prints one line per N: regions, order, threads, mrcache ns, ucx ns, ratio.
+ *   hitpath [-t THREADS] [-o random|seq] [-s] N...      (ci/bench runs it)
+ * -s: the threads share one set of buffers (contention on the same entries); else each has
+ * its own. Prints one line per N: regions, order, threads, buffers, mrcache ns, ucx ns, ratio.
  * Not a test: figures depend on the machine; compare the ratio. */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -139,7 +140,7 @@ static uint32_t next_rand(void) {
 }
 
 /* Median ns per pair on `threads` threads with private buffers (the slowest thread's). */
-static double measure(size_t n, int threads, int random, int use_ucx) {
+static double measure(size_t n, int threads, int random, int shared, int use_ucx) {
     struct run runs[16];
     pthread_t tid[16];
     pthread_barrier_t start;
@@ -147,8 +148,9 @@ static double measure(size_t n, int threads, int random, int use_ucx) {
     for (int t = 0; t < threads; t++) {
         struct run *r = &runs[t];
         r->n = n, r->use_ucx = use_ucx, r->start = &start;
-        r->base = mmap(NULL, n * STRIDE, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        r->base = shared && t > 0 ? runs[0].base
+                                  : mmap(NULL, n * STRIDE, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (r->base == MAP_FAILED) {
             perror("mmap");
             exit(1);
@@ -168,7 +170,7 @@ static double measure(size_t n, int threads, int random, int use_ucx) {
         pthread_join(tid[t], NULL);
         if (runs[t].median > worst) worst = runs[t].median;
         /* Unmapping invalidates what mrcache holds for the next round. */
-        munmap(runs[t].base, n * STRIDE);
+        if (!shared || t == 0) munmap(runs[t].base, n * STRIDE);
         free(runs[t].order);
     }
     pthread_barrier_destroy(&start);
@@ -176,27 +178,40 @@ static double measure(size_t n, int threads, int random, int use_ucx) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, random = 1, i = 1;
+    int threads = 1, random = 1, shared = 0, i = 1;
     for (; i < argc && argv[i][0] == '-'; i += 2) {
+        if (!strcmp(argv[i], "-s")) {
+            shared = 1, i--;
+            continue;
+        }
         if (i + 1 >= argc) break;
         if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-o")) random = strcmp(argv[i + 1], "seq") != 0;
     }
     if (threads < 1 || threads > 16 || i >= argc) {
-        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] N...\n");
+        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] [-s] N...\n");
         return 2;
     }
     fake_ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
     fake_ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
     fake_pd.context = &fake_ctx;
     rcache = make_rcache();
-    printf("%10s %6s %7s %12s %12s %8s\n", "regions", "order", "threads", "mrcache_ns", "ucx_ns", "ratio");
+    /* The library sets itself up at the first verbs call; a call racing the set-up passes
+     * through to libibverbs, which cannot handle the fake context: one call first, alone. */
+    static char warm[BUF];
+    struct ibv_mr *w = ibv_reg_mr(&fake_pd, warm, sizeof warm, access_flags);
+    if (!w || ibv_dereg_mr(w)) {
+        fprintf(stderr, "warm-up registration failed\n");
+        return 1;
+    }
+    printf("%10s %6s %7s %7s %12s %12s %8s\n", "regions", "order", "threads", "buffers", "mrcache_ns",
+           "ucx_ns", "ratio");
     for (; i < argc; i++) {
         size_t n = strtoul(argv[i], NULL, 10);
-        double ucx = measure(n, threads, random, 1);
-        double mrc = measure(n, threads, random, 0);
-        printf("%10zu %6s %7d %12.1f %12.1f %7.2fx\n", n, random ? "random" : "seq", threads, mrc,
-               ucx, mrc / ucx);
+        double ucx = measure(n, threads, random, shared, 1);
+        double mrc = measure(n, threads, random, shared, 0);
+        printf("%10zu %6s %7d %7s %12.1f %12.1f %7.2fx\n", n, random ? "random" : "seq", threads,
+               shared ? "shared" : "private", mrc, ucx, mrc / ucx);
         fflush(stdout);
     }
     ucs_rcache_destroy(rcache);

@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot open the device\n");
         return 1;
     }
-    size_t sizes[] = {4096, 64 << 10, 1 << 20, 16 << 20};
+    size_t sizes[] = {4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         size_t len = sizes[s];
         char *buf = malloc(len);
