@@ -215,21 +215,11 @@ fn next_hook(
     hooked: &Hooked,
     lookup: impl Fn(*mut c_void) -> *mut c_void,
 ) -> Option<*mut c_void> {
-    let mut after = After {
-        caller,
-        caller_path: std::ptr::null(),
-        seen: false,
-        len: 0,
-        objects: [(0, 0, std::ptr::null()); AFTER_MAX],
-    };
-    // SAFETY: visit_after matches dl_iterate_phdr's callback type and only reads what it is
-    // given.
-    unsafe { libc::dl_iterate_phdr(Some(visit_after), &mut after as *mut After as *mut c_void) };
     let close = crate::dl::real_dlclose()?;
-    // SAFETY (closure): path is NULL (the program) or a loaded object's NUL-terminated name;
-    // RTLD_NOLOAD loads nothing (an object unloaded since the walk just gives NULL) and the
-    // real dlclose drops only the reference it added (ours would report the object's span
-    // as unmapped).
+    // SAFETY (closure): path is NULL (the program) or a NUL-terminated name; RTLD_NOLOAD
+    // loads nothing (an object unloaded since the walk just gives NULL) and the real
+    // dlclose drops only the reference it added (ours would report the object's span as
+    // unmapped).
     let with_handle = |path: *const c_char, f: &dyn Fn(*mut c_void) -> *mut c_void| unsafe {
         let h = libc::dlopen(path, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
         if h.is_null() {
@@ -239,15 +229,33 @@ fn next_hook(
         close(h);
         found
     };
-    let (found, lo, hi) = after.objects[..after.len]
-        .iter()
-        .find_map(|&(lo, hi, path)| {
-            let found = with_handle(path, &lookup);
-            // A definition outside the object comes from one of its dependencies.
-            (lo..hi)
-                .contains(&(found as usize))
-                .then_some((found, lo, hi))
-        })?;
+    let mut after = After {
+        caller,
+        caller_path: std::ptr::null(),
+        seen: false,
+        index: 0,
+        named: 0,
+        span: None,
+        path: [0; PATH_MAX],
+    };
+    let (found, lo, hi) = loop {
+        (after.seen, after.named, after.span) = (false, 0, None);
+        // SAFETY: visit_after matches dl_iterate_phdr's callback type and only reads what
+        // it is given.
+        unsafe {
+            libc::dl_iterate_phdr(Some(visit_after), &mut after as *mut After as *mut c_void)
+        };
+        let (lo, hi) = after.span?;
+        after.index += 1;
+        if after.path[0] == 0 {
+            continue;
+        }
+        let found = with_handle(after.path.as_ptr(), &lookup);
+        // A definition outside the object comes from one of its dependencies.
+        if (lo..hi).contains(&(found as usize)) {
+            break (found, lo, hi);
+        }
+    };
     let ours = substitute(found, hooked);
     if ours == found {
         return None;
@@ -266,16 +274,21 @@ fn next_hook(
         .then_some(ours)
 }
 
-/// Objects loaded after the caller's, at most this many (more: the rest go unexamined).
-const AFTER_MAX: usize = 128;
+const PATH_MAX: usize = libc::PATH_MAX as usize;
 
+/// One step of the walk: the `index`-th named object loaded after the caller's.
 struct After {
     caller: usize,
-    /// The caller's object's name (NULL for the program: dlopen(NULL) is its handle).
+    /// The caller's object's name (NULL for the program: dlopen(NULL) is its handle). Its
+    /// code is running, so it stays loaded.
     caller_path: *const c_char,
     seen: bool,
-    len: usize,
-    objects: [(usize, usize, *const c_char); AFTER_MAX],
+    index: usize,
+    named: usize,
+    /// That object's span (None: there is none), and its name, copied: the loader frees
+    /// it if another thread unloads the object before we open it.
+    span: Option<(usize, usize)>,
+    path: [c_char; PATH_MAX],
 }
 
 unsafe extern "C" fn visit_after(
@@ -290,20 +303,30 @@ unsafe extern "C" fn visit_after(
     let (lo, hi) = unsafe { span(info) };
     // The main program and the vDSO have no name to open them by.
     // SAFETY: dlpi_name is NULL or a NUL-terminated path.
-    let named = !info.dlpi_name.is_null() && unsafe { *info.dlpi_name } != 0;
+    let name = (!info.dlpi_name.is_null())
+        .then(|| unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes_with_nul())
+        .filter(|n| n.len() > 1);
     if !after.seen {
         after.seen = (lo..hi).contains(&after.caller);
-        if after.seen && named {
+        if after.seen && name.is_some() {
             after.caller_path = info.dlpi_name;
         }
         return 0;
     }
-    if !named {
+    let Some(name) = name else { return 0 };
+    after.named += 1;
+    if after.named <= after.index {
         return 0;
     }
-    after.objects[after.len] = (lo, hi, info.dlpi_name);
-    after.len += 1;
-    (after.len == AFTER_MAX) as c_int
+    // A name too long to copy is skipped (empty).
+    after.path[0] = 0;
+    if name.len() <= PATH_MAX {
+        for (d, &c) in after.path.iter_mut().zip(name) {
+            *d = c as c_char;
+        }
+    }
+    after.span = Some((lo, hi));
+    1
 }
 
 /// The span of an object's loadable segments.
