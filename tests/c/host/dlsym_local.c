@@ -25,11 +25,18 @@ int main(int argc, char **argv) {
     void *(*local_next)(const char *) = (void *(*)(const char *))dlsym(plugin, "local_next");
     static const char *names[] = {"ibv_reg_mr", "ibv_dereg_mr"};
     for (unsigned i = 0; i < 2; i++) {
+        dlerror();
         void *got = local_next(names[i]);
+        const char *error = dlerror();
+        if (got && error) {
+            fprintf(stderr, "FAIL RTLD_NEXT %s from the plugin left dlerror() = %s\n", names[i],
+                    error);
+            failed = 1;
+        }
         void *ours = preload ? dlsym(RTLD_DEFAULT, names[i]) : NULL;
         if (preload ? got != ours : !in_libibverbs(got)) {
             fprintf(stderr, "FAIL RTLD_NEXT %s from the plugin = %p (%s), want %s\n", names[i],
-                    got, got ? "non-NULL" : dlerror(), preload ? "mrcache's hook" : "libibverbs'");
+                    got, got ? "non-NULL" : error, preload ? "mrcache's hook" : "libibverbs'");
             failed = 1;
         }
     }
