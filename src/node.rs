@@ -40,10 +40,12 @@ pub fn local_ranks<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<LocalRan
         }
     }
     if let Some(list) = get("SLURM_STEP_TASKS_PER_NODE") {
-        let node = get("SLURM_NODEID")
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
-        if let Some(n) = slurm_tasks_on_node(list, node) {
+        let n = match get("SLURM_NODEID").and_then(|v| v.trim().parse::<usize>().ok()) {
+            Some(node) => slurm_tasks_on_node(list, node),
+            // Which node this is is unknown: only a list the same on every node answers.
+            None => slurm_same_on_every_node(list),
+        };
+        if let Some(n) = n {
             return Some(LocalRanks {
                 count: n,
                 from: "SLURM_STEP_TASKS_PER_NODE",
@@ -54,6 +56,18 @@ pub fn local_ranks<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<LocalRan
     get(from)
         .and_then(count)
         .map(|n| LocalRanks { count: n, from })
+}
+
+/// The task count of a Slurm list whose entries are all the same, if they are.
+fn slurm_same_on_every_node(list: &str) -> Option<u32> {
+    let mut count = None;
+    for part in list.trim().split(',') {
+        let n = slurm_tasks_on_node(part, 0)?;
+        if *count.get_or_insert(n) != n {
+            return None;
+        }
+    }
+    count
 }
 
 /// Slurm's compressed per-node task list (`2(x3),1`: three nodes with 2 tasks, then one
@@ -261,6 +275,14 @@ mod tests {
             })
         );
         assert_eq!(local_ranks(env(&[("MPI_LOCALNRANKS", "many")])), None);
+        // Without a valid node id only a list that is the same on every node answers.
+        for id in [None, Some("abc"), Some("-1")] {
+            let mut vars = vec![("SLURM_STEP_TASKS_PER_NODE", "2(x3),1")];
+            vars.extend(id.map(|v| ("SLURM_NODEID", v)));
+            assert_eq!(local_ranks(env(&vars)), None, "{id:?}");
+            vars[0].1 = "4(x2),4";
+            assert_eq!(local_ranks(env(&vars)).map(|r| r.count), Some(4), "{id:?}");
+        }
     }
 
     #[test]
