@@ -134,4 +134,9 @@ fn rtld_next_from_a_local_plugin_finds_its_libibverbs() {
     let prog = build("dlsym_local.c", "dlsym_local", &["-ldl"]);
     let text = plain_and_preloaded(&prog, &[plugin.as_os_str()]);
     assert!(text.contains("dlsym_local: ok (preload loaded)"), "{text}");
+    // The program links libibverbs too: loaded before the plugin, still its next.
+    let linked = &["-ldl", "-Wl,--no-as-needed", "-libverbs"];
+    let prog = build("dlsym_local.c", "dlsym_local_linked", linked);
+    let text = plain_and_preloaded(&prog, &[plugin.as_os_str()]);
+    assert!(text.contains("dlsym_local: ok (preload loaded)"), "{text}");
 }

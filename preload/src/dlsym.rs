@@ -209,7 +209,7 @@ fn substitute(found: *mut c_void, hooked: &Hooked) -> *mut c_void {
 /// (a wrapper calling it recurses forever) or miss the libibverbs a `RTLD_LOCAL` plugin
 /// brought. Approximates glibc's search: objects loaded after the caller's, in load order,
 /// the first that defines the name itself, if that is a libibverbs in the global scope or
-/// among the caller's own dependencies.
+/// among the caller's own dependencies; if none does, the caller's own dependencies.
 fn next_hook(
     caller: usize,
     hooked: &Hooked,
@@ -232,6 +232,7 @@ fn next_hook(
     let mut after = After {
         caller,
         caller_path: std::ptr::null(),
+        caller_span: (0, 0),
         seen: false,
         index: 0,
         named: 0,
@@ -245,7 +246,21 @@ fn next_hook(
         unsafe {
             libc::dl_iterate_phdr(Some(visit_after), &mut after as *mut After as *mut c_void)
         };
-        let (lo, hi) = after.span?;
+        let Some((lo, hi)) = after.span else {
+            // Nothing loaded after the caller defines it. A plugin dlopen'd RTLD_LOCAL
+            // searches its own dependencies, which may have been loaded before it (a
+            // libibverbs the program links): what its handle finds beyond itself.
+            if after.caller_path.is_null() {
+                return None;
+            }
+            let found = with_handle(after.caller_path, &lookup);
+            let (lo, hi) = after.caller_span;
+            if found.is_null() || (lo..hi).contains(&(found as usize)) {
+                return None;
+            }
+            let ours = substitute(found, hooked);
+            return (ours != found).then_some(ours);
+        };
         after.index += 1;
         if after.path[0] == 0 {
             continue;
@@ -282,6 +297,7 @@ struct After {
     /// The caller's object's name (NULL for the program: dlopen(NULL) is its handle). Its
     /// code is running, so it stays loaded.
     caller_path: *const c_char,
+    caller_span: (usize, usize),
     seen: bool,
     index: usize,
     named: usize,
@@ -310,6 +326,7 @@ unsafe extern "C" fn visit_after(
         after.seen = (lo..hi).contains(&after.caller);
         if after.seen && name.is_some() {
             after.caller_path = info.dlpi_name;
+            after.caller_span = (lo, hi);
         }
         return 0;
     }

@@ -1,4 +1,5 @@
-/* A program not linked with libibverbs dlopens a plugin that is, RTLD_LOCAL (argv[1]); the
+/* A program dlopens a plugin linked with libibverbs, RTLD_LOCAL (argv[1]); built twice, not
+ * linked with libibverbs and linked with it (loaded before the plugin then). The
  * plugin's RTLD_NEXT lookups of verbs functions find libibverbs among its dependencies
  * without the preload and mrcache's hooks with it, never NULL. Exit 0: as expected. */
 #define _GNU_SOURCE
