@@ -7,6 +7,12 @@ LIMIT=$(cat "$JOB/command-timeout" 2>/dev/null || echo 300)
 mkdir -p "$JOB/results"
 cd "$JOB" || exit 2
 export MRCACHE_VM=1 JOB
+# mpirun (Open MPI's and MPICH's) refuses the kernel's default host name "(none)": give the
+# guest one that resolves to itself (the root is a tmpfs overlay: nothing reaches the host).
+if [ "$(hostname)" = "(none)" ]; then
+  hostname rxe-guest
+  echo "127.0.0.1 rxe-guest" >> /etc/hosts
+fi
 rc=0; n=0
 while IFS= read -r cmd; do
   n=$((n + 1))
