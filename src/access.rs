@@ -38,6 +38,25 @@ pub enum Bypass {
     Remote,
 }
 
+/// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).
+pub const REREG_CHANGE_TRANSLATION: i32 = 1;
+pub const REREG_CHANGE_PD: i32 = 2;
+pub const REREG_CHANGE_ACCESS: i32 = 4;
+pub const REREG_FLAGS_SUPPORTED: i32 = 7;
+
+/// libibverbs' own argument checks of `ibv_rereg_mr` (it returns IBV_REREG_MR_ERR_INPUT when
+/// they fail): at least one known flag, a range when the translation changes, access flags
+/// only with CHANGE_ACCESS.
+pub fn rereg_args_valid(flags: i32, addr: usize, len: usize, access: i32) -> bool {
+    if flags == 0 || flags & !REREG_FLAGS_SUPPORTED != 0 {
+        return false;
+    }
+    if flags & REREG_CHANGE_TRANSLATION != 0 && (addr == 0 || len == 0) {
+        return false;
+    }
+    access == 0 || flags & REREG_CHANGE_ACCESS != 0
+}
+
 /// Decide whether a registration request can go through the cache.
 pub fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
     if access & ON_DEMAND != 0 {
@@ -152,5 +171,17 @@ mod tests {
             false
         ));
         assert!(!can_serve(LOCAL_WRITE, r, LOCAL_WRITE, big, false));
+    }
+
+    #[test]
+    fn rereg_args() {
+        assert!(rereg_args_valid(REREG_CHANGE_PD, 0, 0, 0));
+        assert!(!rereg_args_valid(0, 0, 0, 0));
+        assert!(!rereg_args_valid(8, 0, 0, 0));
+        assert!(!rereg_args_valid(REREG_CHANGE_TRANSLATION, 0, 4096, 0));
+        assert!(!rereg_args_valid(REREG_CHANGE_TRANSLATION, 0x1000, 0, 0));
+        assert!(rereg_args_valid(REREG_CHANGE_TRANSLATION, 0x1000, 4096, 0));
+        assert!(!rereg_args_valid(REREG_CHANGE_PD, 0, 0, 1));
+        assert!(rereg_args_valid(REREG_CHANGE_ACCESS, 0, 0, 1));
     }
 }

@@ -5,6 +5,9 @@
 use crate::node::{self, LocalRanks, Memlock, Node};
 use std::fmt;
 
+mod values;
+pub use values::{ForkMode, LogLevel, Monitor, RemoteMode, StatsMode};
+
 /// Every variable the library reads. docs/configuration.md is checked against this table.
 pub const VARIABLES: &[Variable] = &[
     Variable {
@@ -125,134 +128,6 @@ pub struct Config {
     pub memlock: Memlock,
 }
 
-/// `MRCACHE_LOG`: how much the library says on stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Off,
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
-}
-
-impl LogLevel {
-    pub fn parse(v: &str) -> Option<LogLevel> {
-        Some(match v.to_ascii_lowercase().as_str() {
-            "off" | "0" => LogLevel::Off,
-            "error" => LogLevel::Error,
-            "warn" => LogLevel::Warn,
-            "info" => LogLevel::Info,
-            "debug" => LogLevel::Debug,
-            "trace" => LogLevel::Trace,
-            _ => return None,
-        })
-    }
-
-    /// A level, or tracing-subscriber env-filter syntax (`info,mrcache=trace`): the most
-    /// verbose level among the directives for all targets or for `mrcache...` targets.
-    pub fn parse_filter(v: &str) -> Option<LogLevel> {
-        let mut level = None;
-        for d in v.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-            let (target, lvl) = match d.split_once('=') {
-                Some((t, l)) => (t.trim(), l.trim()),
-                None => ("", d),
-            };
-            let l = LogLevel::parse(lvl)?;
-            if target.is_empty() || target.starts_with("mrcache") {
-                level = Some(level.map_or(l, |m: LogLevel| m.max(l)));
-            }
-        }
-        Some(level.unwrap_or(LogLevel::Off))
-    }
-}
-
-/// What happens at `fork()` (`MRCACHE_FORK`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForkMode {
-    Auto,
-    Keep,
-    Flush,
-}
-
-impl ForkMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ForkMode::Auto => "auto",
-            ForkMode::Keep => "keep",
-            ForkMode::Flush => "flush",
-        }
-    }
-}
-
-/// What happens to the remote keys of cached registrations (`MRCACHE_REMOTE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RemoteMode {
-    /// Remote rights are granted per handle and revoked before `ibv_dereg_mr` returns.
-    Revoke,
-    /// The registration's own keys stay valid while it is cached (the old behaviour).
-    Keep,
-    /// Registrations with remote access are not cached.
-    Bypass,
-}
-
-impl RemoteMode {
-    pub fn parse(v: &str) -> Option<RemoteMode> {
-        match v {
-            "revoke" => Some(RemoteMode::Revoke),
-            "keep" => Some(RemoteMode::Keep),
-            "bypass" => Some(RemoteMode::Bypass),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RemoteMode::Revoke => "revoke",
-            RemoteMode::Keep => "keep",
-            RemoteMode::Bypass => "bypass",
-        }
-    }
-}
-
-/// `MRCACHE_STATS`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatsMode {
-    Off,
-    Summary,
-    Json,
-}
-
-/// How the library learns that memory goes away (`MRCACHE_MONITOR`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Monitor {
-    /// Symbol hooks, plus glibc's internal unmap entry points patched at load.
-    Patch,
-    /// Symbol hooks only: glibc-internal unmaps (free, malloc_trim) are not seen.
-    Symbols,
-    /// Nothing is tracked. Unsafe; for tests that must see stale registrations.
-    None,
-}
-
-impl Monitor {
-    pub fn parse(v: &str) -> Option<Monitor> {
-        match v {
-            "patch" => Some(Monitor::Patch),
-            "symbols" => Some(Monitor::Symbols),
-            "none" => Some(Monitor::None),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Monitor::Patch => "patch",
-            Monitor::Symbols => "symbols",
-            Monitor::None => "none",
-        }
-    }
-}
-
 impl Config {
     /// The defaults for a machine with `physical_memory` bytes.
     pub fn defaults(physical_memory: u64) -> Config {
@@ -319,6 +194,13 @@ pub enum Problem {
 impl Problem {
     pub fn is_fatal(&self) -> bool {
         matches!(self, Problem::Invalid { .. })
+    }
+
+    /// The variable it is about.
+    pub fn name(&self) -> &str {
+        match self {
+            Problem::Invalid { name, .. } | Problem::Unknown { name } => name,
+        }
     }
 }
 

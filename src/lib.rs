@@ -11,10 +11,13 @@
 pub mod access;
 pub mod cache;
 pub mod config;
+pub mod fork;
 pub mod index;
 pub mod invalidation;
 pub mod node;
+pub mod selftest;
 pub mod stats;
+pub mod summary;
 pub mod trace;
 
 /// The version shared by the launcher and `libmrcache.so`.

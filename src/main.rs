@@ -134,6 +134,7 @@ fn launch(
             .trim_start_matches("mrcache: ")
             .replace("; the cache is off for this process", ""));
     }
+    warn_inherited(&set);
     let lib = find_library(lib)?;
     let (prog, args) = program
         .split_first()
@@ -148,6 +149,20 @@ fn launch(
     }
     let err = cmd.exec();
     Err(format!("cannot run {}: {err}", Path::new(prog).display()))
+}
+
+/// A bad `MRCACHE_*` value inherited from the environment turns the cache off in the
+/// program (the library says so at its first verbs call, if it makes one): say so now,
+/// before the program starts, with the library's words. The program still runs, as it would
+/// without the launcher. Variables the options set are checked as options instead.
+fn warn_inherited(options: &[(&str, &str)]) {
+    let inherited: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("MRCACHE_") && !options.iter().any(|(o, _)| o == k))
+        .collect();
+    let (_, problems) = config::parse(inherited, config::physical_memory());
+    for p in problems.iter().filter(|p| p.is_fatal()) {
+        eprintln!("{p}");
+    }
 }
 
 /// Prepend our library to an existing LD_PRELOAD so the user's own preloads still load,
@@ -248,6 +263,12 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
     );
     for v in VARIABLES {
         match vars.iter().find(|(k, _)| k == v.name) {
+            Some((_, value)) if problems.iter().any(|p| p.is_fatal() && p.name() == v.name) => {
+                println!(
+                    "  {:<24} {:<28} (environment) INVALID, allowed: {}",
+                    v.name, value, v.allowed
+                )
+            }
             Some((_, value)) => println!("  {:<24} {:<28} (environment)", v.name, value),
             None => println!("  {:<24} {:<28} (default)", v.name, v.default),
         }
@@ -353,10 +374,7 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
                 }
             }
             let f = v.sym("ibv_is_fork_initialized", "IBVERBS_1.13");
-            let tracking = ["RDMAV_FORK_SAFE", "IBV_FORK_SAFE"]
-                .iter()
-                .any(|k| std::env::var_os(k).is_some_and(|x| x != "0"));
-            let cof = if f.is_null() {
+            let copy_on_fork = if f.is_null() {
                 None
             } else {
                 // SAFETY: ibv_is_fork_initialized(void) -> enum.
@@ -364,28 +382,11 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
                 // SAFETY: as above.
                 Some(unsafe { f() } == 2)
             };
-            let idle = match (cfg.fork, cof) {
-                (config::ForkMode::Keep, _) => "idle entries kept (MRCACHE_FORK=keep)",
-                (config::ForkMode::Flush, _) => {
-                    "idle entries deregistered before fork (MRCACHE_FORK=flush)"
-                }
-                (config::ForkMode::Auto, Some(true)) => {
-                    "idle entries kept: the kernel copies pinned pages at fork (IBV_FORK_UNNEEDED)"
-                }
-                (config::ForkMode::Auto, Some(false)) => {
-                    "idle entries deregistered before fork: the kernel does not report copy-on-fork (no RDMA netlink here, or Linux < 5.13)"
-                }
-                (config::ForkMode::Auto, None) => {
-                    "idle entries deregistered before fork: libibverbs has no ibv_is_fork_initialized"
-                }
-            };
-            let tracking = if tracking {
-                "on: ranges in use are marked DONTFORK for each fork"
-            } else {
-                "off"
-            };
+            let tracking = mrcache::fork::tracking_in_env(|k| std::env::var(k).ok());
+            let d = mrcache::fork::decide(cfg.fork, copy_on_fork, tracking);
             println!(
-                "\nfork: {idle}; libibverbs fork tracking {tracking} (RDMAV_FORK_SAFE/IBV_FORK_SAFE; ibv_fork_init() at run time also counts)"
+                "\nfork: {} (RDMAV_FORK_SAFE/IBV_FORK_SAFE; ibv_fork_init() at run time also turns tracking on)",
+                d.why
             );
         }
     }
@@ -437,7 +438,7 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
         return Err("no statistics found (run with MRCACHE_STATS=json)".into());
     }
     println!(
-        "{:<16} {:>8} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>10} {:>10} {:>10}",
+        "{:<16} {:>8} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>10} {:>10}",
         "host",
         "pid",
         "hits",
@@ -447,12 +448,11 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
         "invalidated",
         "peak",
         "peak MiB",
-        "reg ms",
-        "saved ms"
+        "reg ms"
     );
     let row = |r: &Report, pid: String| {
         println!(
-            "{:<16} {:>8} {:>10} {:>8} {:>8} {:>5.1}% {:>11} {:>8} {:>10.1} {:>10.1} {:>10.1}",
+            "{:<16} {:>8} {:>10} {:>8} {:>8} {:>5.1}% {:>11} {:>8} {:>10.1} {:>10.1}",
             r.host,
             pid,
             r.hits_total(),
@@ -462,8 +462,7 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
             r[Counter::Invalidated],
             r[Counter::PeakEntries],
             r[Counter::PeakBytes] as f64 / (1 << 20) as f64,
-            r[Counter::RegistrationNs] as f64 / 1e6,
-            r[Counter::SavedNsEstimate] as f64 / 1e6
+            r[Counter::RegistrationNs] as f64 / 1e6
         );
     };
     for r in &reports {

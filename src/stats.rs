@@ -51,9 +51,10 @@ named_enum! {
         PeakBytes = "peak_bytes",
         /// Time spent in provider registrations (misses and uncached).
         RegistrationNs = "registration_ns",
-        /// Estimated time hits saved: hits x the mean cost of a registration here.
-        SavedNsEstimate = "saved_ns_estimate",
         Forks = "forks",
+        /// Idle entries deregistered before a fork, and ranges in use marked DONTFORK.
+        ForkIdleDeregistered = "fork_idle_deregistered",
+        ForkRangesDontfork = "fork_ranges_dontfork",
         /// Remote keys handed out through windows (`MRCACHE_REMOTE=revoke`).
         RemoteGrants = "remote_grants",
         /// ... and revoked at `ibv_dereg_mr`.

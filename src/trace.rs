@@ -28,10 +28,9 @@ pub enum Call {
     Shmat,
     Shmdt,
     Realloc,
-    Fork,
 }
 
-const CALLS: [Call; 19] = [
+const CALLS: [Call; 18] = [
     Call::RegMr,
     Call::RegMrIova,
     Call::RegMrIova2,
@@ -50,7 +49,6 @@ const CALLS: [Call; 19] = [
     Call::Shmat,
     Call::Shmdt,
     Call::Realloc,
-    Call::Fork,
 ];
 
 impl Call {
@@ -74,7 +72,6 @@ impl Call {
             Call::Shmat => "shmat",
             Call::Shmdt => "shmdt",
             Call::Realloc => "realloc",
-            Call::Fork => "fork",
         }
     }
 
@@ -98,7 +95,6 @@ impl Call {
             Call::Shmat => &["shmid", "addr", "flags"],
             Call::Shmdt => &["addr"],
             Call::Realloc => &["ptr", "size"],
-            Call::Fork => &[],
         }
     }
 
@@ -372,10 +368,10 @@ mod tests {
             .map(|r| r.args[0])
             .collect();
         assert_eq!(got, vec![0, 1, 2, 3]);
-        ring.push(&rec(Call::Fork, Outcome::Flush, [0; 5], 123));
+        ring.push(&rec(Call::DeallocPd, Outcome::Flush, [0; 5], 123));
         assert_eq!(
             ring.pop().map(|r| (r.call, r.outcome, r.result)),
-            Some((Call::Fork, Outcome::Flush, 123))
+            Some((Call::DeallocPd, Outcome::Flush, 123))
         );
         assert_eq!(ring.pop(), None);
     }

@@ -33,22 +33,3 @@ pub fn fill(r: &mut Report) {
         r.memlock = b.memlock.clone();
     }
 }
-
-/// The summary line about the cap.
-pub fn summary(r: &Report) -> String {
-    let cap = if r.max_bytes == u64::MAX {
-        "unlimited".to_string()
-    } else {
-        format!("{} KiB", r.max_bytes / 1024)
-    };
-    format!(
-        "mrcache: pid {}: byte cap {cap} ({}); ranks on this node: {}; RLIMIT_MEMLOCK: {}",
-        r.pid,
-        r.max_bytes_why,
-        match r.local_ranks {
-            0 => "not set by a launcher".to_string(),
-            n => n.to_string(),
-        },
-        r.memlock
-    )
-}

@@ -244,10 +244,6 @@ pub const IBV_QP_SQ_PSN: i32 = 1 << 16;
 pub const IBV_QP_MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
 pub const IBV_QP_DEST_QPN: i32 = 1 << 20;
 
-pub const IBV_REREG_MR_CHANGE_TRANSLATION: i32 = 1;
-pub const IBV_REREG_MR_CHANGE_PD: i32 = 2;
-pub const IBV_REREG_MR_CHANGE_ACCESS: i32 = 4;
-pub const IBV_REREG_MR_FLAGS_SUPPORTED: i32 = 7;
 pub const IBV_REREG_MR_ERR_INPUT: i32 = -1;
 pub const IBV_REREG_MR_ERR_CMD: i32 = -4;
 
@@ -402,11 +398,17 @@ int main(void) {
             ("ctx.abi_compat", offset_of!(IbvContext, abi_compat)),
             (
                 "rereg.translation",
-                IBV_REREG_MR_CHANGE_TRANSLATION as usize,
+                mrcache::access::REREG_CHANGE_TRANSLATION as usize,
             ),
-            ("rereg.pd", IBV_REREG_MR_CHANGE_PD as usize),
-            ("rereg.access", IBV_REREG_MR_CHANGE_ACCESS as usize),
-            ("rereg.supported", IBV_REREG_MR_FLAGS_SUPPORTED as usize),
+            ("rereg.pd", mrcache::access::REREG_CHANGE_PD as usize),
+            (
+                "rereg.access",
+                mrcache::access::REREG_CHANGE_ACCESS as usize,
+            ),
+            (
+                "rereg.supported",
+                mrcache::access::REREG_FLAGS_SUPPORTED as usize,
+            ),
             ("rereg.err_input", -IBV_REREG_MR_ERR_INPUT as usize),
             ("rereg.err_cmd", -IBV_REREG_MR_ERR_CMD as usize),
             ("ops.alloc_mw", offset_of!(IbvContextOps, alloc_mw)),

@@ -21,17 +21,7 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
-/// What this process does at fork, decided once when the cache is created.
-#[derive(Debug, Clone)]
-pub struct Decision {
-    pub flush_idle: bool,
-    pub dontfork_in_use: bool,
-    pub why: String,
-}
-
-fn env_on(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v != "0")
-}
+pub use mrcache::fork::Decision;
 
 /// `ibv_is_fork_initialized()`: 2 (IBV_FORK_UNNEEDED) when the kernel copies pinned pages.
 fn copy_on_fork() -> Option<bool> {
@@ -42,34 +32,14 @@ fn copy_on_fork() -> Option<bool> {
     Some(unsafe { f() } == 2)
 }
 
-/// Decide, from MRCACHE_FORK, the kernel and whether libibverbs' fork tracking is on
-/// (ibv_fork_init, RDMAV_FORK_SAFE, IBV_FORK_SAFE; rdma-core v35-v50 answer UNNEEDED even
-/// with tracking on, so tracking is tracked here, not asked).
+/// Decide the fork policy (`mrcache::fork::decide`) from MRCACHE_FORK, the kernel and
+/// whether libibverbs' fork tracking is on (ibv_fork_init, RDMAV_FORK_SAFE, IBV_FORK_SAFE;
+/// rdma-core v35-v50 answer UNNEEDED even with tracking on, so tracking is tracked here,
+/// not asked).
 pub fn decide(mode: ForkMode) -> Decision {
-    let tracking = crate::FORK_INIT_CALLED.load(std::sync::atomic::Ordering::Relaxed)
-        || env_on("RDMAV_FORK_SAFE")
-        || env_on("IBV_FORK_SAFE");
-    // With tracking on, libibverbs alone would have every range in use marked DONTFORK (the
-    // child does not inherit it): keep that, whatever the kernel does.
-    let tracking_why = if tracking {
-        "libibverbs fork tracking is on: ranges in use are marked DONTFORK for the fork"
-    } else {
-        "libibverbs fork tracking is off"
-    };
-    let (flush_idle, why) = match mode {
-        ForkMode::Keep => (false, "MRCACHE_FORK=keep: idle entries are kept across fork".to_string()),
-        ForkMode::Flush => (true, "MRCACHE_FORK=flush: idle entries are deregistered before fork".to_string()),
-        ForkMode::Auto => match copy_on_fork() {
-            Some(true) => (false, "auto: the kernel copies pinned pages at fork (ibv_is_fork_initialized = IBV_FORK_UNNEEDED): idle entries are kept".to_string()),
-            Some(false) => (true, "auto: the kernel does not copy pinned pages at fork: idle entries are deregistered before fork".to_string()),
-            None => (true, "auto: libibverbs cannot say whether the kernel copies pinned pages (no ibv_is_fork_initialized): idle entries are deregistered before fork".to_string()),
-        },
-    };
-    Decision {
-        flush_idle,
-        dontfork_in_use: tracking,
-        why: format!("{why}; {tracking_why}"),
-    }
+    let tracking = crate::FORK_INIT_CALLED.load(Relaxed)
+        || mrcache::fork::tracking_in_env(|k| std::env::var(k).ok());
+    mrcache::fork::decide(mode, copy_on_fork(), tracking)
 }
 
 /// The cache lock and the ranges marked DONTFORK, from prepare to parent/child.

@@ -35,8 +35,6 @@ pub fn note_bypass(why: Bypassed) {
 
 /// The report counters the shell keeps itself (forks); the cache keeps its own.
 pub static COUNTERS: Counters = Counters::new();
-pub static FORK_FLUSHED: AtomicU64 = AtomicU64::new(0);
-pub static FORK_DONTFORKED: AtomicU64 = AtomicU64::new(0);
 static DRAIN_RUNNING: AtomicBool = AtomicBool::new(false);
 
 /// One line on stderr at or above the configured level (`MRCACHE_LOG`). Only ever called
@@ -139,7 +137,7 @@ pub fn after_signal_safe_fork_child() {
 /// Idle entries a `_Fork()` asked to flush, before the next lookup.
 pub fn flush_after_fork(cache: &Cache<Provider>) {
     if FLUSH_AFTER_FORK.load(Relaxed) && FLUSH_AFTER_FORK.swap(false, SeqCst) {
-        FORK_FLUSHED.fetch_add(cache.flush_all() as u64, Relaxed);
+        COUNTERS.add(Counter::ForkIdleDeregistered, cache.flush_all() as u64);
     }
 }
 
@@ -150,8 +148,8 @@ pub fn fork_state() -> Option<(&'static Cache<Provider>, &'static fork::Decision
 
 pub fn note_fork(flushed: usize, dontforked: usize) {
     COUNTERS.add(Counter::Forks, 1);
-    FORK_FLUSHED.fetch_add(flushed as u64, Relaxed);
-    FORK_DONTFORKED.fetch_add(dontforked as u64, Relaxed);
+    COUNTERS.add(Counter::ForkIdleDeregistered, flushed as u64);
+    COUNTERS.add(Counter::ForkRangesDontfork, dontforked as u64);
     if let Some(d) = RUNTIME.get().and_then(|r| r.fork.as_ref()) {
         log(
             LogLevel::Info,

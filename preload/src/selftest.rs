@@ -6,41 +6,7 @@ use crate::memory::QUEUE;
 use std::ffi::{CStr, c_int, c_void};
 use std::time::Instant;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Caught,
-    Missed,
-    /// Not exercised; the text says why.
-    NotRun(&'static str),
-}
-
-pub struct Coverage {
-    pub results: Vec<(&'static str, Status)>,
-    pub nanos: u64,
-}
-
-impl Coverage {
-    pub fn missed(&self) -> Vec<&'static str> {
-        self.results
-            .iter()
-            .filter(|(_, s)| *s == Status::Missed)
-            .map(|(n, _)| *n)
-            .collect()
-    }
-
-    pub fn summary(&self) -> String {
-        let parts: Vec<String> = self
-            .results
-            .iter()
-            .map(|(n, s)| match s {
-                Status::Caught => format!("{n}: caught"),
-                Status::Missed => format!("{n}: MISSED"),
-                Status::NotRun(why) => format!("{n}: {why}"),
-            })
-            .collect();
-        parts.join("; ")
-    }
-}
+pub use mrcache::selftest::{Coverage, Status};
 
 const PAGE: usize = 4096;
 

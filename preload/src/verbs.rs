@@ -248,13 +248,7 @@ fn provider_rereg(
     len: usize,
     access: i32,
 ) -> i32 {
-    if flags == 0 || flags & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
-        return ffi::IBV_REREG_MR_ERR_INPUT;
-    }
-    if flags & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 && (addr.is_null() || len == 0) {
-        return ffi::IBV_REREG_MR_ERR_INPUT;
-    }
-    if access != 0 && flags & ffi::IBV_REREG_MR_CHANGE_ACCESS == 0 {
+    if !mrcache::access::rereg_args_valid(flags, addr as usize, len, access) {
         return ffi::IBV_REREG_MR_ERR_INPUT;
     }
     // SAFETY: mr is a live provider-registered MR; the op has the provider rereg prototype.
@@ -267,10 +261,10 @@ fn provider_rereg(
         if f(mr, flags, pd, addr, len, access) != 0 {
             return ffi::IBV_REREG_MR_ERR_CMD;
         }
-        if flags & ffi::IBV_REREG_MR_CHANGE_PD != 0 {
+        if flags & mrcache::access::REREG_CHANGE_PD != 0 {
             (*mr).pd = pd;
         }
-        if flags & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+        if flags & mrcache::access::REREG_CHANGE_TRANSLATION != 0 {
             (*mr).addr = addr;
             (*mr).length = len;
         }

@@ -1,0 +1,83 @@
+//! The fork policy: what the cache does with its registrations when the process forks.
+//! Decided once, by the library when the cache is created and by `mrcache info` to show it.
+
+use crate::config::ForkMode;
+
+/// What this process does at fork.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Deregister idle entries before the fork.
+    pub flush_idle: bool,
+    /// Mark the ranges of entries in use DONTFORK for the fork's duration.
+    pub dontfork_in_use: bool,
+    pub why: String,
+}
+
+/// Decide from `MRCACHE_FORK`, whether the kernel copies pinned pages at fork (libibverbs'
+/// `ibv_is_fork_initialized() == IBV_FORK_UNNEEDED`; None: it cannot say) and whether
+/// libibverbs' fork tracking is on (with it, libibverbs alone would have every range in use
+/// marked DONTFORK, which the child does not inherit: keep that, whatever the kernel does).
+pub fn decide(mode: ForkMode, copy_on_fork: Option<bool>, tracking: bool) -> Decision {
+    let tracking_why = if tracking {
+        "libibverbs fork tracking is on: ranges in use are marked DONTFORK for the fork"
+    } else {
+        "libibverbs fork tracking is off"
+    };
+    let (flush_idle, why) = match (mode, copy_on_fork) {
+        (ForkMode::Keep, _) => (
+            false,
+            "MRCACHE_FORK=keep: idle entries are kept across fork",
+        ),
+        (ForkMode::Flush, _) => (
+            true,
+            "MRCACHE_FORK=flush: idle entries are deregistered before fork",
+        ),
+        (ForkMode::Auto, Some(true)) => (
+            false,
+            "auto: the kernel copies pinned pages at fork (ibv_is_fork_initialized = IBV_FORK_UNNEEDED): idle entries are kept",
+        ),
+        (ForkMode::Auto, Some(false)) => (
+            true,
+            "auto: the kernel does not copy pinned pages at fork: idle entries are deregistered before fork",
+        ),
+        (ForkMode::Auto, None) => (
+            true,
+            "auto: libibverbs cannot say whether the kernel copies pinned pages (no ibv_is_fork_initialized): idle entries are deregistered before fork",
+        ),
+    };
+    Decision {
+        flush_idle,
+        dontfork_in_use: tracking,
+        why: format!("{why}; {tracking_why}"),
+    }
+}
+
+/// Whether libibverbs' fork tracking is turned on by the environment (`ibv_fork_init()` at
+/// run time also turns it on).
+pub fn tracking_in_env(get: impl Fn(&str) -> Option<String>) -> bool {
+    ["RDMAV_FORK_SAFE", "IBV_FORK_SAFE"]
+        .iter()
+        .any(|k| get(k).is_some_and(|v| v != "0"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions() {
+        assert!(!decide(ForkMode::Auto, Some(true), false).flush_idle);
+        assert!(decide(ForkMode::Auto, Some(false), false).flush_idle);
+        assert!(decide(ForkMode::Auto, None, false).flush_idle);
+        assert!(!decide(ForkMode::Keep, Some(false), false).flush_idle);
+        assert!(decide(ForkMode::Flush, Some(true), false).flush_idle);
+        let d = decide(ForkMode::Auto, Some(true), true);
+        assert!(d.dontfork_in_use && d.why.contains("IBV_FORK_UNNEEDED"));
+        assert!(tracking_in_env(
+            |k| (k == "IBV_FORK_SAFE").then(|| "1".into())
+        ));
+        assert!(!tracking_in_env(
+            |k| (k == "RDMAV_FORK_SAFE").then(|| "0".into())
+        ));
+    }
+}

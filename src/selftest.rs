@@ -1,0 +1,87 @@
+//! The startup self-test's result (the test itself runs in libmrcache.so): for each way
+//! memory can go away, whether the monitor reported it. One text per status, used by the
+//! log line, `mrcache info`, the JSON report and the exit summary.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Caught,
+    Missed,
+    /// Not exercised; the text says why.
+    NotRun(&'static str),
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Status::Caught => f.write_str("caught"),
+            Status::Missed => f.write_str("MISSED"),
+            Status::NotRun(why) => write!(f, "not run: {why}"),
+        }
+    }
+}
+
+/// The self-test's result: each path with its status, and how long it took.
+#[derive(Debug, Clone, Default)]
+pub struct Coverage {
+    pub results: Vec<(&'static str, Status)>,
+    pub nanos: u64,
+}
+
+impl Coverage {
+    /// The paths the monitor did not report.
+    pub fn missed(&self) -> Vec<&'static str> {
+        self.results
+            .iter()
+            .filter(|(_, s)| *s == Status::Missed)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    /// One line: "path: status; path: status".
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .results
+            .iter()
+            .map(|(n, s)| format!("{n}: {s}"))
+            .collect();
+        parts.join("; ")
+    }
+
+    /// One path a line, and the time taken (`mrcache info`).
+    pub fn lines(&self) -> String {
+        let mut out = String::new();
+        for (path, status) in &self.results {
+            out.push_str(&format!("{path}: {status}\n"));
+        }
+        out.push_str(&format!("(self-test took {} us)\n", self.nanos / 1000));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts() {
+        let c = Coverage {
+            results: vec![
+                ("munmap", Status::Caught),
+                ("free()", Status::Missed),
+                ("shm", Status::NotRun("unavailable")),
+            ],
+            nanos: 12_000,
+        };
+        assert_eq!(c.missed(), vec!["free()"]);
+        assert_eq!(
+            c.summary(),
+            "munmap: caught; free(): MISSED; shm: not run: unavailable"
+        );
+        assert!(
+            c.lines()
+                .ends_with("shm: not run: unavailable\n(self-test took 12 us)\n")
+        );
+    }
+}

@@ -1,0 +1,64 @@
+//! What the launcher tells a user before the program runs: a bad inherited `MRCACHE_*`
+//! value (one line, then the program runs anyway), and `mrcache info` marking a bad value in
+//! its table row.
+
+use std::process::Command;
+
+fn mrcache() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mrcache"));
+    c.env_remove("LD_PRELOAD");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MRCACHE_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+#[test]
+fn run_reports_a_bad_inherited_value_and_still_runs() {
+    let out = mrcache()
+        .env("MRCACHE_MAX_ENTRIES", "banana")
+        .args(["run", "--", "sh", "-c", "echo ran; exit 3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("MRCACHE_MAX_ENTRIES=\"banana\"")
+            && lines[0].contains("allowed: a positive integer, or unlimited"),
+        "{err}"
+    );
+    // A good value, or one an option overrides, says nothing.
+    let out = mrcache()
+        .env("MRCACHE_MAX_ENTRIES", "banana")
+        .args(["run", "--max-entries", "5", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert!(out.status.success());
+}
+
+#[test]
+fn info_marks_an_invalid_value_in_its_row() {
+    let out = mrcache()
+        .env("MRCACHE_MAX_ENTRIES", "banana")
+        .env("MRCACHE_FORK", "keep")
+        .arg("info")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{text}"))
+            .to_string()
+    };
+    let bad = row("MRCACHE_MAX_ENTRIES");
+    assert!(bad.contains("banana") && bad.contains("INVALID"), "{bad}");
+    let good = row("MRCACHE_FORK");
+    assert!(good.contains("keep") && !good.contains("INVALID"), "{good}");
+}
