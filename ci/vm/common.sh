@@ -7,7 +7,8 @@ TRIXIE_ROOT=$VM_CACHE/trixie-root  # Debian 13 userland for the second-glibc run
 QEMU=$SYSROOT/usr/bin/qemu-system-x86_64
 QEMU_LIBS=$SYSROOT/usr/lib/x86_64-linux-gnu:$SYSROOT/lib/x86_64-linux-gnu
 
-# Exit statuses of run.sh, one per failure mode (documented in ci/README.md).
+# Exit statuses of run.sh, one per failure mode (documented in docs/testing.md). The guest
+# side (ci/vm/init, inside the initramfs) exits with the same numbers 90-94.
 RC_CMD_FAILED=1      # the VM ran every command; at least one exited non-zero
 RC_SETUP=2           # host-side setup failed (download, initramfs, bad arguments)
 RC_NO_NETDEV=90      # guest: no network device for rxe

@@ -65,12 +65,12 @@ if [ -z "$marker" ]; then
   vm_die "$RC_NO_MARKER" "QEMU exited $qrc without the guest's result line (crash?) (log: $LOG)"
 fi
 case $marker in
-  0|1) ;;
-  90) vm_die "$marker" "guest: no netdev for rxe" ;;
-  91) vm_die "$marker" "guest: 'rdma link add rxe0 type rxe' failed" ;;
-  92) vm_die "$marker" "guest: 9p mount of the host root or the job directory failed" ;;
-  93) vm_die "$marker" "guest: rxe0 never became ACTIVE" ;;
-  94) vm_die "$marker" "guest: a kernel module failed to load" ;;
+  0|"$RC_CMD_FAILED") ;;
+  "$RC_NO_NETDEV") vm_die "$marker" "guest: no netdev for rxe" ;;
+  "$RC_LINK_ADD") vm_die "$marker" "guest: 'rdma link add rxe0 type rxe' failed" ;;
+  "$RC_HOSTROOT") vm_die "$marker" "guest: 9p mount of the host root or the job directory failed" ;;
+  "$RC_NOT_ACTIVE") vm_die "$marker" "guest: rxe0 never became ACTIVE" ;;
+  "$RC_MODULE") vm_die "$marker" "guest: a kernel module failed to load" ;;
   *) vm_log "guest runner exited $marker" ;;
 esac
 if [ "$(cat "$JOB/vm.rc" 2>/dev/null)" != "$marker" ]; then
@@ -84,6 +84,6 @@ while IFS= read -r cmd; do
   [ "$r" = 0 ] || { failed=$((failed + 1)); vm_log "command $n failed (exit $r): $cmd"; }
 done < "$JOB/commands"
 vm_log "$n commands, $failed failed (results in $JOB/results)"
-case $marker in 0|1) ;; *) vm_die "$marker" "guest runner exited $marker" ;; esac
+case $marker in 0|"$RC_CMD_FAILED") ;; *) vm_die "$marker" "guest runner exited $marker" ;; esac
 [ "$failed" = 0 ] || exit "$RC_CMD_FAILED"
 exit 0

@@ -13,8 +13,6 @@ use crate::memory::{QUEUE, REPORTING};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
-const PAGE: usize = 4096;
-
 static REAL_DLCLOSE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 pub(crate) fn real_dlclose() -> Option<unsafe extern "C" fn(*mut c_void) -> c_int> {
@@ -87,13 +85,9 @@ unsafe extern "C" fn visit(
         let ph = unsafe { &*info.dlpi_phdr.add(i) };
         if ph.p_type == libc::PT_LOAD {
             let start = base.wrapping_add(ph.p_vaddr as usize);
-            lo = lo.min(start & !(PAGE - 1));
-            hi = hi.max(
-                start
-                    .saturating_add(ph.p_memsz as usize)
-                    .saturating_add(PAGE - 1)
-                    & !(PAGE - 1),
-            );
+            let (first, end) = crate::sys::page_span(start, ph.p_memsz as usize);
+            lo = lo.min(first);
+            hi = hi.max(end);
         }
     }
     if hi > lo {
@@ -130,7 +124,7 @@ fn footprint(handle: *mut c_void) -> Option<Search> {
     search.found.then_some(search)
 }
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let Some(real) = real_dlclose() else {
         return -1;

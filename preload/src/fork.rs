@@ -136,7 +136,8 @@ pub fn resolve() {
 /// at its first call. Ranges in use are not marked DONTFORK here (that takes locks): with
 /// libibverbs' fork tracking on a kernel that does not copy pinned pages at fork (< 5.13),
 /// use fork(). (glibc's fork() calls its internal _Fork directly, never this.)
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(non_snake_case)] // glibc's name
 pub extern "C" fn _Fork() -> libc::pid_t {
     let mut real = REAL_FORK.load(Acquire);
     if real.is_null() {
@@ -145,8 +146,7 @@ pub extern "C" fn _Fork() -> libc::pid_t {
         real = REAL_FORK.load(Acquire);
     }
     if real.is_null() {
-        // SAFETY: __errno_location returns this thread's errno.
-        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        crate::sys::set_errno(libc::ENOSYS);
         return -1;
     }
     // SAFETY: glibc's _Fork: pid_t _Fork(void).

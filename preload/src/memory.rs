@@ -8,11 +8,12 @@
 //! allocators: they take no lock, allocate nothing, print nothing, and when no cache
 //! exists they only bump two counters around the syscall.
 
+use crate::sys::{PAGE, errno, page_span, set_errno, syscall6};
 use crate::trace;
 use mrcache::invalidation::InvalidationQueue;
 use mrcache::stats::{Tally, UnmapSource};
 use mrcache::trace::{Call, Outcome};
-use std::ffi::{c_int, c_long, c_void};
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 
 /// Shared by every hook and the cache.
@@ -21,7 +22,6 @@ pub static QUEUE: InvalidationQueue = InvalidationQueue::new();
 /// `MRCACHE_MONITOR=none`: hooks report nothing (tests use it to prove they see stale hits).
 pub static REPORTING: AtomicBool = AtomicBool::new(true);
 
-const PAGE: usize = 4096;
 const MAP_FIXED: c_int = 0x10;
 const MAP_FIXED_NOREPLACE: c_int = 0x10_0000;
 const MREMAP_FIXED: c_int = 2;
@@ -77,8 +77,7 @@ fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
     if !REPORTING.load(Relaxed) {
         return f();
     }
-    let start = addr & !(PAGE - 1);
-    let end = addr.saturating_add(len).saturating_add(PAGE - 1) & !(PAGE - 1);
+    let (start, end) = page_span(addr, len);
     report_begin(start, end);
     let r = f();
     report_end();
@@ -109,23 +108,12 @@ pub fn open_here() -> u64 {
     OPEN_HERE.try_with(|n| n.get()).unwrap_or(0)
 }
 
-fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns this thread's errno.
-    unsafe { *libc::__errno_location() = e };
-}
-
-/// Raw system call with libc's error convention (-1 and errno).
-fn sys(n: c_long, a: usize, b: usize, c: usize, d: usize, e: usize, f: usize) -> isize {
-    // SAFETY: syscall(2) with integer arguments; each caller passes the kernel ABI's.
-    unsafe { libc::syscall(n, a, b, c, d, e, f) as isize }
-}
-
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let t = t0();
     count(UnmapSource::Munmap);
     let r = invalidating(addr as usize, len, || {
-        sys(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int
+        syscall6(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int
     });
     traced(
         Call::Munmap,
@@ -149,11 +137,11 @@ fn zaps(advice: c_int) -> bool {
     )
 }
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     let t = t0();
     let call = || {
-        sys(
+        syscall6(
             libc::SYS_madvise,
             addr as usize,
             len,
@@ -175,7 +163,7 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
     r
 }
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // POSIX_MADV_DONTNEED is a no-op in glibc; only the Linux advice values zap pages.
     // Returns the error number instead of setting errno.
@@ -185,15 +173,14 @@ pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) ->
     if madvise(addr, len, advice) == 0 {
         0
     } else {
-        // SAFETY: __errno_location returns this thread's errno.
-        unsafe { *libc::__errno_location() }
+        errno()
     }
 }
 
 /// `process_madvise` on the process's own pidfd takes any advice on recent kernels, and a
 /// zapping one drops the pages like madvise. Which process a pidfd names is not cheap to
 /// tell, so every range of a zapping call is reported (over-invalidating is safe).
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn process_madvise(
     pidfd: c_int,
     iov: *const libc::iovec,
@@ -202,7 +189,7 @@ pub extern "C" fn process_madvise(
     flags: libc::c_uint,
 ) -> isize {
     let call = || {
-        sys(
+        syscall6(
             libc::SYS_process_madvise,
             pidfd as usize,
             iov as usize,
@@ -220,11 +207,7 @@ pub extern "C" fn process_madvise(
     // SAFETY: the caller passes vlen iovecs at iov (the kernel reads the same array).
     let ranges = unsafe { std::slice::from_raw_parts(iov, vlen) };
     for r in ranges {
-        let start = r.iov_base as usize & !(PAGE - 1);
-        let end = (r.iov_base as usize)
-            .saturating_add(r.iov_len)
-            .saturating_add(PAGE - 1)
-            & !(PAGE - 1);
+        let (start, end) = page_span(r.iov_base as usize, r.iov_len);
         report_begin(start, end);
     }
     let rc = call();
@@ -236,7 +219,7 @@ pub extern "C" fn process_madvise(
 
 /// mremap is variadic in C; on x86-64 a five-argument definition receives the optional
 /// new address in the right register.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mremap(
     old: *mut c_void,
     old_len: usize,
@@ -247,7 +230,7 @@ pub extern "C" fn mremap(
     let t = t0();
     count(UnmapSource::Mremap);
     let call = || {
-        sys(
+        syscall6(
             libc::SYS_mremap,
             old as usize,
             old_len,
@@ -274,7 +257,7 @@ pub extern "C" fn mremap(
     r
 }
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mmap(
     addr: *mut c_void,
     len: usize,
@@ -289,7 +272,7 @@ pub extern "C" fn mmap(
     }
     let t = t0();
     let call = || {
-        sys(
+        syscall6(
             libc::SYS_mmap,
             addr as usize,
             len,
@@ -330,10 +313,37 @@ fn huge_round(len: usize, flags: c_int) -> usize {
     len.saturating_add(page - 1) & !(page - 1)
 }
 
+/// What `brk(addr)` gives back when the break is at `cur`: `[addr, cur)` as (start, len), or
+/// None when it grows, stays, or only asks (`addr` 0).
+fn brk_shrink(addr: usize, cur: usize) -> Option<(usize, usize)> {
+    (addr != 0 && addr < cur).then(|| (addr, cur - addr))
+}
+
+/// What `sbrk(incr)` with `incr < 0` gives back when the break is at `cur`, as (start, len).
+fn sbrk_shrink(cur: usize, incr: isize) -> (usize, usize) {
+    let len = incr.unsigned_abs();
+    (cur.saturating_sub(len), len)
+}
+
+/// glibc's chunk behind the allocation `ptr`, from its header words `prev_size` and `size`:
+/// when bit 1 of `size` (IS_MMAPPED) is set, the chunk (16 bytes before `ptr`) is its own
+/// mapping, which starts `prev_size` bytes before the chunk and spans `prev_size` plus the
+/// chunk size (`size` without its three flag bits). None for a heap chunk.
+fn mmapped_chunk(ptr: usize, prev_size: usize, size: usize) -> Option<(usize, usize)> {
+    if size & 2 == 0 {
+        return None;
+    }
+    let chunk = ptr.wrapping_sub(16);
+    Some((
+        chunk.wrapping_sub(prev_size),
+        prev_size.wrapping_add(size & !7),
+    ))
+}
+
 /// libc's `__curbrk`, which its brk keeps; our brk must keep it too.
 pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     let t = t0();
     let mut curbrk = CURBRK.load(Relaxed);
@@ -351,15 +361,11 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     } else {
         unsafe { *curbrk as usize }
     };
-    let call = || sys(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
-    let shrink = !addr.is_null() && (addr as usize) < cur;
-    let got = invalidating_if(
-        shrink,
-        UnmapSource::Brk,
-        addr as usize,
-        cur.saturating_sub(addr as usize),
-        call,
-    );
+    let call = || syscall6(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
+    let given_back = brk_shrink(addr as usize, cur);
+    let shrink = given_back.is_some();
+    let (start, len) = given_back.unwrap_or((0, 0));
+    let got = invalidating_if(shrink, UnmapSource::Brk, start, len, call);
     if !curbrk.is_null() {
         // SAFETY: as above; libc's own brk stores the kernel's answer the same way.
         unsafe { *curbrk = got as *mut c_void };
@@ -377,7 +383,7 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
 type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
 pub static REAL_SBRK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
     let mut f = REAL_SBRK.load(Relaxed);
     if f.is_null() {
@@ -397,9 +403,9 @@ pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
         count(UnmapSource::Sbrk);
         // SAFETY: sbrk(0) only reads the break.
         let cur = unsafe { f(0) } as usize;
-        let shrink = incr.unsigned_abs();
+        let (start, len) = sbrk_shrink(cur, incr);
         // SAFETY: libc's sbrk with the app's argument.
-        invalidating(cur.saturating_sub(shrink), shrink, || unsafe { f(incr) })
+        invalidating(start, len, || unsafe { f(incr) })
     } else {
         // SAFETY: as above.
         unsafe { f(incr) }
@@ -425,12 +431,12 @@ fn shm_size(id: c_int) -> usize {
     }
 }
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
     let t = t0();
     let size = shm_size(id);
     let call = || {
-        sys(
+        syscall6(
             libc::SYS_shmat,
             id as usize,
             addr as usize,
@@ -460,7 +466,7 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
     p
 }
 
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
     let t = t0();
     let mut size = 0;
@@ -482,7 +488,7 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
         usize::MAX - addr as usize
     };
     let r = invalidating(addr as usize, len, || {
-        sys(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int
+        syscall6(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int
     });
     traced(Call::Shmdt, true, [addr as u64, 0, 0, 0, 0], r as i64, t);
     r
@@ -495,7 +501,7 @@ pub static GLIBC_REALLOC: AtomicBool = AtomicBool::new(false);
 
 /// glibc's realloc of an mmapped chunk moves it with its internal `__mremap`, which no
 /// symbol hook and no patched entry point sees: report the old chunk first.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     let mut f = REAL_REALLOC.load(Relaxed);
     if f.is_null() {
@@ -507,19 +513,14 @@ pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     let real: ReallocFn = unsafe { std::mem::transmute(f) };
     if !ptr.is_null() && GLIBC_REALLOC.load(Relaxed) && QUEUE.is_active() {
         // SAFETY: ptr is a live glibc allocation (the caller passes it to realloc): its
-        // chunk header is the two words before it; bit 1 of the size marks an mmapped
-        // chunk, whose mapping starts prev_size bytes before the chunk.
+        // chunk header is the two words before it.
         let (prev, size_field) =
             unsafe { (*(ptr as *const usize).sub(2), *(ptr as *const usize).sub(1)) };
-        if size_field & 2 != 0 {
+        if let Some((start, len)) = mmapped_chunk(ptr as usize, prev, size_field) {
             let t = t0();
             count(UnmapSource::Realloc);
-            let chunk = ptr as usize - 16;
-            let start = chunk.wrapping_sub(prev);
             // SAFETY: as above.
-            let r = invalidating(start, prev + (size_field & !7), || unsafe {
-                real(ptr, size)
-            });
+            let r = invalidating(start, len, || unsafe { real(ptr, size) });
             traced(
                 Call::Realloc,
                 true,
@@ -535,7 +536,7 @@ pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
 }
 
 /// `mmap64` is the same function as `mmap` on 64-bit.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mmap64(
     addr: *mut c_void,
     len: usize,
@@ -545,4 +546,50 @@ pub extern "C" fn mmap64(
     off: i64,
 ) -> *mut c_void {
     mmap(addr, len, prot, flags, fd, off)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn brk_gives_back_the_range_above_the_new_break() {
+        assert_eq!(brk_shrink(0x5000, 0x9000), Some((0x5000, 0x4000)));
+        assert_eq!(brk_shrink(0x9000, 0x9000), None);
+        assert_eq!(brk_shrink(0xa000, 0x9000), None);
+        assert_eq!(brk_shrink(0, 0x9000), None);
+        assert_eq!(sbrk_shrink(0x9000, -0x1000), (0x8000, 0x1000));
+        assert_eq!(sbrk_shrink(0x800, -0x1000), (0, 0x1000));
+        assert_eq!(
+            sbrk_shrink(0x9000, isize::MIN),
+            (0, isize::MIN.unsigned_abs())
+        );
+    }
+
+    #[test]
+    fn mmapped_realloc_chunk_covers_its_mapping() {
+        // glibc: a 200000-byte malloc is mmapped: the mapping is page aligned, the chunk
+        // starts prev_size (alignment padding, here 0) into it, size = mapping | IS_MMAPPED.
+        let map = 0x7f00_0000_0000usize;
+        let ptr = map + 16;
+        let size = 0x31000 | 2;
+        assert_eq!(mmapped_chunk(ptr, 0, size), Some((map, 0x31000)));
+        // With 32 bytes of padding before the chunk (memalign): the mapping starts there.
+        assert_eq!(
+            mmapped_chunk(map + 32 + 16, 32, (0x31000 - 32) | 2),
+            Some((map, 0x31000))
+        );
+        // PREV_INUSE (1) and NON_MAIN_ARENA (4) are flags, not size; a heap chunk: None.
+        assert_eq!(mmapped_chunk(ptr, 0, 0x31000 | 7), Some((map, 0x31000)));
+        assert_eq!(mmapped_chunk(ptr, 0, 0x31000 | 1), None);
+    }
+
+    #[test]
+    fn hugetlb_lengths_round_up_to_the_huge_page() {
+        let mb2 = 21 << 26; // MAP_HUGE_2MB
+        assert_eq!(huge_round(1, mb2 as c_int), 2 << 20);
+        assert_eq!(huge_round((2 << 20) + 1, mb2 as c_int), 4 << 20);
+        assert_eq!(huge_round(1, 0), 1 << 30);
+        assert_eq!(huge_round(usize::MAX, 0), usize::MAX & !((1 << 30) - 1));
+    }
 }

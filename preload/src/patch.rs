@@ -245,9 +245,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     // SAFETY: inside the function (checked above).
     let site = unsafe { f.add(skip) };
     let code = jump(target.hook);
-    let page = 4096usize;
-    let start = site as usize & !(page - 1);
-    let end = (site as usize + JUMP_LEN + page - 1) & !(page - 1);
+    let (start, end) = crate::sys::page_span(site as usize, JUMP_LEN);
     let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
     // SAFETY: the pages hold the function's code; we make them writable for the copy and
     // give them back read+execute. Raw syscalls: libc's mprotect could itself be hooked.

@@ -37,7 +37,7 @@ impl Provider {
 
     fn record(&self, mr: Mr, addr: usize, len: usize) {
         if self.verify {
-            let first = addr & !(PAGE - 1);
+            let first = crate::sys::page_down(addr);
             if let Some(f) = page_frames(first, (addr + len).div_ceil(PAGE) - first / PAGE) {
                 self.frames
                     .lock()
@@ -47,8 +47,6 @@ impl Provider {
         }
     }
 }
-
-const PAGE: usize = 4096;
 
 /// The page frame numbers backing `pages` pages from `first` (from /proc/self/pagemap; 0
 /// for a page not present). None when the file cannot be read.
@@ -67,10 +65,7 @@ pub fn page_frames(first: usize, pages: usize) -> Option<Vec<u64>> {
     )
 }
 
-fn errno() -> i32 {
-    // SAFETY: __errno_location always returns this thread's errno.
-    unsafe { *libc::__errno_location() }
-}
+use crate::sys::{PAGE, errno};
 
 impl Registrar for Provider {
     fn register(&self, req: &Request) -> Result<Mr, i32> {

@@ -92,10 +92,7 @@ pub fn resolve_loaded() {
     }
 }
 
-pub fn set_errno(e: i32) {
-    // SAFETY: __errno_location always returns this thread's errno.
-    unsafe { *libc::__errno_location() = e };
-}
+pub use crate::sys::set_errno;
 
 // The calls below: each transmutes a resolved address to the C prototype libibverbs
 // exports under that symbol version (verbs.h, IBVERBS_1.x), then calls it.

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 pub use mrcache::selftest::{Coverage, Status};
 
-const PAGE: usize = 4096;
+use crate::sys::PAGE;
 
 fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     // SAFETY: dlsym with a valid handle (or pseudo-handle) and name.

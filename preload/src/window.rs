@@ -117,10 +117,7 @@ pub fn after_fork_child() {
     STATE.store(fresh, Ordering::Release);
 }
 
-fn errno() -> i32 {
-    // SAFETY: __errno_location always returns this thread's errno.
-    unsafe { *libc::__errno_location() }
-}
+use crate::sys::errno;
 
 /// Make sure `pd` can have windows bound (its QP exists); `Err(EOPNOTSUPP)` when the
 /// device cannot, said once per process.
