@@ -14,17 +14,10 @@
 //! Two counters, invalidations begun and finished, let a registration tell whether an
 //! unmap was in flight while it pinned pages (see `Cache::acquire`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use crate::ring::{self, Next, Ring};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 const CAPACITY: usize = 1024;
-
-struct Slot {
-    seq: AtomicUsize,
-    /// The invalidation's number (its place in the `started` count).
-    number: AtomicU64,
-    start: AtomicUsize,
-    end: AtomicUsize,
-}
 
 /// The overflow range, packed: bit 63 says a range is present, bit 62 that it covers the
 /// whole address space; else bits 31..62 hold the first and bits 0..31 the last 64 KiB unit
@@ -73,9 +66,9 @@ mod packed {
 }
 
 pub struct InvalidationQueue {
-    slots: [Slot; CAPACITY],
-    head: AtomicUsize,
-    tail: AtomicUsize,
+    /// Pending ranges: the invalidation's number (its place in the `started` count), start,
+    /// end.
+    ring: Ring<3, [ring::Slot<3>; CAPACITY]>,
     /// Ranges that did not fit in the ring, merged (`packed`).
     overflow: AtomicU64,
     started: AtomicU64,
@@ -93,23 +86,14 @@ impl Default for InvalidationQueue {
 
 impl InvalidationQueue {
     pub const fn new() -> InvalidationQueue {
-        let mut slots = [const {
-            Slot {
-                seq: AtomicUsize::new(0),
-                number: AtomicU64::new(0),
-                start: AtomicUsize::new(0),
-                end: AtomicUsize::new(0),
-            }
-        }; CAPACITY];
+        let mut slots = [const { ring::Slot::new(0) }; CAPACITY];
         let mut i = 0;
         while i < CAPACITY {
-            slots[i].seq = AtomicUsize::new(i);
+            slots[i] = ring::Slot::new(i);
             i += 1;
         }
         InvalidationQueue {
-            slots,
-            head: AtomicUsize::new(0),
-            tail: AtomicUsize::new(0),
+            ring: Ring::with_slots(slots),
             overflow: AtomicU64::new(packed::EMPTY),
             started: AtomicU64::new(0),
             finished: AtomicU64::new(0),
@@ -161,34 +145,13 @@ impl InvalidationQueue {
     }
 
     fn push(&self, number: u64, start: usize, end: usize) {
-        loop {
-            let pos = self.tail.load(Relaxed);
-            let slot = &self.slots[pos % CAPACITY];
-            let seq = slot.seq.load(Acquire);
-            let diff = seq as isize - pos as isize;
-            if diff == 0 {
-                if self
-                    .tail
-                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
-                    .is_ok()
-                {
-                    slot.number.store(number, Relaxed);
-                    slot.start.store(start, Relaxed);
-                    slot.end.store(end, Relaxed);
-                    slot.seq.store(pos + 1, Release);
-                    return;
-                }
-            } else if diff < 0 {
-                // Full: merge into the overflow range in one compare-and-swap.
-                if end > start {
-                    self.overflows.fetch_add(1, Relaxed);
-                    let mine = packed::pack(start, end);
-                    let _ = self
-                        .overflow
-                        .fetch_update(SeqCst, SeqCst, |w| Some(packed::merge(w, mine)));
-                }
-                return;
-            }
+        if !self.ring.push([number, start as u64, end as u64]) && end > start {
+            // Full: merge into the overflow range in one compare-and-swap.
+            self.overflows.fetch_add(1, Relaxed);
+            let mine = packed::pack(start, end);
+            let _ = self
+                .overflow
+                .fetch_update(SeqCst, SeqCst, |w| Some(packed::merge(w, mine)));
         }
     }
 
@@ -203,13 +166,9 @@ impl InvalidationQueue {
     pub fn reset_after_fork(&self, open_here: u64) {
         let started = self.started.load(SeqCst);
         if open_here == 0 {
-            for (i, slot) in self.slots.iter().enumerate() {
-                slot.seq.store(i, SeqCst);
-            }
-            self.head.store(0, SeqCst);
-            self.tail.store(0, SeqCst);
+            self.ring.reset();
         } else {
-            self.head.store(self.tail.load(SeqCst), SeqCst);
+            self.ring.skip_pending();
         }
         self.overflow.store(packed::EMPTY, SeqCst);
         self.finished
@@ -218,8 +177,7 @@ impl InvalidationQueue {
 
     /// Whether anything is waiting to be drained.
     pub fn has_pending(&self) -> bool {
-        self.head.load(Acquire) != self.tail.load(Acquire)
-            || self.overflow.load(Acquire) != packed::EMPTY
+        self.ring.has_pending() || self.overflow.load(Acquire) != packed::EMPTY
     }
 
     /// Hand every pending range to `f(number, start, end)`; `number` is None for the merged
@@ -232,39 +190,22 @@ impl InvalidationQueue {
     /// there; every filled slot after it is handed out too, so nothing whose unmap may have
     /// happened is missed.
     pub fn drain(&self, mut f: impl FnMut(Option<u64>, usize, usize)) {
-        let tail = self.tail.load(Acquire);
-        let mut pos = self.head.load(Relaxed);
-        while pos != tail {
-            let slot = &self.slots[pos % CAPACITY];
-            if slot.seq.load(Acquire) != pos + 1 {
-                self.peek_filled(pos + 1, tail, &mut f);
-                break;
+        let tail = self.ring.tail();
+        while self.ring.head() != tail {
+            match self.ring.pop() {
+                Next::Ready([n, s, e]) => f(Some(n), s as usize, e as usize),
+                _ => {
+                    let from = self.ring.head() + 1;
+                    self.ring
+                        .peek_filled(from, tail, |[_, s, e]| f(None, s as usize, e as usize));
+                    break;
+                }
             }
-            let (n, s, e) = (
-                slot.number.load(Relaxed),
-                slot.start.load(Relaxed),
-                slot.end.load(Relaxed),
-            );
-            slot.seq.store(pos + CAPACITY, Release);
-            pos += 1;
-            self.head.store(pos, Release);
-            f(Some(n), s, e);
         }
         let w = self.overflow.swap(packed::EMPTY, SeqCst);
         if w != packed::EMPTY {
             let (s, e) = packed::unpack(w);
             f(None, s, e);
-        }
-    }
-
-    /// The filled slots in `from..tail`, without consuming them. The head stays behind them
-    /// (only the serialised drain moves it), so no producer can reuse these slots meanwhile.
-    fn peek_filled(&self, from: usize, tail: usize, f: &mut impl FnMut(Option<u64>, usize, usize)) {
-        for pos in from..tail {
-            let slot = &self.slots[pos % CAPACITY];
-            if slot.seq.load(Acquire) == pos + 1 {
-                f(None, slot.start.load(Relaxed), slot.end.load(Relaxed));
-            }
         }
     }
 }

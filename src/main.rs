@@ -249,6 +249,15 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
         Err(e) => println!("library: not found ({e})"),
     }
 
+    let cfg = info_configuration();
+    info_verbs(&cfg);
+    info_monitors(&lib)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The variables, each with its value and where it came from (a bad value marked in its
+/// row), and the configuration they make.
+fn info_configuration() -> config::Config {
     println!("\nconfiguration (MRCACHE_* variables):");
     let vars: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("MRCACHE_"))
@@ -319,6 +328,11 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
         println!("  {p}");
     }
 
+    cfg
+}
+
+/// The libibverbs found, its symbols, its devices, and the fork policy that would apply.
+fn info_verbs(cfg: &config::Config) {
     println!("\nlibibverbs:");
     match Verbs::open() {
         None => println!(
@@ -390,7 +404,10 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
             );
         }
     }
+}
 
+/// What each monitor catches here: the self-test, run in a child under each.
+fn info_monitors(lib: &Result<PathBuf, String>) -> Result<(), String> {
     println!("\nmonitors (startup self-test, run in a child under each):");
     if let Ok(lib) = &lib {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -409,7 +426,7 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
     } else {
         println!("  (library not found)");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Runs under LD_PRELOAD=libmrcache.so: call its self-test and print the result.

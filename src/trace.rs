@@ -3,8 +3,9 @@
 //! writer thread pops the records and formats them into lines. A full ring drops the new
 //! record and counts it: tracing never blocks and never changes what the app sees.
 
+use crate::ring::{self, Next, Ring};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
 /// The interposed calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,92 +173,50 @@ pub struct Record {
     pub result: i64,
 }
 
-const WORDS: usize = 10;
+const WORDS: usize = 9;
 
-struct Slot {
-    seq: AtomicUsize,
-    words: [AtomicU64; WORDS],
-}
-
-/// Bounded multi-producer ring of records; one consumer (the writer thread).
+/// Bounded multi-producer ring of records (`ring::Ring`); one consumer (the writer thread).
 pub struct TraceRing {
-    slots: Box<[Slot]>,
-    head: AtomicUsize,
-    tail: AtomicUsize,
+    ring: Ring<WORDS, Box<[ring::Slot<WORDS>]>>,
     pub dropped: AtomicU64,
 }
 
 impl TraceRing {
     pub fn new(capacity: usize) -> TraceRing {
         TraceRing {
-            slots: (0..capacity)
-                .map(|i| Slot {
-                    seq: AtomicUsize::new(i),
-                    words: std::array::from_fn(|_| AtomicU64::new(0)),
-                })
-                .collect(),
-            head: AtomicUsize::new(0),
-            tail: AtomicUsize::new(0),
+            ring: Ring::with_slots((0..capacity).map(ring::Slot::new).collect()),
             dropped: AtomicU64::new(0),
         }
     }
 
     /// Lock-free, allocation-free; a full ring drops the record and counts it.
     pub fn push(&self, r: &Record) {
-        let n = self.slots.len();
-        loop {
-            let pos = self.tail.load(Relaxed);
-            let slot = &self.slots[pos % n];
-            let diff = slot.seq.load(Acquire) as isize - pos as isize;
-            if diff == 0 {
-                if self
-                    .tail
-                    .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
-                    .is_ok()
-                {
-                    let w = &slot.words;
-                    w[0].store(r.at_ns, Relaxed);
-                    w[1].store(r.dur_ns, Relaxed);
-                    w[2].store(
-                        r.call as u64 | (r.outcome as u64) << 8 | (r.tid as u64) << 32,
-                        Relaxed,
-                    );
-                    for (i, a) in r.args.iter().enumerate() {
-                        w[3 + i].store(*a, Relaxed);
-                    }
-                    w[8].store(r.result as u64, Relaxed);
-                    slot.seq.store(pos + 1, Release);
-                    return;
-                }
-            } else if diff < 0 {
-                self.dropped.fetch_add(1, Relaxed);
-                return;
-            }
+        let mut w = [0u64; WORDS];
+        w[0] = r.at_ns;
+        w[1] = r.dur_ns;
+        w[2] = r.call as u64 | (r.outcome as u64) << 8 | (r.tid as u64) << 32;
+        w[3..8].copy_from_slice(&r.args);
+        w[8] = r.result as u64;
+        if !self.ring.push(w) {
+            self.dropped.fetch_add(1, Relaxed);
         }
     }
 
     /// The next record, if one is complete.
     pub fn pop(&self) -> Option<Record> {
-        let n = self.slots.len();
-        let pos = self.head.load(Relaxed);
-        let slot = &self.slots[pos % n];
-        if slot.seq.load(Acquire) != pos + 1 {
+        let Next::Ready(w) = self.ring.pop() else {
             return None;
-        }
-        let w = &slot.words;
-        let tag = w[2].load(Relaxed);
-        let rec = Record {
-            at_ns: w[0].load(Relaxed),
-            dur_ns: w[1].load(Relaxed),
+        };
+        let tag = w[2];
+        Some(Record {
+            at_ns: w[0],
+            dur_ns: w[1],
             call: Call::from_u8(tag as u8)?,
             outcome: Outcome::from_u8((tag >> 8) as u8)?,
             tid: (tag >> 32) as u32,
-            args: std::array::from_fn(|i| w[3 + i].load(Relaxed)),
-            result: w[8].load(Relaxed) as i64,
-        };
-        slot.seq.store(pos + n, Release);
-        self.head.store(pos + 1, Release);
-        Some(rec)
+            args: std::array::from_fn(|i| w[3 + i]),
+            result: w[8] as i64,
+        })
     }
 }
 

@@ -11,25 +11,7 @@
 
 use crate::memory::{QUEUE, REPORTING};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering::*};
-
-static REAL_DLCLOSE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-pub(crate) fn real_dlclose() -> Option<unsafe extern "C" fn(*mut c_void) -> c_int> {
-    let mut p = REAL_DLCLOSE.load(Acquire);
-    if p.is_null() {
-        // SAFETY: dlsym on RTLD_NEXT with a valid name: libc's (or libdl's) dlclose.
-        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlclose".as_ptr()) };
-        if p.is_null() {
-            return None;
-        }
-        REAL_DLCLOSE.store(p, Release);
-    }
-    // SAFETY: dlclose has this prototype.
-    Some(unsafe {
-        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(p)
-    })
-}
+use std::sync::atomic::Ordering::*;
 
 /// The start of glibc's `struct link_map` (stable public ABI, <link.h>).
 #[repr(C)]
@@ -126,7 +108,7 @@ fn footprint(handle: *mut c_void) -> Option<Search> {
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
-    let Some(real) = real_dlclose() else {
+    let Some(real) = crate::real::DLCLOSE.get() else {
         return -1;
     };
     let found = if !handle.is_null() && QUEUE.is_active() && REPORTING.load(Relaxed) {

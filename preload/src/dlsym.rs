@@ -190,7 +190,7 @@ fn substitute(found: *mut c_void, hooked: &Hooked) -> *mut c_void {
     // report libibverbs' span as unmapped).
     let same = unsafe {
         let ours = real(h, hooked.name.as_ptr(), hooked.version.as_ptr());
-        if let Some(close) = crate::dl::real_dlclose() {
+        if let Some(close) = crate::real::DLCLOSE.get() {
             close(h);
         }
         ours == found
@@ -215,7 +215,7 @@ fn next_hook(
     hooked: &Hooked,
     lookup: impl Fn(*mut c_void) -> *mut c_void,
 ) -> Option<*mut c_void> {
-    let close = crate::dl::real_dlclose()?;
+    let close = crate::real::DLCLOSE.get()?;
     // SAFETY (closure): path is NULL (the program) or a NUL-terminated name; RTLD_NOLOAD
     // loads nothing (an object unloaded since the walk just gives NULL) and the real
     // dlclose drops only the reference it added (ours would report the object's span as

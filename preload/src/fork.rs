@@ -19,7 +19,7 @@ use mrcache::cache::ForkGuard;
 use mrcache::config::ForkMode;
 use std::cell::RefCell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::atomic::Ordering::*;
 
 pub use mrcache::fork::Decision;
 
@@ -27,8 +27,6 @@ pub use mrcache::fork::Decision;
 fn copy_on_fork() -> Option<bool> {
     let f = real::IS_FORK_INITIALIZED.get()?;
     // SAFETY: ibv_is_fork_initialized@IBVERBS_1.13 takes nothing, returns an enum (int).
-    let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(f) };
-    // SAFETY: as above.
     Some(unsafe { f() } == 2)
 }
 
@@ -54,15 +52,11 @@ thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
-type RangeFn = unsafe extern "C" fn(*mut c_void, usize) -> i32;
-
-fn for_ranges(sym: &real::Symbol, ranges: &[(usize, usize)]) {
+fn for_ranges(sym: &real::Symbol<real::RangeFn>, ranges: &[(usize, usize)]) {
     if ranges.is_empty() {
         return;
     }
     let Some(f) = sym.get() else { return };
-    // SAFETY: ibv_dontfork_range / ibv_dofork_range(void *base, size_t size).
-    let f: RangeFn = unsafe { std::mem::transmute(f) };
     for &(a, l) in ranges {
         // SAFETY: as above, on ranges of live registrations.
         unsafe { f(a as *mut c_void, l) };
@@ -118,17 +112,6 @@ pub extern "C" fn child() {
     }
 }
 
-/// glibc's `_Fork`, looked up in the constructor: the hook may run in a signal handler,
-/// where `dlsym` could wait for a loader lock the interrupted thread holds.
-static REAL_FORK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-/// Constructor part.
-pub fn resolve() {
-    // SAFETY: dlsym on RTLD_NEXT with a valid name.
-    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"_Fork".as_ptr()) };
-    REAL_FORK.store(p, Release);
-}
-
 /// `_Fork()` skips the atfork handlers, and is async-signal-safe: it may run in a signal
 /// handler that interrupted a thread holding the cache lock, the allocator's or the loader's.
 /// So it does only atomic stores around the real call: the parent flushes idle entries (when
@@ -139,18 +122,12 @@ pub fn resolve() {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 #[allow(non_snake_case)] // glibc's name
 pub extern "C" fn _Fork() -> libc::pid_t {
-    let mut real = REAL_FORK.load(Acquire);
-    if real.is_null() {
-        // Called before our constructor ran (from another library's constructor).
-        resolve();
-        real = REAL_FORK.load(Acquire);
-    }
-    if real.is_null() {
+    // Looked up in the constructor; here only when called before it ran (from another
+    // library's constructor).
+    let Some(real) = real::FORK.get() else {
         crate::sys::set_errno(libc::ENOSYS);
         return -1;
-    }
-    // SAFETY: glibc's _Fork: pid_t _Fork(void).
-    let real: unsafe extern "C" fn() -> libc::pid_t = unsafe { std::mem::transmute(real) };
+    };
     runtime::before_signal_safe_fork();
     // SAFETY: as above.
     let pid = unsafe { real() };

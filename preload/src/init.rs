@@ -201,12 +201,9 @@ pub fn run_selftest() -> Coverage {
     let libc_handle = crate::load::LIBC.load(Relaxed);
     let patched = crate::load::PATCHED.load(Relaxed);
     // The allocator probes only mean something when the program's malloc is glibc's.
-    // SAFETY: dlsym lookups of malloc in the global scope and in libc.
     let glibc_malloc = !libc_handle.is_null()
-        && unsafe {
-            libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr())
-                == libc::dlsym(libc_handle, c"malloc".as_ptr())
-        };
+        && crate::real::address(libc::RTLD_DEFAULT, c"malloc")
+            == crate::real::address(libc_handle, c"malloc");
     selftest::run(
         libc_handle,
         glibc_malloc,

@@ -198,7 +198,9 @@ extern "C" fn fork_init() -> c_int {
 extern "C" fn init() {
     dlsym::resolve();
     real::resolve_loaded();
-    fork::resolve();
+    // _Fork may run in a signal handler, where dlsym could wait for a loader lock the
+    // interrupted thread holds: look it up now.
+    real::FORK.resolve();
     load::install();
 }
 

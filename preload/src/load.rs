@@ -3,10 +3,11 @@
 //! allocation, nothing printed (a bad value is reported at the first verbs call).
 
 use crate::memory::{
-    CURBRK, GLIBC_REALLOC, REAL_REALLOC, REAL_SBRK, REPORTING, brk, madvise, mmap, mmap64, mremap,
-    munmap, realloc, sbrk, shmat, shmdt,
+    CURBRK, GLIBC_REALLOC, REPORTING, brk, madvise, mmap, mmap64, mremap, munmap, realloc, sbrk,
+    shmat, shmdt,
 };
 use crate::patch::{self, PatchTarget, Target};
+use crate::real;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
@@ -62,20 +63,14 @@ pub fn install() {
         return;
     }
     LIBC.store(h, Relaxed);
-    // SAFETY: dlsym on libc's handle with valid names.
-    unsafe {
-        CURBRK.store(
-            libc::dlsym(h, c"__curbrk".as_ptr()) as *mut *mut c_void,
-            Relaxed,
-        );
-        REAL_SBRK.store(libc::dlsym(h, c"sbrk".as_ptr()), Relaxed);
-        let next = libc::dlsym(libc::RTLD_NEXT, c"realloc".as_ptr());
-        REAL_REALLOC.store(next, Relaxed);
-        GLIBC_REALLOC.store(
-            !next.is_null() && next == libc::dlsym(h, c"realloc".as_ptr()),
-            Relaxed,
-        );
-    }
+    CURBRK.store(real::address(h, c"__curbrk") as *mut *mut c_void, Relaxed);
+    real::SBRK.resolve_in(h);
+    real::REALLOC.resolve();
+    let next = real::REALLOC.address();
+    GLIBC_REALLOC.store(
+        !next.is_null() && next == real::address(h, c"realloc"),
+        Relaxed,
+    );
     let monitor = LoadMonitor::from_env();
     if monitor == LoadMonitor::None {
         REPORTING.store(false, Relaxed);

@@ -8,6 +8,7 @@
 //! allocators: they take no lock, allocate nothing, print nothing, and when no cache
 //! exists they only bump two counters around the syscall.
 
+use crate::real;
 use crate::sys::{PAGE, errno, page_span, set_errno, syscall6};
 use crate::trace;
 use mrcache::invalidation::InvalidationQueue;
@@ -350,9 +351,7 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     if curbrk.is_null() {
         // Called before our constructor (another library's initialisation): find libc's
         // __curbrk now, or libc's sbrk and malloc would go on from a stale break.
-        // SAFETY: dlsym with a valid name; the default scope holds libc's definition.
-        curbrk =
-            unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__curbrk".as_ptr()) } as *mut *mut c_void;
+        curbrk = real::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void;
         CURBRK.store(curbrk, Relaxed);
     }
     // SAFETY: CURBRK is null or libc's exported __curbrk variable.
@@ -380,25 +379,14 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     r
 }
 
-type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
-pub static REAL_SBRK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
-    let mut f = REAL_SBRK.load(Relaxed);
-    if f.is_null() {
-        // Called before our constructor: find libc's sbrk now.
-        // SAFETY: dlsym with a valid name; RTLD_NEXT finds the definition below us.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sbrk".as_ptr()) };
-        if f.is_null() {
-            set_errno(libc::ENOMEM);
-            return usize::MAX as *mut c_void;
-        }
-        REAL_SBRK.store(f, Relaxed);
-    }
+    // libc's, stored by the constructor; looked up here when called before it.
+    let Some(f) = real::SBRK.get() else {
+        set_errno(libc::ENOMEM);
+        return usize::MAX as *mut c_void;
+    };
     let t = t0();
-    // SAFETY: f is libc's sbrk.
-    let f: SbrkFn = unsafe { std::mem::transmute(f) };
     let r = if incr < 0 {
         count(UnmapSource::Sbrk);
         // SAFETY: sbrk(0) only reads the break.
@@ -494,8 +482,6 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
     r
 }
 
-type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
-pub static REAL_REALLOC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 /// The realloc underneath is glibc's, whose chunk headers we may read.
 pub static GLIBC_REALLOC: AtomicBool = AtomicBool::new(false);
 
@@ -503,14 +489,11 @@ pub static GLIBC_REALLOC: AtomicBool = AtomicBool::new(false);
 /// symbol hook and no patched entry point sees: report the old chunk first.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
-    let mut f = REAL_REALLOC.load(Relaxed);
-    if f.is_null() {
-        // SAFETY: dlsym with a valid name; RTLD_NEXT finds the allocator below us.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"realloc".as_ptr()) };
-        REAL_REALLOC.store(f, Relaxed);
-    }
-    // SAFETY: f is the next realloc in the search order.
-    let real: ReallocFn = unsafe { std::mem::transmute(f) };
+    // The next realloc in the search order (the allocator's).
+    let Some(real) = real::REALLOC.get() else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
     if !ptr.is_null() && GLIBC_REALLOC.load(Relaxed) && QUEUE.is_active() {
         // SAFETY: ptr is a live glibc allocation (the caller passes it to realloc): its
         // chunk header is the two words before it.

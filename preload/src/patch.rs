@@ -218,8 +218,7 @@ static REFUSED: [AtomicU8; SITES] = [const { AtomicU8::new(0) }; SITES];
 
 /// Overwrite libc's `target.name` with a jump to `target.hook`.
 pub fn patch(libc_handle: *mut c_void, target: &Target) -> Result<(), PatchError> {
-    // SAFETY: dlsym on a live handle with a valid name.
-    let f = unsafe { libc::dlsym(libc_handle, target.name.as_ptr()) } as *mut u8;
+    let f = crate::real::address(libc_handle, target.name) as *mut u8;
     if f.is_null() {
         return Err(PatchError::NotFound);
     }

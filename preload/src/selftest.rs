@@ -10,9 +10,13 @@ pub use mrcache::selftest::{Coverage, Status};
 
 use crate::sys::PAGE;
 
-fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    // SAFETY: dlsym with a valid handle (or pseudo-handle) and name.
-    unsafe { libc::dlsym(handle, name.as_ptr()) }
+/// libc's function `name` through `handle` (the program's view or libc's own).
+///
+/// # Safety
+/// `F` must be `name`'s C prototype.
+unsafe fn sym<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
+    // SAFETY: the caller's contract.
+    unsafe { crate::real::function(handle, name) }
 }
 
 fn scratch(len: usize) -> usize {
@@ -59,20 +63,19 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
     type Shmat = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
     type Shmdt = unsafe extern "C" fn(*const c_void) -> c_int;
 
-    // SAFETY (whole block): each pointer comes from dlsym for that libc function and is
-    // called with its C prototype on scratch memory this function owns.
+    // SAFETY (whole block): each function is looked up with its C prototype and called on
+    // scratch memory this function owns.
     unsafe {
         for (label, handle) in [
             ("munmap (program call)", app),
             ("munmap inside libc (free of an mmapped block)", libc_handle),
         ] {
-            let f = sym(handle, c"munmap");
+            let f = sym::<Munmap>(handle, c"munmap");
             let p = scratch(2 * PAGE);
-            if f.is_null() || p == 0 {
+            let (Some(f), true) = (f, p != 0) else {
                 r.push((label, Status::NotRun("not found")));
                 continue;
-            }
-            let f: Munmap = std::mem::transmute(f);
+            };
             r.push((
                 label,
                 caught(p, p + 2 * PAGE, || {
@@ -87,13 +90,12 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
                 libc_handle,
             ),
         ] {
-            let f = sym(handle, c"madvise");
+            let f = sym::<Madvise>(handle, c"madvise");
             let p = scratch(2 * PAGE);
-            if f.is_null() || p == 0 {
+            let (Some(f), true) = (f, p != 0) else {
                 r.push((label, Status::NotRun("not found")));
                 continue;
-            }
-            let f: Madvise = std::mem::transmute(f);
+            };
             r.push((
                 label,
                 caught(p, p + 2 * PAGE, || {
@@ -102,10 +104,9 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
             ));
             release(p, 2 * PAGE);
         }
-        let f = sym(app, c"mremap");
+        let f = sym::<Mremap>(app, c"mremap");
         let p = scratch(PAGE);
-        if !f.is_null() && p != 0 {
-            let f: Mremap = std::mem::transmute(f);
+        if let (Some(f), true) = (f, p != 0) {
             let mut q = 0usize;
             r.push((
                 "mremap (program call)",
@@ -130,13 +131,12 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
                 libc_handle,
             ),
         ] {
-            let f = sym(handle, c"mmap");
+            let f = sym::<Mmap>(handle, c"mmap");
             let p = scratch(2 * PAGE);
-            if f.is_null() || p == 0 {
+            let (Some(f), true) = (f, p != 0) else {
                 r.push((label, Status::NotRun("not found")));
                 continue;
-            }
-            let f: Mmap = std::mem::transmute(f);
+            };
             r.push((
                 label,
                 caught(p, p + 2 * PAGE, || {
@@ -162,11 +162,10 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
                     caught(p, p + big, || libc::free(p as *mut c_void)),
                 ));
             }
-            let realloc = sym(app, c"realloc");
+            let realloc =
+                sym::<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>(app, c"realloc");
             let p = libc::malloc(big) as usize;
-            if p != 0 && !realloc.is_null() {
-                let realloc: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void =
-                    std::mem::transmute(realloc);
+            if let (Some(realloc), true) = (realloc, p != 0) {
                 let mut q = 0usize;
                 r.push((
                     "realloc() moving an mmapped block",
@@ -187,11 +186,9 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
                 Status::NotRun("only sbrk/brk calls through the symbol hooks are seen (libc's own brk is not patched)")
             },
         ));
-        let (shmat, shmdt) = (sym(app, c"shmat"), sym(app, c"shmdt"));
+        let (shmat, shmdt) = (sym::<Shmat>(app, c"shmat"), sym::<Shmdt>(app, c"shmdt"));
         let id = libc::shmget(libc::IPC_PRIVATE, PAGE, libc::IPC_CREAT | 0o600);
-        if id >= 0 && !shmat.is_null() && !shmdt.is_null() {
-            let shmat: Shmat = std::mem::transmute(shmat);
-            let shmdt: Shmdt = std::mem::transmute(shmdt);
+        if let (Some(shmat), Some(shmdt), true) = (shmat, shmdt, id >= 0) {
             let p = shmat(id, std::ptr::null(), 0) as usize;
             if p != usize::MAX {
                 r.push((

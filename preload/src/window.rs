@@ -27,14 +27,27 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
-static CREATE_CQ: Symbol = Symbol::new(c"ibv_create_cq", c"IBVERBS_1.1");
-static DESTROY_CQ: Symbol = Symbol::new(c"ibv_destroy_cq", c"IBVERBS_1.1");
-static CREATE_QP: Symbol = Symbol::new(c"ibv_create_qp", c"IBVERBS_1.1");
-static MODIFY_QP: Symbol = Symbol::new(c"ibv_modify_qp", c"IBVERBS_1.1");
-static DESTROY_QP: Symbol = Symbol::new(c"ibv_destroy_qp", c"IBVERBS_1.1");
-static QUERY_PORT: Symbol = Symbol::new(c"ibv_query_port", c"IBVERBS_1.1");
-static QUERY_GID: Symbol = Symbol::new(c"ibv_query_gid", c"IBVERBS_1.1");
-static QUERY_DEVICE: Symbol = Symbol::new(c"ibv_query_device", c"IBVERBS_1.1");
+type CreateCq =
+    unsafe extern "C" fn(*mut IbvContext, i32, *mut c_void, *mut c_void, i32) -> *mut IbvCq;
+type CreateQp = unsafe extern "C" fn(*mut IbvPd, *mut ffi::IbvQpInitAttr) -> *mut IbvQp;
+type ModifyQp = unsafe extern "C" fn(*mut IbvQp, *mut ffi::IbvQpAttr, i32) -> i32;
+type QueryDevice = unsafe extern "C" fn(*mut IbvContext, *mut u8) -> i32;
+type QueryPort = unsafe extern "C" fn(*mut IbvContext, u8, *mut u8) -> i32;
+type QueryGid = unsafe extern "C" fn(*mut IbvContext, u8, i32, *mut u8) -> i32;
+
+// SAFETY (each): the IBVERBS_1.1 prototype (verbs.h; the attribute structs are ours, laid
+// out as verbs.h, or byte buffers larger than them: the ffi layout test).
+static CREATE_CQ: Symbol<CreateCq> = unsafe { Symbol::verbs(c"ibv_create_cq", c"IBVERBS_1.1") };
+static DESTROY_CQ: Symbol<unsafe extern "C" fn(*mut IbvCq) -> i32> =
+    unsafe { Symbol::verbs(c"ibv_destroy_cq", c"IBVERBS_1.1") };
+static CREATE_QP: Symbol<CreateQp> = unsafe { Symbol::verbs(c"ibv_create_qp", c"IBVERBS_1.1") };
+static MODIFY_QP: Symbol<ModifyQp> = unsafe { Symbol::verbs(c"ibv_modify_qp", c"IBVERBS_1.1") };
+static DESTROY_QP: Symbol<unsafe extern "C" fn(*mut IbvQp) -> i32> =
+    unsafe { Symbol::verbs(c"ibv_destroy_qp", c"IBVERBS_1.1") };
+static QUERY_PORT: Symbol<QueryPort> = unsafe { Symbol::verbs(c"ibv_query_port", c"IBVERBS_1.1") };
+static QUERY_GID: Symbol<QueryGid> = unsafe { Symbol::verbs(c"ibv_query_gid", c"IBVERBS_1.1") };
+static QUERY_DEVICE: Symbol<QueryDevice> =
+    unsafe { Symbol::verbs(c"ibv_query_device", c"IBVERBS_1.1") };
 
 const EOPNOTSUPP: i32 = 95;
 const ETIMEDOUT: i32 = 110;
@@ -164,12 +177,7 @@ fn open_pd(pd: *mut IbvPd, ctx: *mut IbvContext) -> Result<PdWindows, String> {
     // SAFETY: the IBVERBS_1.1 prototypes; the buffers are larger than the structs (checked
     // by the ffi layout test).
     let max_mw = unsafe {
-        let qd: unsafe extern "C" fn(*mut IbvContext, *mut u8) -> i32 =
-            std::mem::transmute(query_device);
-        let qp: unsafe extern "C" fn(*mut IbvContext, u8, *mut u8) -> i32 =
-            std::mem::transmute(query_port);
-        let qg: unsafe extern "C" fn(*mut IbvContext, u8, i32, *mut u8) -> i32 =
-            std::mem::transmute(query_gid);
+        let (qd, qp, qg) = (query_device, query_port, query_gid);
         if qd(ctx, dev.as_mut_ptr()) != 0 || qp(ctx, 1, port.as_mut_ptr()) != 0 {
             return Err("cannot query the device or port 1".into());
         }
@@ -204,19 +212,6 @@ fn open_pd(pd: *mut IbvPd, ctx: *mut IbvContext) -> Result<PdWindows, String> {
     // SAFETY: IBVERBS_1.1 prototypes of ibv_create_cq/create_qp/modify_qp/destroy_*; every
     // struct is ours, laid out as verbs.h (ffi layout test), and outlives the call.
     unsafe {
-        let create_cq: unsafe extern "C" fn(
-            *mut IbvContext,
-            i32,
-            *mut c_void,
-            *mut c_void,
-            i32,
-        ) -> *mut IbvCq = std::mem::transmute(create_cq);
-        let create_qp: unsafe extern "C" fn(*mut IbvPd, *mut ffi::IbvQpInitAttr) -> *mut IbvQp =
-            std::mem::transmute(create_qp);
-        let modify_qp: unsafe extern "C" fn(*mut IbvQp, *mut ffi::IbvQpAttr, i32) -> i32 =
-            std::mem::transmute(modify_qp);
-        let destroy_qp: unsafe extern "C" fn(*mut IbvQp) -> i32 = std::mem::transmute(destroy_qp);
-        let destroy_cq: unsafe extern "C" fn(*mut IbvCq) -> i32 = std::mem::transmute(destroy_cq);
         let cq = create_cq(ctx, 4, std::ptr::null_mut(), std::ptr::null_mut(), 0);
         if cq.is_null() {
             return Err(format!("ibv_create_cq failed (errno {})", errno()));
@@ -504,8 +499,6 @@ fn destroy(p: PdWindows) {
     if let (Some(dq), Some(dc)) = (DESTROY_QP.get(), DESTROY_CQ.get()) {
         // SAFETY: IBVERBS_1.1 prototypes, on our own QP and CQ, destroyed once.
         unsafe {
-            let dq: unsafe extern "C" fn(*mut IbvQp) -> i32 = std::mem::transmute(dq);
-            let dc: unsafe extern "C" fn(*mut IbvCq) -> i32 = std::mem::transmute(dc);
             dq(p.qp);
             dc(p.cq);
         }

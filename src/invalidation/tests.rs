@@ -64,7 +64,7 @@ mod basics {
         q.activate();
         // A producer claimed slot 0 and was preempted before filling it.
         q.started.fetch_add(1, SeqCst);
-        q.tail.fetch_add(1, SeqCst);
+        let claim = q.ring.claim().unwrap();
         // A later one filled slot 1 (and may have unmapped already).
         q.begin(0x5000, 0x6000);
         q.end();
@@ -77,11 +77,7 @@ mod basics {
             "seen again, not consumed"
         );
         // The first producer fills its slot: both are consumed, in order, with numbers.
-        let slot = &q.slots[0];
-        slot.number.store(0, SeqCst);
-        slot.start.store(0x1000, SeqCst);
-        slot.end.store(0x2000, SeqCst);
-        slot.seq.store(1, SeqCst);
+        claim.fill([0, 0x1000, 0x2000]);
         numbered.clear();
         q.drain(|n, s, e| numbered.push((n, s, e)));
         assert_eq!(
@@ -326,13 +322,10 @@ mod edge_cases {
         assert_eq!(n, 5);
         // The hook: begin counted and claimed slot 5, then the signal.
         q.started.fetch_add(1, SeqCst);
-        let pos = q.tail.fetch_add(1, SeqCst);
+        let claim = q.ring.claim().unwrap();
         q.reset_after_fork(1);
         // Back from the handler in the child: the push completes.
-        let slot = &q.slots[pos % CAPACITY];
-        slot.start.store(0x5000, Relaxed);
-        slot.end.store(0x6000, Relaxed);
-        slot.seq.store(pos + 1, Release);
+        claim.fill([5, 0x5000, 0x6000]);
         q.end();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -371,35 +364,20 @@ mod edge_cases {
                 for _ in 0..200 {
                     let id = next_id.fetch_add(1, SeqCst);
                     let number = q.started.fetch_add(1, SeqCst);
-                    loop {
-                        let pos = q.tail.load(Relaxed);
-                        let slot = &q.slots[pos % CAPACITY];
-                        let diff = slot.seq.load(Acquire) as isize - pos as isize;
-                        if diff == 0 {
-                            if q.tail
-                                .compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed)
-                                .is_ok()
-                            {
-                                while q.tail.load(SeqCst) < pos + 10 {
-                                    std::thread::yield_now();
-                                }
-                                let d0 = drains.load(SeqCst);
-                                while drains.load(SeqCst) < d0 + 2 {
-                                    std::thread::yield_now();
-                                }
-                                slot.number.store(number, Relaxed);
-                                slot.start.store(id * PAGE, Relaxed);
-                                slot.end.store(id * PAGE + PAGE, Relaxed);
-                                slot.seq.store(pos + 1, Release);
-                                break;
-                            }
-                        } else if diff < 0 {
-                            let mine = packed::pack(id * PAGE, id * PAGE + PAGE);
-                            let _ = q
-                                .overflow
-                                .fetch_update(SeqCst, SeqCst, |w| Some(packed::merge(w, mine)));
-                            break;
+                    if let Some(claim) = q.ring.claim() {
+                        while q.ring.tail() < claim.pos() + 10 {
+                            std::thread::yield_now();
                         }
+                        let d0 = drains.load(SeqCst);
+                        while drains.load(SeqCst) < d0 + 2 {
+                            std::thread::yield_now();
+                        }
+                        claim.fill([number, (id * PAGE) as u64, (id * PAGE + PAGE) as u64]);
+                    } else {
+                        let mine = packed::pack(id * PAGE, id * PAGE + PAGE);
+                        let _ = q
+                            .overflow
+                            .fetch_update(SeqCst, SeqCst, |w| Some(packed::merge(w, mine)));
                     }
                     q.end();
                 }
