@@ -2,6 +2,7 @@
 //! naming the variable, the value and what is allowed; the caller then runs with the cache
 //! off, so nothing is silently misconfigured.
 
+use crate::log::LogFormat;
 use crate::node::{self, LocalRanks, Memlock, Node};
 use std::fmt;
 
@@ -67,8 +68,14 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "MRCACHE_LOG",
         default: "off",
-        allowed: "off, error, warn, info, debug, trace, or tracing-subscriber env-filter syntax (info,mrcache=trace)",
+        allowed: "off, error, warn, info, debug, trace, or tracing-subscriber EnvFilter directives, each with a level (info,mrcache::call=trace)",
         about: "info: decisions the library makes (fork handling, the self-test); trace: also one line per interposed call (call, arguments, result, hit/miss/bypass/invalidate, duration)",
+    },
+    Variable {
+        name: "MRCACHE_LOG_FORMAT",
+        default: "text",
+        allowed: "text, json",
+        about: "json writes each log and trace line as one JSON object (tracing-subscriber's JSON format: level, target, message, and for a traced call its fields: call, outcome, tid, at_ns, dur_ns, result), for tools",
     },
     Variable {
         name: "MRCACHE_TRACE_BUFFER",
@@ -118,6 +125,9 @@ pub struct Config {
     pub verify_pfn: bool,
     pub fork: ForkMode,
     pub log: LogLevel,
+    /// `MRCACHE_LOG` as given (an `EnvFilter`; see `log::parse_filter`).
+    pub log_filter: String,
+    pub log_format: LogFormat,
     pub trace_buffer: usize,
     /// How `max_bytes` was chosen: "MRCACHE_MAX_BYTES" when set, else the derivation of
     /// the default (see `node::auto_max_bytes`).
@@ -150,6 +160,8 @@ impl Config {
             verify_pfn: false,
             fork: ForkMode::Auto,
             log: LogLevel::Off,
+            log_filter: "off".into(),
+            log_format: LogFormat::Text,
             trace_buffer: 8192,
             max_bytes_why,
             local_ranks: None,
@@ -310,7 +322,11 @@ where
                 _ => None,
             }
             .map(|m| cfg.fork = m),
-            "MRCACHE_LOG" => LogLevel::parse_filter(value).map(|l| cfg.log = l),
+            "MRCACHE_LOG" => crate::log::parse_filter(value).map(|(_, l)| {
+                cfg.log = l;
+                cfg.log_filter = value.to_string();
+            }),
+            "MRCACHE_LOG_FORMAT" => LogFormat::parse(value).map(|f| cfg.log_format = f),
             "MRCACHE_TRACE_BUFFER" => value
                 .parse::<usize>()
                 .ok()
@@ -518,24 +534,6 @@ mod tests {
         assert!(problems.is_empty());
         assert!(cfg.enabled && !cfg.shadow && cfg.remote_superset);
         assert_eq!((cfg.max_entries, cfg.max_bytes), (8, 512 << 20));
-    }
-
-    #[test]
-    fn log_levels_and_filters() {
-        assert_eq!(LogLevel::parse_filter("trace"), Some(LogLevel::Trace));
-        assert_eq!(
-            LogLevel::parse_filter("warn,mrcache=trace"),
-            Some(LogLevel::Trace)
-        );
-        assert_eq!(
-            LogLevel::parse_filter("info,other=trace"),
-            Some(LogLevel::Info)
-        );
-        assert_eq!(
-            LogLevel::parse_filter("mrcache::memory=debug"),
-            Some(LogLevel::Debug)
-        );
-        assert_eq!(LogLevel::parse_filter("x=1"), None);
     }
 
     #[test]

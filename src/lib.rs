@@ -14,6 +14,7 @@ pub mod config;
 pub mod fork;
 pub mod index;
 pub mod invalidation;
+pub mod log;
 pub mod node;
 pub mod ring;
 pub mod selftest;

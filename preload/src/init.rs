@@ -32,6 +32,9 @@ pub fn set_up() -> Runtime {
         eprintln!("{p}");
     }
     trace::set_log_file(config.log_file.as_deref());
+    if config.log > LogLevel::Off {
+        trace::set_logger(&config.log_filter, config.log_format);
+    }
     if config.stats != StatsMode::Off && !STATS_AT_EXIT.swap(true, SeqCst) {
         // SAFETY: registering a plain extern "C" fn with atexit.
         unsafe { libc::atexit(crate::report::print_stats) };
@@ -93,13 +96,19 @@ pub fn set_up() -> Runtime {
         && config.log >= LogLevel::Info
     {
         let pid = std::process::id();
-        trace::write_line(&format!(
-            "mrcache[{pid}]: monitor {}; self-test {:.0} us: {}",
-            config.monitor.as_str(),
-            c.nanos as f64 / 1e3,
-            c.summary()
-        ));
-        trace::write_line(&format!("mrcache[{pid}]: fork policy: {}", d.why));
+        trace::log_line(
+            LogLevel::Info,
+            &format!(
+                "mrcache[{pid}]: monitor {}; self-test {:.0} us: {}",
+                config.monitor.as_str(),
+                c.nanos as f64 / 1e3,
+                c.summary()
+            ),
+        );
+        trace::log_line(
+            LogLevel::Info,
+            &format!("mrcache[{pid}]: fork policy: {}", d.why),
+        );
     }
     Runtime {
         cache,

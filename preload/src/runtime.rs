@@ -41,7 +41,7 @@ static DRAIN_RUNNING: AtomicBool = AtomicBool::new(false);
 /// from verbs calls and fork handlers, never from memory hooks.
 pub fn log(level: LogLevel, msg: std::fmt::Arguments<'_>) {
     if RUNTIME.get().is_some_and(|r| r.log >= level) {
-        trace::write_line(&format!("mrcache[{}]: {msg}", std::process::id()));
+        trace::log_line(level, &format!("mrcache[{}]: {msg}", std::process::id()));
     }
 }
 

@@ -7,11 +7,13 @@
 //! handler; a full ring drops records and counts them. The ring exists only after the first
 //! verbs call in a process that asked for a trace: elsewhere the hooks see a null pointer.
 
+use mrcache::config::LogLevel;
+use mrcache::log::{LogFormat, Logger};
 use mrcache::stats::expand_path;
 use mrcache::trace::{Call, Outcome, Record, TraceRing, format};
 use std::io::Write;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::{Mutex, OnceLock};
 
 static RING: AtomicPtr<TraceRing> = AtomicPtr::new(std::ptr::null_mut());
 static T0: AtomicU64 = AtomicU64::new(0);
@@ -61,6 +63,23 @@ pub fn set_log_file(pattern: Option<&str>) {
 }
 
 /// Append one line to the log sink.
+/// Where log and trace lines go through `tracing` (`mrcache::log`): set up with the
+/// runtime when `MRCACHE_LOG` is not off.
+static LOGGER: OnceLock<Logger> = OnceLock::new();
+
+pub fn set_logger(filter: &str, format: LogFormat) {
+    if let Some((filter, _)) = mrcache::log::parse_filter(filter) {
+        let _ = LOGGER.set(Logger::new(filter, format, write_line));
+    }
+}
+
+/// One of the library's own lines at `level` (the filter decides whether it is written).
+pub fn log_line(level: LogLevel, line: &str) {
+    if let Some(logger) = LOGGER.get() {
+        logger.line(level, line);
+    }
+}
+
 pub fn write_line(line: &str) {
     let mut s = SINK.lock().unwrap_or_else(|e| e.into_inner());
     let ok = match s.file.as_mut() {
@@ -146,7 +165,10 @@ fn drain() {
     let pid = std::process::id();
     // SAFETY: leaked, never freed.
     while let Some(r) = unsafe { (*ring).pop() } {
-        write_line(&format!("mrcache[{pid}]: {}", format(&r)));
+        match LOGGER.get() {
+            Some(logger) => logger.record(pid, &r),
+            None => write_line(&format!("mrcache[{pid}]: {}", format(&r))),
+        }
     }
 }
 

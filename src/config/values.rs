@@ -24,23 +24,6 @@ impl LogLevel {
             _ => return None,
         })
     }
-
-    /// A level, or tracing-subscriber env-filter syntax (`info,mrcache=trace`): the most
-    /// verbose level among the directives for all targets or for `mrcache...` targets.
-    pub fn parse_filter(v: &str) -> Option<LogLevel> {
-        let mut level = None;
-        for d in v.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-            let (target, lvl) = match d.split_once('=') {
-                Some((t, l)) => (t.trim(), l.trim()),
-                None => ("", d),
-            };
-            let l = LogLevel::parse(lvl)?;
-            if target.is_empty() || target.starts_with("mrcache") {
-                level = Some(level.map_or(l, |m: LogLevel| m.max(l)));
-            }
-        }
-        Some(level.unwrap_or(LogLevel::Off))
-    }
 }
 
 /// What happens at `fork()` (`MRCACHE_FORK`).
