@@ -13,10 +13,8 @@ typedef int (*dereg_fn)(struct ibv_mr *);
 int main(void) {
     struct loopback lb;
     CHECK(lb_open(&lb, NULL) == 0, "cannot open the loopback pair");
-    void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_NOW);
-    CHECK(h, "libibverbs handle");
-    reg_fn real_reg = (reg_fn)dlvsym(h, "ibv_reg_mr_iova2", "IBVERBS_1.8");
-    dereg_fn real_dereg = (dereg_fn)dlvsym(h, "ibv_dereg_mr", "IBVERBS_1.1");
+    reg_fn real_reg = (reg_fn)lb_libibverbs_symbol("ibv_reg_mr_iova2", "IBVERBS_1.8");
+    dereg_fn real_dereg = (dereg_fn)lb_libibverbs_symbol("ibv_dereg_mr", "IBVERBS_1.1");
     CHECK(real_reg && real_dereg, "libibverbs' own functions");
     char *buf = malloc(1 << 20);
     struct {

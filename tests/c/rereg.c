@@ -12,10 +12,9 @@ typedef int (*rereg_fn)(struct ibv_mr *, int, struct ibv_pd *, void *, size_t, i
 int main(void) {
     struct loopback lb;
     CHECK(lb_open(&lb, NULL) == 0, "cannot open the loopback pair");
-    void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_NOW);
-    reg_fn real_reg = (reg_fn)dlvsym(h, "ibv_reg_mr_iova2", "IBVERBS_1.8");
-    dereg_fn real_dereg = (dereg_fn)dlvsym(h, "ibv_dereg_mr", "IBVERBS_1.1");
-    rereg_fn real_rereg = (rereg_fn)dlvsym(h, "ibv_rereg_mr", "IBVERBS_1.1");
+    reg_fn real_reg = (reg_fn)lb_libibverbs_symbol("ibv_reg_mr_iova2", "IBVERBS_1.8");
+    dereg_fn real_dereg = (dereg_fn)lb_libibverbs_symbol("ibv_dereg_mr", "IBVERBS_1.1");
+    rereg_fn real_rereg = (rereg_fn)lb_libibverbs_symbol("ibv_rereg_mr", "IBVERBS_1.1");
     CHECK(real_reg && real_dereg && real_rereg, "libibverbs' own functions");
     size_t len = 1 << 20;
     char *buf = malloc(len), *other = malloc(len);

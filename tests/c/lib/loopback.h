@@ -29,6 +29,10 @@ void lb_close(struct loopback *lb);
 
 /* Whether libmrcache.so is loaded in this process. */
 int mrcache_loaded(void);
+/* libibverbs' own function, for tests that compare with it: libmrcache.so's dlsym/dlvsym
+ * answer lookups of the verbs functions it wraps with its hooks, so this calls libc's
+ * dlvsym directly. */
+void *lb_libibverbs_symbol(const char *name, const char *version);
 
 /* RDMA WRITE of len bytes from src (covered by src_mr, lkey) to raddr/rkey; waits for the
  * completion. Returns 0, or the failed work completion status (+1000), or an errno. */
