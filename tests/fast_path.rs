@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 struct Fake {
     next: AtomicUsize,
     live: Mutex<Vec<usize>>,
+    /// Deregistrations of an MR that was not live (a double deregistration).
+    unknown_deregs: AtomicUsize,
 }
 
 impl Registrar for &Fake {
@@ -23,7 +25,13 @@ impl Registrar for &Fake {
         })
     }
     fn deregister(&self, mr: Mr) -> Result<(), i32> {
-        self.live.lock().unwrap().retain(|&p| p != mr.ptr);
+        let mut live = self.live.lock().unwrap();
+        let before = live.len();
+        live.retain(|&p| p != mr.ptr);
+        if live.len() == before {
+            self.unknown_deregs.fetch_add(1, SeqCst);
+            return Err(22);
+        }
         Ok(())
     }
     fn alloc_shadow(&self) -> Option<usize> {
@@ -163,4 +171,55 @@ fn concurrent_hits_never_see_an_entry_after_its_unmap_began() {
             assert_ne!(x, old, "hit an entry whose unmap had begun");
         }
     });
+}
+
+/// Shadows off, so holders share the provider's pointer: three threads release a pointer
+/// held twice, at once, on a live entry and on one invalidated while in use. Exactly two
+/// releases count (the last of a dead entry deregisters it, once), the third is a double
+/// release, and nothing is deregistered twice or leaked.
+#[test]
+fn racing_releases_of_a_shared_pointer_count_each_holding_once() {
+    let fake = Fake::default();
+    let cache = Cache::new(
+        &fake,
+        Limits {
+            shadow: false,
+            ..LIMITS
+        },
+    );
+    for i in 0..2_000usize {
+        let r = req(0x100_0000 + (i % 8) * 0x10_0000);
+        let (h, _) = cache.acquire(&r).unwrap();
+        assert_eq!(cache.acquire(&r).unwrap(), (h, Outcome::Hit), "shared");
+        let dead = i % 2 == 1;
+        if dead {
+            cache.invalidate(r.addr, r.addr + 0x1000);
+        }
+        let barrier = std::sync::Barrier::new(3);
+        let results: Vec<Released> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        cache.release(h)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let n = |want: Released| results.iter().filter(|&&x| x == want).count();
+        assert_eq!(n(Released::DoubleRelease), 1, "round {i}: {results:?}");
+        if dead {
+            assert_eq!(n(Released::Deregistered), 1, "round {i}: {results:?}");
+            assert_eq!(n(Released::Kept), 1, "round {i}: {results:?}");
+            assert!(!fake.live.lock().unwrap().contains(&h), "round {i}: leaked");
+        } else {
+            assert_eq!(n(Released::Kept), 2, "round {i}: {results:?}");
+        }
+        assert_eq!(
+            fake.unknown_deregs.load(SeqCst),
+            0,
+            "round {i}: deregistered twice"
+        );
+    }
 }
