@@ -15,10 +15,14 @@ use std::sync::{Mutex, MutexGuard};
 const SHARD_BITS: u32 = 6;
 pub const SHARDS: usize = 1 << SHARD_BITS;
 const MUL: u64 = 0x9e37_79b9_7f4a_7c15;
+/// The hash bits the map keeps in its control bytes to tell keys apart (hashbrown's `h2`:
+/// the top 7).
+const TAG_BITS: u32 = 7;
 
 /// Word-at-a-time hash: each word is mixed in with a rotate, xor and multiply, and the
 /// result folded through a 64x64->128 multiply so every bit of every word reaches the low
-/// bits (the map's bucket index) and the high bits (its tag byte and our shard index).
+/// bits (the map's bucket index), the top 7 (its tag byte) and the 6 below (our shard
+/// index).
 #[derive(Default)]
 pub struct WordHasher(u64);
 
@@ -115,7 +119,9 @@ impl<K: Hash + Eq + Clone, V> Shards<K, V> {
     /// The key with its hash, and the shard it lives in.
     pub fn locate(&self, key: &K) -> (Hashed<K>, usize) {
         let hash = hash_of(key);
-        let shard = (hash >> (64 - SHARD_BITS)) as usize;
+        // The bits just below the map's tag byte (the top 7): taken from the tag itself,
+        // every key of a shard would carry one of two tags.
+        let shard = (hash >> (64 - TAG_BITS - SHARD_BITS)) as usize & (SHARDS - 1);
         (
             Hashed {
                 hash,
@@ -226,6 +232,25 @@ mod tests {
         }
         assert_eq!(shards.len(), SHARDS);
         assert!(low.len() > 2000, "low bits take {} values", low.len());
+    }
+
+    /// The map's tag byte (the top 7 bits of the hash, hashbrown's `h2`) must still vary
+    /// among the keys of one shard: were the shard index taken from those same bits, every
+    /// key of a shard would carry one of two tags, and a lookup would compare keys against
+    /// about half of each probed group instead of almost none.
+    #[test]
+    fn tags_vary_within_a_shard() {
+        let m: Shards<(usize, usize), u32> = Shards::default();
+        let mut tags = vec![std::collections::HashSet::new(); SHARDS];
+        for i in 0..65536usize {
+            let (k, s) = m.locate(&(0x7f00_0000_0000 + i * 8192, 4096));
+            tags[s].insert(k.hash >> 57);
+        }
+        let fewest = tags.iter().map(|t| t.len()).min().unwrap();
+        assert!(
+            fewest > 100,
+            "a shard's keys carry only {fewest} of 128 tags"
+        );
     }
 
     #[test]
