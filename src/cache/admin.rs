@@ -122,17 +122,6 @@ impl<R: Registrar> Cache<R> {
         self.lock().unbury(ptr);
     }
 
-    /// Whether `ptr` is a handle the app currently holds from the cache.
-    pub fn is_handle(&self, ptr: usize) -> bool {
-        let primary = self.fast.by_mr.get(&ptr).is_some_and(|id| {
-            self.fast
-                .slots
-                .get(id)
-                .is_some_and(|s| slots::holders(s.load()) > 0)
-        });
-        primary || self.lock().handles.contains_key(&ptr)
-    }
-
     /// `fork()` prepare: hold the cache lock across the fork, so the child never inherits it
     /// mid-update. Returns the guard and the ranges of entries in use that this library
     /// registered through the provider (no MADV_DONTFORK from libibverbs on them).

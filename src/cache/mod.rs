@@ -121,10 +121,6 @@ impl<R: Registrar> Cache<R> {
         self.remote
     }
 
-    pub fn queue(&self) -> &'static InvalidationQueue {
-        self.queue
-    }
-
     /// Apply every pending invalidation (under the lock); returns the MRs to deregister.
     fn drain_locked(&self, st: &mut State) -> Vec<Mr> {
         let mut to_dereg = Vec::new();
