@@ -35,22 +35,39 @@ impl LogFormat {
 /// accepted as before; in a list, each directive must name a level (a bare word would be a
 /// target name to `EnvFilter`, and a misspelt level would then silently log nothing).
 pub fn parse_filter(v: &str) -> Option<(EnvFilter, LogLevel)> {
-    let text = match LogLevel::parse(v) {
+    let text = match LogLevel::parse(v.trim()) {
         Some(l) => level_name(l).to_string(),
         None => {
-            let each_has_a_level = v
+            // EnvFilter keeps spaces: " mrcache=trace" would be refused and "info " read
+            // as a target name, so each directive goes to it trimmed.
+            let directives: Vec<&str> = v
                 .split(',')
                 .map(str::trim)
                 .filter(|d| !d.is_empty())
-                .all(|d| d.contains('=') || LogLevel::parse(d).is_some());
-            if !each_has_a_level {
+                .collect();
+            if !directives.iter().all(|d| names_a_level(d)) {
                 return None;
             }
-            v.to_string()
+            directives.join(",")
         }
     };
     let level = mrcache_level(EnvFilter::builder().parse(&text).ok()?);
     Some((EnvFilter::builder().parse(&text).ok()?, level))
+}
+
+/// Whether a directive is a level, or `target[span{fields}]=LEVEL` with a level after the
+/// `=` (an empty one, `mrcache=`, would mean trace to `EnvFilter`).
+fn names_a_level(directive: &str) -> bool {
+    let after_fields = directive.rfind(']').map_or(0, |i| i + 1);
+    match directive[after_fields..].rfind('=') {
+        Some(i) => {
+            let level = &directive[after_fields + i + 1..];
+            i + after_fields > 0
+                && !level.is_empty()
+                && level.parse::<tracing::level_filters::LevelFilter>().is_ok()
+        }
+        None => LogLevel::parse(directive).is_some(),
+    }
 }
 
 fn level_name(l: LogLevel) -> &'static str {
@@ -192,6 +209,28 @@ mod tests {
 
     fn sink(line: &str) {
         OUT.lock().unwrap().push(line.to_string());
+    }
+
+    #[test]
+    fn directives_are_trimmed_and_each_names_a_level() {
+        // Spaces around a directive are not part of it: `warn, mrcache=trace` is valid,
+        // and `info ,other=debug` keeps the global level info (not a target "info ").
+        assert_eq!(
+            parse_filter("warn, mrcache=trace").map(|f| f.1),
+            Some(LogLevel::Trace)
+        );
+        assert_eq!(
+            parse_filter("info ,other=debug").map(|f| f.1),
+            Some(LogLevel::Info)
+        );
+        // An empty or missing level after a target would silently mean something else.
+        for bad in ["debug=", "mrcache=", "mrcache[{a=1}]", "=info"] {
+            assert!(parse_filter(bad).is_none(), "{bad}");
+        }
+        assert_eq!(
+            parse_filter("mrcache[{a=1}]=debug").map(|f| f.1),
+            Some(LogLevel::Off)
+        );
     }
 
     #[test]
