@@ -156,13 +156,24 @@ fn launch(
 /// before the program starts, with the library's words. The program still runs, as it would
 /// without the launcher. Variables the options set are checked as options instead.
 fn warn_inherited(options: &[(&str, &str)]) {
-    let inherited: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("MRCACHE_") && !options.iter().any(|(o, _)| o == k))
+    let inherited: Vec<(String, String)> = mrcache_vars()
+        .filter(|(k, _)| !options.iter().any(|(o, _)| o == k))
         .collect();
     let (_, problems) = config::parse(inherited, config::physical_memory());
     for p in problems.iter().filter(|p| p.is_fatal()) {
         eprintln!("{p}");
     }
+}
+
+/// The `MRCACHE_*` variables in our environment. Not `env::vars`, which panics on any
+/// variable that is not UTF-8 (another program's business); ours are read lossily, so a
+/// non-UTF-8 value is reported as invalid.
+fn mrcache_vars() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| {
+        let k = k.into_string().ok()?;
+        k.starts_with("MRCACHE_")
+            .then(|| (k, v.to_string_lossy().into_owned()))
+    })
 }
 
 /// Prepend our library to an existing LD_PRELOAD so the user's own preloads still load,
@@ -259,9 +270,7 @@ fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
 /// row), and the configuration they make.
 fn info_configuration() -> config::Config {
     println!("\nconfiguration (MRCACHE_* variables):");
-    let vars: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("MRCACHE_"))
-        .collect();
+    let vars: Vec<(String, String)> = mrcache_vars().collect();
     // The whole environment: a launcher's node-local rank count divides the default cap.
     let all = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())));

@@ -62,3 +62,40 @@ fn info_marks_an_invalid_value_in_its_row() {
     let good = row("MRCACHE_FORK");
     assert!(good.contains("keep") && !good.contains("INVALID"), "{good}");
 }
+
+/// Another program's variable that is not UTF-8 is none of our business: `run` still runs
+/// the program and `info` still prints. A non-UTF-8 `MRCACHE_*` value is a bad value.
+#[test]
+fn a_non_utf8_environment_does_not_stop_the_launcher() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let not_utf8 = OsStr::from_bytes(b"\xff");
+    let out = mrcache()
+        .env("SOMEONE_ELSES", not_utf8)
+        .args(["run", "--", "sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n", "{err}");
+    assert_eq!(err, "");
+    let out = mrcache()
+        .env("MRCACHE_MAX_ENTRIES", not_utf8)
+        .args(["run", "--", "sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n", "{err}");
+    assert!(err.contains("MRCACHE_MAX_ENTRIES="), "{err}");
+    let out = mrcache()
+        .env("SOMEONE_ELSES", not_utf8)
+        .env("MRCACHE_MAX_ENTRIES", not_utf8)
+        .arg("info")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("MRCACHE_MAX_ENTRIES"),
+        "{}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
