@@ -50,7 +50,9 @@ fn run_preloaded(prog: &Path, args: &[&str]) -> (Option<i32>, String) {
 /// Runs `fake_zap SCENARIO` under the preload: Ok(true) reported, Ok(false) a stale hit,
 /// Err when this kernel refuses the call (printed, and the test passes vacuously).
 fn fake_zap(scenario: &str) -> Result<bool, String> {
-    let prog = build("fake_zap", "fake_zap", &["-libverbs"]);
+    // One binary per scenario: tests run in parallel, and exec of a file another test is
+    // still writing fails (ETXTBSY).
+    let prog = build("fake_zap", &format!("fake_zap_{scenario}"), &["-libverbs"]);
     let (status, text) = run_preloaded(&prog, &[scenario]);
     match status {
         Some(0) => Ok(true),
@@ -124,5 +126,40 @@ fn dlclose_reports_the_dependencies_it_unloads() {
             Some(77) => println!("skipped ({how}): {text}"),
             _ => panic!("dlclose {how}: {text}"),
         }
+    }
+}
+
+/// `MRCACHE_LOG=trace` writes a line for each of the program's verbs calls, including those
+/// still in the ring when the program exits (drained by the exit flush, after glibc has run
+/// thread-local destructors), as text and as JSON.
+#[test]
+fn trace_lines_reach_the_log_up_to_exit() {
+    let prog = build("fake_zap", "fake_zap_trace", &["-libverbs"]);
+    for format in ["text", "json"] {
+        let out = Command::new(&prog)
+            .arg("guard")
+            .env("LD_PRELOAD", lib())
+            .env("MRCACHE_MONITOR", "patch")
+            .env("MRCACHE_LOG", "trace")
+            .env("MRCACHE_LOG_FORMAT", format)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() == Some(77) {
+            println!("skipped: {err}");
+            return;
+        }
+        let calls = |name: &str| {
+            err.lines()
+                .filter(|l| match format {
+                    "text" => l.contains(&format!("] {name}(")),
+                    _ => l.contains(&format!("\"call\":\"{name}\"")),
+                })
+                .count()
+        };
+        // The first registration starts the runtime (and tracing); two more follow, each
+        // with its deregistration.
+        assert!(calls("ibv_reg_mr") >= 2, "{format}: {err}");
+        assert!(calls("ibv_dereg_mr") >= 3, "{format}: {err}");
     }
 }

@@ -180,13 +180,32 @@ pub fn ensure_writer() {
         .name("mrcache-trace".into())
         .spawn(|| {
             loop {
+                let asked = FLUSH_ASKED.load(Acquire);
                 drain();
+                FLUSH_DONE.fetch_max(asked, Release);
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         });
 }
 
+/// Exit flushes the writer has done: `flush_at_exit` asks, the writer answers after a drain.
+static FLUSH_ASKED: AtomicU64 = AtomicU64::new(0);
+static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
+
+/// The records still in the ring at exit are written by the writer thread when there is
+/// one: by now glibc's `exit` has run this thread's thread-local destructors, and `tracing`
+/// finds its dispatcher (and the fmt layer its buffer) through thread-locals, so lines
+/// written from here went nowhere. Waits at most a second, then drains here.
 extern "C" fn flush_at_exit() {
+    if WRITER_RUNNING.load(Relaxed) {
+        let asked = FLUSH_ASKED.fetch_add(1, AcqRel) + 1;
+        for _ in 0..1000 {
+            if FLUSH_DONE.load(Acquire) >= asked {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
     drain();
     let d = dropped();
     if d > 0 {
