@@ -16,6 +16,7 @@ mod dl;
 mod dlsym;
 mod ffi;
 mod fork;
+mod forward;
 mod guard;
 mod init;
 mod load;

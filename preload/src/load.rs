@@ -63,6 +63,7 @@ pub fn install() {
         return;
     }
     LIBC.store(h, Relaxed);
+    crate::forward::resolve(h);
     CURBRK.store(real::address(h, c"__curbrk") as *mut *mut c_void, Relaxed);
     real::SBRK.resolve_in(h);
     real::REALLOC.resolve();
@@ -98,6 +99,8 @@ pub fn install() {
         PatchTarget::Madvise => madvise as *const () as usize,
         PatchTarget::Brk => brk as *const () as usize,
         PatchTarget::Mmap => mmap as *const () as usize,
+        PatchTarget::Mremap => mremap as *const () as usize,
+        PatchTarget::Shmdt => shmdt as *const () as usize,
     };
     let targets = PatchTarget::ALL.map(|t| Target {
         name: t.name(),

@@ -1,13 +1,16 @@
 //! Memory hooks: every way a process can make a virtual range stop being backed by the
 //! pages it had. Each hook reports the range to the `InvalidationQueue` *before* the
-//! kernel changes the mapping and issues the syscall itself (`syscall(2)`, never a libc
-//! wrapper that could be patched or hooked again).
+//! kernel changes the mapping, then forwards the call to libc's entry point (or the hook
+//! another patcher put there, so it sees the call too), or issues the syscall itself where
+//! that entry holds our own jump or the call re-enters from inside a forwarded one
+//! (`forward.rs`).
 //!
 //! Hooks run in every thread of every process the library is preloaded into, before our
 //! constructor (jemalloc calls madvise during its own initialisation) and inside
 //! allocators: they take no lock, allocate nothing, print nothing, and when no cache
 //! exists they only bump two counters around the syscall.
 
+use crate::forward;
 use crate::real;
 use crate::sys::{PAGE, errno, page_span, set_errno, syscall6};
 use crate::trace;
@@ -114,7 +117,11 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let t = t0();
     count(UnmapSource::Munmap);
     let r = invalidating(addr as usize, len, || {
-        syscall6(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int
+        match forward::MUNMAP.target() {
+            // SAFETY: libc's munmap entry (or the hook another patcher put there).
+            Some(f) => forward::guarded(|| unsafe { f(addr, len) }),
+            None => syscall6(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int,
+        }
     });
     traced(
         Call::Munmap,
@@ -141,8 +148,10 @@ fn zaps(advice: c_int) -> bool {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     let t = t0();
-    let call = || {
-        syscall6(
+    let call = || match forward::MADVISE.target() {
+        // SAFETY: libc's madvise entry (or the hook another patcher put there).
+        Some(f) => forward::guarded(|| unsafe { f(addr, len, advice) }),
+        None => syscall6(
             libc::SYS_madvise,
             addr as usize,
             len,
@@ -150,7 +159,7 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
             0,
             0,
             0,
-        ) as c_int
+        ) as c_int,
     };
     let zap = zaps(advice);
     let r = invalidating_if(zap, UnmapSource::Madvise, addr as usize, len, call);
@@ -230,8 +239,11 @@ pub extern "C" fn mremap(
 ) -> *mut c_void {
     let t = t0();
     count(UnmapSource::Mremap);
-    let call = || {
-        syscall6(
+    let call = || match forward::MREMAP.target() {
+        // SAFETY: libc's mremap entry (variadic; on x86-64 the fifth argument travels in
+        // its register either way), or the hook another patcher put there.
+        Some(f) => forward::guarded(|| unsafe { f(old, old_len, new_len, flags, new_addr) }),
+        None => syscall6(
             libc::SYS_mremap,
             old as usize,
             old_len,
@@ -239,7 +251,7 @@ pub extern "C" fn mremap(
             flags as usize,
             new_addr as usize,
             0,
-        ) as *mut c_void
+        ) as *mut c_void,
     };
     let r = if flags & MREMAP_FIXED != 0 {
         invalidating(new_addr as usize, new_len, || {
@@ -272,8 +284,10 @@ pub extern "C" fn mmap(
         return libc::MAP_FAILED;
     }
     let t = t0();
-    let call = || {
-        syscall6(
+    let call = || match forward::MMAP.target() {
+        // SAFETY: libc's mmap entry (or the hook another patcher put there).
+        Some(f) => forward::guarded(|| unsafe { f(addr, len, prot, flags, fd, off) }),
+        None => syscall6(
             libc::SYS_mmap,
             addr as usize,
             len,
@@ -281,7 +295,7 @@ pub extern "C" fn mmap(
             flags as usize,
             fd as usize,
             off as usize,
-        ) as *mut c_void
+        ) as *mut c_void,
     };
     let fixed = flags & MAP_FIXED != 0 && flags & MAP_FIXED_NOREPLACE == 0;
     // The kernel rounds a hugetlb mapping up to whole huge pages: report what it replaces.
@@ -360,10 +374,18 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     } else {
         unsafe { *curbrk as usize }
     };
-    let call = || syscall6(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
     let given_back = brk_shrink(addr as usize, cur);
     let shrink = given_back.is_some();
     let (start, len) = given_back.unwrap_or((0, 0));
+    if let Some(f) = forward::BRK.target() {
+        // libc's brk (or another patcher's hook there) keeps __curbrk itself.
+        // SAFETY: libc's brk entry, or the hook another patcher put there.
+        let call = || forward::guarded(|| unsafe { f(addr) });
+        let r = invalidating_if(shrink, UnmapSource::Brk, start, len, call);
+        traced(Call::Brk, shrink, [addr as u64, 0, 0, 0, 0], r as i64, t);
+        return r;
+    }
+    let call = || syscall6(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
     let got = invalidating_if(shrink, UnmapSource::Brk, start, len, call);
     if !curbrk.is_null() {
         // SAFETY: as above; libc's own brk stores the kernel's answer the same way.
@@ -423,8 +445,10 @@ fn shm_size(id: c_int) -> usize {
 pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
     let t = t0();
     let size = shm_size(id);
-    let call = || {
-        syscall6(
+    let call = || match forward::SHMAT.target() {
+        // SAFETY: libc's shmat entry (or the hook another patcher put there).
+        Some(f) => forward::guarded(|| unsafe { f(id, addr, flags) }),
+        None => syscall6(
             libc::SYS_shmat,
             id as usize,
             addr as usize,
@@ -432,7 +456,7 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
             0,
             0,
             0,
-        ) as *mut c_void
+        ) as *mut c_void,
     };
     let remap = flags & SHM_REMAP != 0 && !addr.is_null();
     let p = invalidating_if(remap, UnmapSource::ShmatRemap, addr as usize, size, call);
@@ -476,7 +500,11 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
         usize::MAX - addr as usize
     };
     let r = invalidating(addr as usize, len, || {
-        syscall6(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int
+        match forward::SHMDT.target() {
+            // SAFETY: libc's shmdt entry (or the hook another patcher put there).
+            Some(f) => forward::guarded(|| unsafe { f(addr) }),
+            None => syscall6(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int,
+        }
     });
     traced(Call::Shmdt, true, [addr as u64, 0, 0, 0, 0], r as i64, t);
     r

@@ -16,8 +16,11 @@
 //! Another patcher (UCX, Open MPI, a profiler) can overwrite our jump later: `intact()`
 //! compares the bytes, and the runtime stops caching when they changed.
 
-use std::ffi::{CStr, c_void};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::ffi::{CStr, c_int, c_void};
+use std::sync::atomic::{
+    AtomicU8, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// A recognised function start: `bytes`, where positions in `any` (a bit mask) are
 /// displacements that may differ between builds and are overwritten, never executed.
@@ -135,18 +138,40 @@ pub enum PatchTarget {
     Madvise,
     Brk,
     Mmap,
+    /// Not reached by libc's own unmaps (realloc's `__mremap` is reported by the realloc
+    /// hook), but by other libraries that call libc's function directly: UCX's reloc mode
+    /// resolves its "original" mremap and shmdt with `dlsym(RTLD_NEXT)`, past our symbols.
+    Mremap,
+    Shmdt,
 }
 
 static MUNMAP_STUB: [Prologue; 1] = [syscall_stub(0x0b)];
 static MADVISE_STUB: [Prologue; 1] = [syscall_stub(0x1c)];
 static BRK_STUB: [Prologue; 1] = [BRK];
+/// glibc 2.36's mremap: `sub rsp, 0x58; mov [rsp+0x40], r8; mov rax, fs:[0x28]` (the stack
+/// protector; the jump ends inside that load, which nothing branches into).
+static MREMAP_START: [Prologue; 1] = [Prologue {
+    bytes: [
+        0x48, 0x83, 0xec, 0x58, 0x4c, 0x89, 0x44, 0x24, 0x40, 0x64, 0x48, 0x8b, 0x04, 0x25,
+    ],
+    any: 0,
+}];
+/// glibc's shmdt: `mov eax, 67; syscall; cmp rax, -4096; ja` (a pointer-returning stub).
+static SHMDT_STUB: [Prologue; 1] = [Prologue {
+    bytes: [
+        0xb8, 0x43, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x00, 0xf0, 0xff, 0xff, 0x77,
+    ],
+    any: 0,
+}];
 
 impl PatchTarget {
-    pub const ALL: [PatchTarget; 4] = [
+    pub const ALL: [PatchTarget; 6] = [
         PatchTarget::Munmap,
         PatchTarget::Madvise,
         PatchTarget::Brk,
         PatchTarget::Mmap,
+        PatchTarget::Mremap,
+        PatchTarget::Shmdt,
     ];
 
     pub fn name(self) -> &'static CStr {
@@ -155,6 +180,8 @@ impl PatchTarget {
             PatchTarget::Madvise => c"madvise",
             PatchTarget::Brk => c"brk",
             PatchTarget::Mmap => c"mmap",
+            PatchTarget::Mremap => c"mremap",
+            PatchTarget::Shmdt => c"shmdt",
         }
     }
 
@@ -165,6 +192,8 @@ impl PatchTarget {
             PatchTarget::Madvise => &MADVISE_STUB,
             PatchTarget::Brk => &BRK_STUB,
             PatchTarget::Mmap => &MMAP,
+            PatchTarget::Mremap => &MREMAP_START,
+            PatchTarget::Shmdt => &SHMDT_STUB,
         }
     }
 
@@ -183,6 +212,106 @@ static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 /// How many bytes of endbr64 we kept before the jump (checked too: a patcher may write its
 /// own short jump over them).
 static SITE_ENDBR: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// The hook another patcher (UCX's bistro, libfabric's memhooks) had put at the entry we
+/// took over: our hook calls it instead of issuing the system call, so both see the call.
+static SITE_CHAINED: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+
+/// Where the jump another patcher wrote at `at` leads: `jmp rel32` (UCX 1.13's bistro),
+/// `movabs r11, imm64; jmp r11` (libfabric's memhooks), `jmp [rip+0]; abs64`.
+fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
+    match code {
+        [0xe9, r @ ..] if r.len() >= 4 => {
+            let rel = i32::from_le_bytes([r[0], r[1], r[2], r[3]]) as isize;
+            Some((at as isize).wrapping_add(5).wrapping_add(rel) as usize)
+        }
+        [0x49, 0xbb, r @ ..] if r.len() >= 11 && r[8..11] == [0x41, 0xff, 0xe3] => {
+            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
+        }
+        [0xff, 0x25, 0, 0, 0, 0, r @ ..] if r.len() >= 8 => {
+            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
+        }
+        _ => None,
+    }
+}
+
+/// The other patcher's hook our jump at libc's `name` replaced, if any.
+pub fn chained(name: &CStr) -> Option<usize> {
+    for i in 0..SITES {
+        if SITE_AT[i].load(Relaxed) == 0 {
+            return None;
+        }
+        // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
+        if unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) } == name {
+            let t = SITE_CHAINED[i].load(Acquire);
+            return (t != 0).then_some(t);
+        }
+    }
+    None
+}
+
+/// Write `code` at `site` (code pages made writable for the copy, then read+execute).
+///
+/// # Safety
+/// `site` is the entry of a libc function we patch; no thread may be executing the bytes
+/// being replaced.
+unsafe fn write_code(site: *mut u8, code: &[u8]) -> Result<(), PatchError> {
+    let (start, end) = crate::sys::page_span(site as usize, code.len());
+    let mprotect = |prot: c_int| {
+        crate::sys::syscall6(
+            libc::SYS_mprotect,
+            start,
+            end - start,
+            prot as usize,
+            0,
+            0,
+            0,
+        )
+    };
+    if mprotect(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) != 0 {
+        return Err(PatchError::Mprotect);
+    }
+    // SAFETY: the caller's promise; the pages are writable now (raw syscalls: libc's
+    // mprotect could itself be hooked), and get read+execute back below.
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), site, code.len()) };
+    mprotect(libc::PROT_READ | libc::PROT_EXEC);
+    Ok(())
+}
+
+/// Another patcher wrote its jump over one of ours (it installed after our constructor):
+/// put ours back and chain to its hook, so both see every call from here on. Only safe
+/// before anything is cached (what went through its hook alone in between is not known):
+/// the runtime calls it once, before the self-test and the cache. Returns false when an
+/// overwrite is not a jump we know (the caller then fails closed).
+pub fn adopt_overwritten() -> bool {
+    let mut all = true;
+    for i in 0..SITES {
+        let at = SITE_AT[i].load(Relaxed);
+        if at == 0 {
+            break;
+        }
+        let hook = SITE_HOOK[i].load(Relaxed);
+        let want = jump(hook);
+        let mut have = [0u8; JUMP_LEN];
+        for (k, b) in have.iter_mut().enumerate() {
+            // SAFETY: patched libc code, never unmapped; volatile: another thread writes.
+            *b = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
+        }
+        if have == want {
+            continue;
+        }
+        // Our jump's first bytes only: a patcher that overwrote kept endbr64 is not handled.
+        match foreign_target(at, &have) {
+            Some(t) if SITE_ENDBR[i].load(Relaxed) == 0 && t != hook => {
+                SITE_CHAINED[i].store(t, Release);
+                // SAFETY: our own patch site; the other patcher's jump is replaced by ours,
+                // whose hook now calls its target.
+                all &= unsafe { write_code(at as *mut u8, &want) }.is_ok();
+            }
+            _ => all = false,
+        }
+    }
+    all
+}
 /// Our own exported memory hooks: (entry, first 16 bytes as two words, name). A patcher
 /// that overwrites every loaded definition of munmap (not only libc's) takes ours too.
 const HOOKS: usize = 16;
@@ -238,28 +367,20 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     let mut head = [0u8; ENDBR64.len() + JUMP_LEN];
     // SAFETY: the caller guarantees f has at least that many readable bytes.
     unsafe { std::ptr::copy_nonoverlapping(f, head.as_mut_ptr(), head.len()) };
-    let Some(skip) = site_offset(target.prologues, &head) else {
-        return Err(PatchError::Unexpected);
+    // An entry another patcher already took (its constructor ran first): take it over
+    // and chain to its hook.
+    let foreign = match site_offset(target.prologues, &head) {
+        Some(_) => None,
+        None => match foreign_target(f as usize, &head) {
+            Some(t) if t != target.hook => Some(t),
+            _ => return Err(PatchError::Unexpected),
+        },
     };
+    let skip = site_offset(target.prologues, &head).unwrap_or(0);
     // SAFETY: inside the function (checked above).
     let site = unsafe { f.add(skip) };
-    let code = jump(target.hook);
-    let (start, end) = crate::sys::page_span(site as usize, JUMP_LEN);
-    let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
-    // SAFETY: the pages hold the function's code; we make them writable for the copy and
-    // give them back read+execute. Raw syscalls: libc's mprotect could itself be hooked.
-    unsafe {
-        if libc::syscall(libc::SYS_mprotect, start, end - start, rwx) != 0 {
-            return Err(PatchError::Mprotect);
-        }
-        std::ptr::copy_nonoverlapping(code.as_ptr(), site, JUMP_LEN);
-        libc::syscall(
-            libc::SYS_mprotect,
-            start,
-            end - start,
-            libc::PROT_READ | libc::PROT_EXEC,
-        );
-    }
+    // SAFETY: the caller's promise: the entry of a function nobody runs yet.
+    unsafe { write_code(site, &jump(target.hook)) }?;
     for i in 0..SITES {
         if SITE_AT[i]
             .compare_exchange(0, site as usize, Relaxed, Relaxed)
@@ -268,6 +389,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
             SITE_HOOK[i].store(target.hook, Relaxed);
             SITE_NAME[i].store(target.name.as_ptr() as usize, Relaxed);
             SITE_ENDBR[i].store(skip, Relaxed);
+            SITE_CHAINED[i].store(foreign.unwrap_or(0), Release);
             break;
         }
     }
@@ -294,6 +416,27 @@ pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
 /// Why target `i` of `install` was not patched (None: patched, or never tried).
 pub fn refused(i: usize) -> Option<PatchError> {
     PatchError::from_code(REFUSED.get(i)?.load(Relaxed))
+}
+
+/// Whether libc's `name` holds our jump right now (false: never patched, or overwritten).
+pub fn intact(name: &CStr) -> bool {
+    for i in 0..SITES {
+        let at = SITE_AT[i].load(Relaxed);
+        if at == 0 {
+            return false;
+        }
+        // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
+        if unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) } != name {
+            continue;
+        }
+        let want = jump(SITE_HOOK[i].load(Relaxed));
+        // SAFETY: as in `overwritten`: patched libc code, never unmapped.
+        return want
+            .iter()
+            .enumerate()
+            .all(|(k, b)| unsafe { std::ptr::read_volatile((at as *const u8).add(k)) } == *b);
+    }
+    false
 }
 
 /// The first of our jumps that is no longer in place (another patcher wrote over it), by
@@ -459,6 +602,27 @@ mod tests {
         // libfabric's memhooks takes 49 bb at 0 and 41 ff e3 at 10 as its own patch.
         let j = jump(0x1122_3344_5566_7788);
         assert!(!(j[0] == 0x49 && j[1] == 0xbb && j[10..13] == [0x41, 0xff, 0xe3]));
+    }
+
+    #[test]
+    fn other_patchers_jumps_are_decoded() {
+        // UCX 1.13's bistro: jmp rel32, here backwards.
+        let mut code = [0u8; JUMP_LEN];
+        code[..5].copy_from_slice(&[0xe9, 0xfb, 0xff, 0xff, 0xff]);
+        assert_eq!(foreign_target(0x1000, &code), Some(0x1000));
+        // libfabric's memhooks: movabs r11, imm64; jmp r11.
+        let mut code = [0u8; JUMP_LEN];
+        code[..2].copy_from_slice(&[0x49, 0xbb]);
+        code[2..10].copy_from_slice(&0x7f00_1234_5678u64.to_le_bytes());
+        code[10..13].copy_from_slice(&[0x41, 0xff, 0xe3]);
+        assert_eq!(foreign_target(0, &code), Some(0x7f00_1234_5678));
+        // Our own form decodes to our hook (the caller then sees it is ours).
+        assert_eq!(foreign_target(0, &jump(0xabcd)), Some(0xabcd));
+        // A function's own code is not a jump.
+        let stub = syscall_stub(0x0b);
+        assert_eq!(foreign_target(0, &stub.bytes), None);
+        code[12] = 0xe2;
+        assert_eq!(foreign_target(0, &code), None);
     }
 
     #[test]

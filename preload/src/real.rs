@@ -72,6 +72,11 @@ impl<F: Copy> Symbol<F> {
         Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
     }
 
+    /// The symbol's name.
+    pub fn name(&self) -> &'static CStr {
+        self.name
+    }
+
     /// Where it is, without looking it up.
     pub fn address(&self) -> *mut c_void {
         self.slot.load(Ordering::Acquire)

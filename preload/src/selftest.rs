@@ -152,19 +152,24 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
             ));
             release(p, 2 * PAGE);
         }
-        if glibc_malloc {
+        // glibc's own malloc and free, called through libc's handle: another library may
+        // have pointed our symbol references at its allocator since (UCX's malloc hooks
+        // in reloc mode), and glibc's realloc must only see glibc's blocks.
+        let malloc = sym::<unsafe extern "C" fn(usize) -> *mut c_void>(libc_handle, c"malloc");
+        let free = sym::<unsafe extern "C" fn(*mut c_void)>(libc_handle, c"free");
+        if let (true, Some(malloc), Some(free)) = (glibc_malloc, malloc, free) {
             // Above glibc's largest dynamic mmap threshold (32 MiB), so always mmapped.
             let big = 40 << 20;
-            let p = libc::malloc(big) as usize;
+            let p = malloc(big) as usize;
             if p != 0 {
                 r.push((
                     "free() of an mmapped block",
-                    caught(p, p + big, || libc::free(p as *mut c_void)),
+                    caught(p, p + big, || free(p as *mut c_void)),
                 ));
             }
             let realloc =
                 sym::<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>(app, c"realloc");
-            let p = libc::malloc(big) as usize;
+            let p = malloc(big) as usize;
             if let (Some(realloc), true) = (realloc, p != 0) {
                 let mut q = 0usize;
                 r.push((
@@ -173,7 +178,7 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
                         q = realloc(p as *mut c_void, 2 * big) as usize;
                     }),
                 ));
-                libc::free(if q != 0 { q } else { p } as *mut c_void);
+                free(if q != 0 { q } else { p } as *mut c_void);
             }
         } else {
             r.push(("free()/realloc() of an mmapped block", Status::NotRun("not glibc's malloc: the allocator's own munmap/madvise calls go through the symbol hooks")));

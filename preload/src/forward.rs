@@ -1,0 +1,105 @@
+//! Where a memory hook sends a call after reporting it. Another library may hook the same
+//! calls by patching libc's entry points (UCX's bistro mode, libfabric's memhooks, Open
+//! MPI's patcher), and our exported symbols take the program's calls before libc's entry
+//! ever runs: issuing the system call ourselves would hide every such call from it (UCX's
+//! start-up test then finds none of its events and gives up). So a hook calls libc's entry
+//! point, whatever sits there now, unless it is our own jump (then the hook issues the
+//! system call itself, as the jump brought it here already).
+//!
+//! Resolved in the constructor from libc's handle; read with one load. No allocation, no
+//! lock: these run inside allocators.
+
+use crate::real::Symbol;
+use std::cell::Cell;
+use std::ffi::{CStr, c_int, c_void};
+
+/// libc's entry point of one memory call, typed `F`.
+pub struct Entry<F>(Symbol<F>);
+
+impl<F: Copy> Entry<F> {
+    /// # Safety
+    /// `F` must be glibc's prototype of `name` (a variadic one as its fixed-argument form
+    /// where the x86-64 calling convention passes the arguments alike).
+    const unsafe fn new(name: &'static CStr) -> Self {
+        // SAFETY: the caller's contract.
+        Entry(unsafe { Symbol::next(name) })
+    }
+
+    fn name(&self) -> &'static CStr {
+        self.0.name()
+    }
+
+    /// Where to send the call: the other patcher's hook our jump took libc's entry from;
+    /// else libc's entry point, unless it holds our own jump (or is unknown). None: issue
+    /// the system call.
+    pub fn target(&self) -> Option<F> {
+        // Called again from inside a call we forwarded (the other library's hook calls the
+        // function it found with dlsym(RTLD_NEXT), which is ours): the system call now.
+        if FORWARDING.try_with(Cell::get).unwrap_or(true) {
+            return None;
+        }
+        let at = match crate::patch::chained(self.name()) {
+            Some(t) => t as *mut c_void,
+            None => {
+                // Only what the constructor stored: no dlsym inside a memory hook.
+                let at = self.0.address();
+                if at.is_null() || crate::patch::intact(self.name()) {
+                    return None;
+                }
+                at
+            }
+        };
+        const { assert!(size_of::<F>() == size_of::<*mut c_void>()) };
+        // SAFETY: F is a function pointer type (same size, checked above) with the entry's
+        // prototype (new's contract); `at` is libc's entry or the hook that replaced it,
+        // which takes the same arguments.
+        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&at) })
+    }
+
+    fn resolve_in(&self, libc_handle: *mut c_void) {
+        self.0.resolve_in(libc_handle);
+    }
+}
+
+thread_local! {
+    /// This thread is inside a call a hook forwarded.
+    static FORWARDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run a forwarded call, marking the thread as inside it.
+pub fn guarded<T>(call: impl FnOnce() -> T) -> T {
+    let _ = FORWARDING.try_with(|f| f.set(true));
+    let r = call();
+    let _ = FORWARDING.try_with(|f| f.set(false));
+    r
+}
+
+pub type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
+pub type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
+pub type MremapFn =
+    unsafe extern "C" fn(*mut c_void, usize, usize, c_int, *mut c_void) -> *mut c_void;
+pub type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
+pub type ShmatFn = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
+pub type ShmdtFn = unsafe extern "C" fn(*const c_void) -> c_int;
+pub type BrkFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+// SAFETY (each): glibc's prototype; mremap is variadic, and on x86-64 its fifth argument
+// travels in its register either way.
+pub static MUNMAP: Entry<MunmapFn> = unsafe { Entry::new(c"munmap") };
+pub static MADVISE: Entry<MadviseFn> = unsafe { Entry::new(c"madvise") };
+pub static MREMAP: Entry<MremapFn> = unsafe { Entry::new(c"mremap") };
+pub static MMAP: Entry<MmapFn> = unsafe { Entry::new(c"mmap") };
+pub static SHMAT: Entry<ShmatFn> = unsafe { Entry::new(c"shmat") };
+pub static SHMDT: Entry<ShmdtFn> = unsafe { Entry::new(c"shmdt") };
+pub static BRK: Entry<BrkFn> = unsafe { Entry::new(c"brk") };
+
+/// Find libc's entry points (constructor, before any patch of ours).
+pub fn resolve(libc_handle: *mut c_void) {
+    MUNMAP.resolve_in(libc_handle);
+    MADVISE.resolve_in(libc_handle);
+    MREMAP.resolve_in(libc_handle);
+    MMAP.resolve_in(libc_handle);
+    SHMAT.resolve_in(libc_handle);
+    SHMDT.resolve_in(libc_handle);
+    BRK.resolve_in(libc_handle);
+}
