@@ -4,12 +4,11 @@
 //! goes away (a program's munmap, madvise, mremap, shmdt, and glibc's own munmap inside
 //! free()) must reach both mrcache's cache and UCX's event handler, with caching on.
 
+mod common;
+
+use common::{cc, lib, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn lib() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_mrcache")).with_file_name("libmrcache.so")
-}
 
 fn build(dir: &Path) -> Option<PathBuf> {
     if !Path::new("/usr/include/ucm/api/ucm.h").exists() {
@@ -18,16 +17,8 @@ fn build(dir: &Path) -> Option<PathBuf> {
     }
     std::fs::create_dir_all(dir).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/host");
-    let cc = |args: &[&str]| {
-        let st = Command::new("cc").args(args).status().expect("cc");
-        assert!(st.success(), "cc {args:?}");
-    };
     let watch = dir.join("libucm_watch.so");
     cc(&[
-        "-O2",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
         "-shared",
         "-fPIC",
         "-o",
@@ -38,10 +29,6 @@ fn build(dir: &Path) -> Option<PathBuf> {
     ]);
     let prog = dir.join("ucx_coexist");
     cc(&[
-        "-O2",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
         "-o",
         prog.to_str().unwrap(),
         src.join("ucx_coexist.c").to_str().unwrap(),
@@ -69,11 +56,7 @@ fn both_see_every_unmap_under_ucx_hooks() {
                 .env("UCX_MEM_MMAP_HOOK_MODE", mode)
                 .output()
                 .unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let text = text(&out);
             println!("{mode} {scenario}: {} {}", out.status, text.trim());
             if !out.status.success() || text.contains("caching is OFF") {
                 failures.push(format!("{mode} {scenario}: {} {}", out.status, text.trim()));

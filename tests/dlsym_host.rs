@@ -2,12 +2,11 @@
 //! dlopen'd libibverbs hand out our hooks (the NCCL pattern), and every other lookup
 //! answers exactly as without the preload, `RTLD_NEXT` relative to its caller included.
 
+mod common;
+
+use common::{lib, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn lib() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_mrcache")).with_file_name("libmrcache.so")
-}
 
 fn tmp() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dlsym_host")
@@ -15,21 +14,7 @@ fn tmp() -> PathBuf {
 
 /// Builds `tests/c/host/SRC` into the test's directory as `out`.
 fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
-    let dir = tmp();
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c/host")
-        .join(src);
-    let out = dir.join(out);
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .args(flags)
-        .status()
-        .expect("cc");
-    assert!(st.success(), "building {}", src.display());
-    out
+    common::build_host(src, &tmp(), out, flags)
 }
 
 /// Runs `prog ARGS` plain and preloaded; both must exit 0. Returns the preloaded output.
@@ -41,11 +26,7 @@ fn plain_and_preloaded(prog: &Path, args: &[&std::ffi::OsStr]) -> String {
             cmd.env("LD_PRELOAD", lib());
         }
         let out = cmd.output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = text(&out);
         assert!(
             out.status.success(),
             "{} (preload {preload}): {}\n{text}",

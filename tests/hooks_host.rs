@@ -3,27 +3,20 @@
 //! exactly like libc's, and zapping calls the VM's older kernel refuses are reported (a
 //! fake provider counts registrations).
 
+mod common;
+
+use common::{lib, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn lib() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_mrcache"));
-    exe.with_file_name("libmrcache.so")
-}
-
 /// Builds `tests/c/host/NAME.c` with `flags` under the target directory.
 fn build(name: &str, out: &str, flags: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/host/{name}.c"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(out);
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .args(flags)
-        .status()
-        .expect("cc");
-    assert!(st.success(), "building {}", src.display());
-    out
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    // The fake providers store their ops through libibverbs' `void *(*)(void)` slots and
+    // ignore most arguments.
+    let mut all = vec!["-Wno-unused-parameter", "-Wno-cast-function-type"];
+    all.extend_from_slice(flags);
+    common::build_host(&format!("{name}.c"), &dir, out, &all)
 }
 
 fn shared_object(name: &str) -> PathBuf {
@@ -39,12 +32,7 @@ fn run_preloaded(prog: &Path, args: &[&str]) -> (Option<i32>, String) {
         .env("MRCACHE_MONITOR", "patch")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
+    (out.status.code(), text(&out))
 }
 
 /// Runs `fake_zap SCENARIO` under the preload: Ok(true) reported, Ok(false) a stale hit,
