@@ -4,6 +4,7 @@
 //! next lookup of that exact key is not served from the old entry.
 
 use mrcache::cache::{Cache, Limits, Mr, Outcome, Registrar, Released, Request};
+use mrcache::stats::Counter;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
@@ -222,4 +223,66 @@ fn racing_releases_of_a_shared_pointer_count_each_holding_once() {
             "round {i}: deregistered twice"
         );
     }
+}
+
+/// `try_hit` and `try_release`, the attempts the preload shell makes before its guard, do
+/// only what the lock-free path may: each steps aside (None, nothing changed) whenever
+/// `acquire` or `release` would take the lock.
+#[test]
+fn fast_attempts_step_aside_whenever_the_full_path_is_needed() {
+    let fake = Fake::default();
+    let cache = Cache::new(&fake, LIMITS);
+    let r = req(0x10_0000);
+    assert_eq!(cache.try_hit(&r), None, "nothing cached yet");
+    let h = cached(&cache);
+    let hits = cache.snapshot().counts[Counter::Hits];
+    assert_eq!(cache.try_hit(&r), Some(h));
+    assert_eq!(
+        cache.snapshot().counts[Counter::Hits],
+        hits + 1,
+        "hit counted"
+    );
+    assert_eq!(cache.try_release(h), Some(Released::Kept));
+    assert_eq!(cache.try_release(h), None, "a second release");
+    assert_eq!(cache.try_release(0x1234), None, "not ours");
+    // Held by one user, then an unmap begins: neither attempt may act any more.
+    assert_eq!(cache.try_hit(&r), Some(h));
+    cache.invalidate_begin(0x10_0000, 0x10_1000);
+    assert_eq!(cache.try_hit(&r), None, "hit after an unmap began");
+    assert_eq!(
+        cache.try_release(h),
+        None,
+        "release with an invalidation to drain"
+    );
+    cache.invalidate_end();
+    assert_eq!(cache.release(h), Released::Deregistered);
+}
+
+/// `MRCACHE_VERIFY`: every hit is checked on the locked path, never by `try_hit`.
+#[test]
+fn fast_hit_leaves_verified_hits_to_the_locked_path() {
+    struct Verifying<'a>(&'a Fake);
+    impl Registrar for Verifying<'_> {
+        fn register(&self, r: &Request) -> Result<Mr, i32> {
+            self.0.register(r)
+        }
+        fn deregister(&self, mr: Mr) -> Result<(), i32> {
+            self.0.deregister(mr)
+        }
+        fn alloc_shadow(&self) -> Option<usize> {
+            None
+        }
+        fn fill_shadow(&self, _: usize, _: Mr, _: usize, _: usize) -> bool {
+            false
+        }
+        fn verifies(&self) -> bool {
+            true
+        }
+    }
+    let fake = Fake::default();
+    let cache = Cache::new(Verifying(&fake), LIMITS);
+    let r = req(0x10_0000);
+    let (h, _) = cache.acquire(&r).unwrap();
+    assert_eq!(cache.release(h), Released::Kept);
+    assert_eq!(cache.try_hit(&r), None, "an unverified hit");
 }

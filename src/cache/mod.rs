@@ -188,6 +188,39 @@ impl<R: Registrar> Cache<R> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The fast attempt at an exact hit, for a caller that cannot afford more (the preload
+    /// shell calls it before its re-entrancy guard and panic shield). It does what
+    /// `acquire` does before taking its lock: the request must be cacheable, caching on,
+    /// remote keys kept, verification off; then an exact hit on the provider's own pointer,
+    /// counted. Promises: never takes the cache lock, never allocates, never calls the
+    /// registrar, never panics. `None`: nothing was changed; take `acquire`.
+    pub fn try_hit(&self, req: &Request) -> Option<usize> {
+        if access::classify(req.addr, req.len, req.access).is_err()
+            || self.stopped.get().is_some()
+            || (req.access & access::REMOTE != 0 && self.remote != RemoteMode::Keep)
+            || self.registrar.verifies()
+        {
+            return None;
+        }
+        self.hit_unlocked(req)
+    }
+
+    /// The fast attempt at `release`: give back one holding of a live entry's provider
+    /// pointer. Promises as `try_hit`: no cache lock, no allocation, no registrar call, no
+    /// panic. `Some(Released::Kept)`: released. `None`: nothing was changed; take
+    /// `release` (not ours, a handle of another kind, a second release, the last
+    /// reference of an invalidated entry, or invalidations to drain first).
+    pub fn try_release(&self, ptr: usize) -> Option<Released> {
+        if !self.clean() {
+            return None;
+        }
+        let (released, _) = self.fast.by_mr.with(&ptr, |id| {
+            let slot = self.fast.slots.get(*id?)?;
+            slot.release_primary(false).ok()
+        });
+        released.map(|_| Released::Kept)
+    }
+
     /// Serve a registration: a cached one if one fits, else a new one. Returns the pointer
     /// to hand to the app.
     pub fn acquire(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
@@ -453,12 +486,8 @@ impl<R: Registrar> Cache<R> {
     pub fn release(&self, ptr: usize) -> Released {
         self.drain_pending();
         // The provider's own pointer, not the last reference of a dead entry: no lock.
-        let (fast, _) = self.fast.by_mr.with(&ptr, |id| {
-            let slot = self.fast.slots.get(*id?)?;
-            slot.release_primary(false).ok()
-        });
-        if fast.is_some() {
-            return Released::Kept;
+        if let Some(released) = self.try_release(ptr) {
+            return released;
         }
         let mut st = self.lock();
         let Some(handle) = st.handles.remove(&ptr) else {
