@@ -10,7 +10,9 @@ use common::{cc, lib, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn build(dir: &Path) -> Option<PathBuf> {
+/// The test program, linked with UCX (its constructors patch libc before libmrcache.so's
+/// runs) or, with `late`, loading it with dlopen from main (after).
+fn build(dir: &Path, late: bool) -> Option<PathBuf> {
     if !Path::new("/usr/include/ucm/api/ucm.h").exists() {
         println!("skipped: libucx-dev is not installed (ci/install-deps.sh installs it)");
         return None;
@@ -28,32 +30,47 @@ fn build(dir: &Path) -> Option<PathBuf> {
         "-lucs",
     ]);
     let prog = dir.join("ucx_coexist");
-    cc(&[
+    let source = src.join("ucx_coexist.c");
+    let mut args = vec![
         "-o",
         prog.to_str().unwrap(),
-        src.join("ucx_coexist.c").to_str().unwrap(),
-        &format!("-L{}", dir.display()),
-        "-Wl,--no-as-needed",
-        "-lucm_watch",
-        "-lucm",
-        "-lucs",
-        "-libverbs",
+        source.to_str().unwrap(),
         "-Wl,-rpath,$ORIGIN",
-    ]);
+        "-Wl,--no-as-needed",
+    ];
+    let search = format!("-L{}", dir.display());
+    if late {
+        args.extend(["-DLATE", "-ldl", "-libverbs"]);
+    } else {
+        args.extend([&search, "-lucm_watch", "-lucm", "-lucs", "-libverbs"]);
+    }
+    cc(&args);
     Some(prog)
 }
 
-#[test]
-fn both_see_every_unmap_under_ucx_hooks() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_host");
-    let Some(prog) = build(&dir) else { return };
+const SCENARIOS: [&str; 9] = [
+    "munmap",
+    "madvise",
+    "madvise_free",
+    "mremap",
+    "mremap_shrink",
+    "mmap_fixed",
+    "shmdt",
+    "free",
+    "nested",
+];
+
+/// Runs every scenario in both of UCX's modes; `early` asks for UCX's memory events from a
+/// library constructor too (UCX's own constructors patch libc anyway). Returns the failures.
+fn run_all(prog: &Path, early: bool) -> Vec<String> {
     let mut failures = Vec::new();
     for mode in ["bistro", "reloc"] {
-        for scenario in ["munmap", "madvise", "mremap", "shmdt", "free"] {
-            let out = Command::new(&prog)
+        for scenario in SCENARIOS {
+            let out = Command::new(prog)
                 .arg(scenario)
                 .env("LD_PRELOAD", lib())
                 .env("UCX_MEM_MMAP_HOOK_MODE", mode)
+                .env("UCM_WATCH_EARLY", if early { "1" } else { "0" })
                 .output()
                 .unwrap();
             let text = text(&out);
@@ -63,5 +80,103 @@ fn both_see_every_unmap_under_ucx_hooks() {
             }
         }
     }
+    failures
+}
+
+/// A program linked with UCX: libucs's constructor patches libc (bistro) before
+/// libmrcache.so's constructor runs, and UCX's start-up test calls munmap & co. through our
+/// not yet initialised hooks, which must still reach its jumps. Events asked for from main.
+#[test]
+fn both_see_every_unmap_under_ucx_hooks() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_host");
+    let Some(prog) = build(&dir, false) else {
+        return;
+    };
+    let failures = run_all(&prog, false);
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// As above, with the events asked for in a library constructor, before ours: in reloc mode
+/// UCX has pointed our GOT entries for munmap & co. at its hooks by then, and our jumps must
+/// still lead to our hooks (else UCX's hook calls libc's, which jumps back to UCX's).
+#[test]
+fn both_see_every_unmap_when_ucx_events_came_first() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_host_early");
+    let Some(prog) = build(&dir, false) else {
+        return;
+    };
+    let failures = run_all(&prog, true);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// UCX loaded with dlopen after our constructor (as Open MPI loads its UCX component): its
+/// constructors write their jumps over ours; the runtime's set-up takes them back and
+/// chains to UCX's hooks before anything is cached.
+#[test]
+fn both_see_every_unmap_when_ucx_is_loaded_later() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_host_late");
+    let Some(prog) = build(&dir, true) else {
+        return;
+    };
+    let failures = run_all(&prog, false);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `LD_PRELOAD=libucm.so:libmrcache.so`: UCX's constructor finds our exported munmap & co.
+/// first (RTLD_NEXT from libucm) and, in bistro mode, writes its jumps over them before our
+/// constructor runs. Nothing of ours sees an unmap then: caching must be off, with one line
+/// that says why.
+#[test]
+fn ucx_preloaded_first_fails_closed_with_a_reason() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_host_order");
+    let Some(prog) = build(&dir, false) else {
+        return;
+    };
+    let ucm = "/usr/lib/x86_64-linux-gnu/libucm.so.0";
+    let out = Command::new(&prog)
+        .arg("munmap")
+        .env("LD_PRELOAD", format!("{ucm}:{}", lib().display()))
+        .env("UCX_MEM_MMAP_HOOK_MODE", "bistro")
+        .output()
+        .unwrap();
+    let text = text(&out);
+    println!("{}: {}", out.status, text.trim());
+    assert_eq!(out.status.code(), Some(5), "caching must be off: {text}");
+    let line = text.lines().find(|l| l.contains("caching is OFF")).unwrap();
+    assert!(
+        line.contains("mrcache's own munmap hook was overwritten by another code patcher before mrcache started"),
+        "no reason given: {line}"
+    );
+}
+
+/// A third patcher in libfabric 1.17's memhooks form, loaded with dlopen, chained to at the
+/// set-up, then stopped (its kept bytes written back) and dlclosed: mrcache must not call
+/// into the unloaded library afterwards, and must keep seeing munmap.
+#[test]
+fn chained_patcher_may_be_dlclosed() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_patcher");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/host");
+    let patcher = dir.join("libfake_patcher.so");
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        patcher.to_str().unwrap(),
+        src.join("patcher/fake_patcher.c").to_str().unwrap(),
+        "-ldl",
+    ]);
+    let prog = common::build_host(
+        "patcher_coexist.c",
+        &dir,
+        "patcher_coexist",
+        &["-ldl", "-libverbs", "-Wl,-rpath,$ORIGIN"],
+    );
+    let out = Command::new(&prog)
+        .env("LD_PRELOAD", lib())
+        .output()
+        .unwrap();
+    let text = text(&out);
+    println!("{}: {}", out.status, text.trim());
+    assert!(out.status.success(), "{}: {text}", out.status);
 }

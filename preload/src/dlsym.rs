@@ -438,6 +438,10 @@ unsafe extern "C" fn visit(
     }
     if inside {
         (find.lo, find.hi) = (lo, hi);
+        if let Some(dynamic) = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC) {
+            find.base = base;
+            find.dynamic = base.wrapping_add(dynamic.p_vaddr as usize) as *const Dyn;
+        }
         return 1;
     }
     0
@@ -454,9 +458,32 @@ const DT_STRTAB: i64 = 5;
 const DT_SYMTAB: i64 = 6;
 const DT_GNU_HASH: i64 = 0x6fff_fef5;
 
+/// Where libmrcache.so itself defines `name`, from its own dynamic symbol table: not
+/// `munmap as usize`, which reads our GOT entry for the exported symbol, and another
+/// library may have pointed that entry at its own function (UCX's reloc mode does, before
+/// our constructor when its hooks came first). None when not found.
+pub fn own_symbol(name: &CStr) -> Option<usize> {
+    let mut find = Find {
+        addr: own_symbol as *const () as usize,
+        lo: 0,
+        hi: 0,
+        want: None,
+        base: 0,
+        dynamic: std::ptr::null(),
+    };
+    // SAFETY: as in self_span.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut find as *mut Find as *mut c_void) };
+    if find.dynamic.is_null() {
+        return None;
+    }
+    // SAFETY: find.dynamic is our own mapped dynamic section, ended by DT_NULL.
+    let p = unsafe { lookup_gnu_hash(find.base, find.dynamic, name) } as usize;
+    (p != 0).then_some(p)
+}
+
 /// The address of `name` as libc.so.6 defines it, from its dynamic symbol table (any
 /// version: libc's two versions of `dlsym` and of `dlvsym` are one function each).
-fn libc_symbol(name: &CStr) -> *mut c_void {
+pub fn libc_symbol(name: &CStr) -> *mut c_void {
     let mut find = Find {
         addr: 0,
         lo: 0,

@@ -29,20 +29,30 @@ impl<F: Copy> Entry<F> {
         self.0.name()
     }
 
-    /// Where to send the call: the other patcher's hook our jump took libc's entry from;
-    /// else libc's entry point, unless it holds our own jump (or is unknown). None: issue
-    /// the system call.
-    pub fn target(&self) -> Option<F> {
-        // Called again from inside a call we forwarded (the other library's hook calls the
-        // function it found with dlsym(RTLD_NEXT), which is ours): the system call now.
-        if FORWARDING.try_with(Cell::get).unwrap_or(true) {
+    /// Where to send the call whose first argument is `key`: the other patcher's hook our
+    /// jump took libc's entry from; else libc's entry point, unless it holds our own jump.
+    /// None: issue the system call.
+    pub fn target(&self, key: usize) -> Option<F> {
+        // The same call again from inside the one we forwarded (the other library's hook
+        // calls the function it found with dlsym(RTLD_NEXT), which is ours): the system call
+        // now. Any other call made in there (its handler releasing memory) is forwarded like
+        // one from the program, or the other library would not see it.
+        if FORWARDING
+            .try_with(Cell::get)
+            .map_or(true, |f| f == (self.tag(), key))
+        {
             return None;
         }
         let at = match crate::patch::chained(self.name()) {
             Some(t) => t as *mut c_void,
             None => {
-                // Only what the constructor stored: no dlsym inside a memory hook.
-                let at = self.0.address();
+                let mut at = self.0.address();
+                if at.is_null() {
+                    // Before our constructor (another library's constructor calls us): from
+                    // libc's symbol table, without dlsym or allocation.
+                    at = crate::dlsym::libc_symbol(self.name());
+                    self.0.store(at);
+                }
                 if at.is_null() || crate::patch::intact(self.name()) {
                     return None;
                 }
@@ -56,22 +66,30 @@ impl<F: Copy> Entry<F> {
         Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&at) })
     }
 
+    /// Run `call` (the forwarded call whose first argument is `key`), marking the thread as
+    /// inside it.
+    pub fn guarded<T>(&self, key: usize, call: impl FnOnce() -> T) -> T {
+        let outer = FORWARDING.try_with(|f| f.replace((self.tag(), key)));
+        let r = call();
+        if let Ok(outer) = outer {
+            let _ = FORWARDING.try_with(|f| f.set(outer));
+        }
+        r
+    }
+
+    /// Which entry this is (its address), for FORWARDING.
+    fn tag(&self) -> usize {
+        self as *const Self as usize
+    }
+
     fn resolve_in(&self, libc_handle: *mut c_void) {
         self.0.resolve_in(libc_handle);
     }
 }
 
 thread_local! {
-    /// This thread is inside a call a hook forwarded.
-    static FORWARDING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Run a forwarded call, marking the thread as inside it.
-pub fn guarded<T>(call: impl FnOnce() -> T) -> T {
-    let _ = FORWARDING.try_with(|f| f.set(true));
-    let r = call();
-    let _ = FORWARDING.try_with(|f| f.set(false));
-    r
+    /// The call a hook of this thread is forwarding: (entry, first argument); (0, 0): none.
+    static FORWARDING: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
 pub type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;

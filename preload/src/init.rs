@@ -147,7 +147,13 @@ pub fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
         }
         if let Some(name) = patch::overwritten() {
             why.push(format!(
-                "libc's {} was patched, then overwritten by another code patcher",
+                "libc's {} (or mrcache's own hook) was patched, then overwritten by another code patcher",
+                name.to_string_lossy()
+            ));
+        }
+        if let Some(name) = patch::hook_taken_before_start() {
+            why.push(format!(
+                "mrcache's own {} hook was overwritten by another code patcher before mrcache started (a library preloaded before libmrcache.so, such as LD_PRELOAD=libucm.so:libmrcache.so; put libmrcache.so first)",
                 name.to_string_lossy()
             ));
         }

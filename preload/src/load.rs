@@ -76,6 +76,8 @@ pub fn install() {
     if monitor == LoadMonitor::None {
         REPORTING.store(false, Relaxed);
     }
+    // Our hooks' own addresses, not our GOT entries for them (see dlsym::own_symbol).
+    let own = |name: &std::ffi::CStr, at: usize| crate::dlsym::own_symbol(name).unwrap_or(at);
     for (name, at) in [
         (c"munmap", munmap as *const () as usize),
         (c"madvise", madvise as *const () as usize),
@@ -88,19 +90,22 @@ pub fn install() {
         (c"shmdt", shmdt as *const () as usize),
         (c"realloc", realloc as *const () as usize),
     ] {
-        crate::patch::watch_hook(name, at);
+        crate::patch::watch_hook(name, own(name, at));
     }
     let disabled = env_is(c"MRCACHE_ENABLE", &[b"0", b"off", b"false", b"no"]) == Some(true);
     if monitor != LoadMonitor::Patch || disabled {
         return;
     }
-    let hook = |t: PatchTarget| match t {
-        PatchTarget::Munmap => munmap as *const () as usize,
-        PatchTarget::Madvise => madvise as *const () as usize,
-        PatchTarget::Brk => brk as *const () as usize,
-        PatchTarget::Mmap => mmap as *const () as usize,
-        PatchTarget::Mremap => mremap as *const () as usize,
-        PatchTarget::Shmdt => shmdt as *const () as usize,
+    let hook = |t: PatchTarget| {
+        let at = match t {
+            PatchTarget::Munmap => munmap as *const () as usize,
+            PatchTarget::Madvise => madvise as *const () as usize,
+            PatchTarget::Brk => brk as *const () as usize,
+            PatchTarget::Mmap => mmap as *const () as usize,
+            PatchTarget::Mremap => mremap as *const () as usize,
+            PatchTarget::Shmdt => shmdt as *const () as usize,
+        };
+        own(t.name(), at)
     };
     let targets = PatchTarget::ALL.map(|t| Target {
         name: t.name(),

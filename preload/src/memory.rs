@@ -2,7 +2,7 @@
 //! pages it had. Each hook reports the range to the `InvalidationQueue` *before* the
 //! kernel changes the mapping, then forwards the call to libc's entry point (or the hook
 //! another patcher put there, so it sees the call too), or issues the syscall itself where
-//! that entry holds our own jump or the call re-enters from inside a forwarded one
+//! that entry holds our own jump or the call is the forwarded one coming back
 //! (`forward.rs`).
 //!
 //! Hooks run in every thread of every process the library is preloaded into, before our
@@ -117,9 +117,9 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let t = t0();
     count(UnmapSource::Munmap);
     let r = invalidating(addr as usize, len, || {
-        match forward::MUNMAP.target() {
+        match forward::MUNMAP.target(addr as usize) {
             // SAFETY: libc's munmap entry (or the hook another patcher put there).
-            Some(f) => forward::guarded(|| unsafe { f(addr, len) }),
+            Some(f) => forward::MUNMAP.guarded(addr as usize, || unsafe { f(addr, len) }),
             None => syscall6(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int,
         }
     });
@@ -148,9 +148,9 @@ fn zaps(advice: c_int) -> bool {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     let t = t0();
-    let call = || match forward::MADVISE.target() {
+    let call = || match forward::MADVISE.target(addr as usize) {
         // SAFETY: libc's madvise entry (or the hook another patcher put there).
-        Some(f) => forward::guarded(|| unsafe { f(addr, len, advice) }),
+        Some(f) => forward::MADVISE.guarded(addr as usize, || unsafe { f(addr, len, advice) }),
         None => syscall6(
             libc::SYS_madvise,
             addr as usize,
@@ -239,10 +239,12 @@ pub extern "C" fn mremap(
 ) -> *mut c_void {
     let t = t0();
     count(UnmapSource::Mremap);
-    let call = || match forward::MREMAP.target() {
+    let call = || match forward::MREMAP.target(old as usize) {
         // SAFETY: libc's mremap entry (variadic; on x86-64 the fifth argument travels in
         // its register either way), or the hook another patcher put there.
-        Some(f) => forward::guarded(|| unsafe { f(old, old_len, new_len, flags, new_addr) }),
+        Some(f) => forward::MREMAP.guarded(old as usize, || unsafe {
+            f(old, old_len, new_len, flags, new_addr)
+        }),
         None => syscall6(
             libc::SYS_mremap,
             old as usize,
@@ -284,9 +286,11 @@ pub extern "C" fn mmap(
         return libc::MAP_FAILED;
     }
     let t = t0();
-    let call = || match forward::MMAP.target() {
+    let call = || match forward::MMAP.target(addr as usize) {
         // SAFETY: libc's mmap entry (or the hook another patcher put there).
-        Some(f) => forward::guarded(|| unsafe { f(addr, len, prot, flags, fd, off) }),
+        Some(f) => forward::MMAP.guarded(addr as usize, || unsafe {
+            f(addr, len, prot, flags, fd, off)
+        }),
         None => syscall6(
             libc::SYS_mmap,
             addr as usize,
@@ -377,10 +381,10 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     let given_back = brk_shrink(addr as usize, cur);
     let shrink = given_back.is_some();
     let (start, len) = given_back.unwrap_or((0, 0));
-    if let Some(f) = forward::BRK.target() {
+    if let Some(f) = forward::BRK.target(addr as usize) {
         // libc's brk (or another patcher's hook there) keeps __curbrk itself.
         // SAFETY: libc's brk entry, or the hook another patcher put there.
-        let call = || forward::guarded(|| unsafe { f(addr) });
+        let call = || forward::BRK.guarded(addr as usize, || unsafe { f(addr) });
         let r = invalidating_if(shrink, UnmapSource::Brk, start, len, call);
         traced(Call::Brk, shrink, [addr as u64, 0, 0, 0, 0], r as i64, t);
         return r;
@@ -445,9 +449,9 @@ fn shm_size(id: c_int) -> usize {
 pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
     let t = t0();
     let size = shm_size(id);
-    let call = || match forward::SHMAT.target() {
+    let call = || match forward::SHMAT.target(id as usize) {
         // SAFETY: libc's shmat entry (or the hook another patcher put there).
-        Some(f) => forward::guarded(|| unsafe { f(id, addr, flags) }),
+        Some(f) => forward::SHMAT.guarded(id as usize, || unsafe { f(id, addr, flags) }),
         None => syscall6(
             libc::SYS_shmat,
             id as usize,
@@ -500,9 +504,9 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
         usize::MAX - addr as usize
     };
     let r = invalidating(addr as usize, len, || {
-        match forward::SHMDT.target() {
+        match forward::SHMDT.target(addr as usize) {
             // SAFETY: libc's shmdt entry (or the hook another patcher put there).
-            Some(f) => forward::guarded(|| unsafe { f(addr) }),
+            Some(f) => forward::SHMDT.guarded(addr as usize, || unsafe { f(addr) }),
             None => syscall6(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int,
         }
     });

@@ -82,6 +82,11 @@ impl<F: Copy> Symbol<F> {
         self.slot.load(Ordering::Acquire)
     }
 
+    /// Use the function at `p`.
+    pub fn store(&self, p: *mut c_void) {
+        self.slot.store(p, Ordering::Release);
+    }
+
     /// Use the definition in `handle` (the constructor: libc's own, by its handle).
     pub fn resolve_in(&self, handle: *mut c_void) {
         self.slot

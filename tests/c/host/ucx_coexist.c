@@ -4,7 +4,12 @@
  * (the second must be a hit: caching is on), release it, make the memory go away, register
  * again. mrcache saw it when the provider registers anew; UCX saw it when its VM_UNMAPPED
  * handler got an event for the range.
- *   ucx_coexist munmap|madvise|mremap|shmdt|free
+ *   ucx_coexist munmap|madvise|madvise_free|mremap|mremap_shrink|mmap_fixed|shmdt|free|nested
+ * nested: a second buffer is unmapped from inside UCX's handler for the first (a hook
+ * calling back into an interposed symbol); that second unmap must reach both.
+ * Built with -DLATE, the program is not linked with UCX: it dlopens libucm_watch.so (and
+ * so libucm and libucs, whose constructors patch libc) from main, after libmrcache.so's
+ * constructor, as Open MPI loads its UCX component.
  * Exit 0: both saw it; 1: mrcache did not; 2: UCX did not; 3: neither; 4: UCM would not
  * install; 5: caching was off. */
 #define _GNU_SOURCE
@@ -17,9 +22,55 @@
 #include <sys/shm.h>
 #include <unistd.h>
 
+#ifdef LATE
+#include <dlfcn.h>
+static char **w_lo, **w_hi, **w_nested_lo, **w_nested_hi;
+static int *w_events, *w_nested_events;
+static void (**w_inside)(void);
+static int (*ucm_watch_install)(void);
+#define ucm_watch_lo (*w_lo)
+#define ucm_watch_hi (*w_hi)
+#define ucm_watch_nested_lo (*w_nested_lo)
+#define ucm_watch_nested_hi (*w_nested_hi)
+#define ucm_watch_events (*w_events)
+#define ucm_watch_nested_events (*w_nested_events)
+#define ucm_watch_inside (*w_inside)
+static void *watch_sym(void *h, const char *name) {
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "FAIL: %s not in libucm_watch.so\n", name);
+        exit(4);
+    }
+    return p;
+}
+static void load_watch(void) {
+    void *h = dlopen("libucm_watch.so", RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "FAIL: dlopen libucm_watch.so: %s\n", dlerror());
+        exit(4);
+    }
+    w_lo = watch_sym(h, "ucm_watch_lo");
+    w_hi = watch_sym(h, "ucm_watch_hi");
+    w_nested_lo = watch_sym(h, "ucm_watch_nested_lo");
+    w_nested_hi = watch_sym(h, "ucm_watch_nested_hi");
+    w_events = watch_sym(h, "ucm_watch_events");
+    w_nested_events = watch_sym(h, "ucm_watch_nested_events");
+    w_inside = watch_sym(h, "ucm_watch_inside");
+    *(void **)&ucm_watch_install = watch_sym(h, "ucm_watch_install");
+}
+#else
 extern char *ucm_watch_lo, *ucm_watch_hi;
 extern int ucm_watch_events;
+extern char *ucm_watch_nested_lo, *ucm_watch_nested_hi;
+extern int ucm_watch_nested_events;
+extern void (*ucm_watch_inside)(void);
 int ucm_watch_install(void);
+static void load_watch(void) {}
+#endif
+
+static char *second;
+static size_t second_len;
+static void unmap_second(void) { munmap(second, second_len); }
 
 static int registrations;
 static struct ibv_mr *fake_reg(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access) {
@@ -50,6 +101,7 @@ int main(int argc, char **argv) {
     ctx.ops._compat_reg_mr = (void *(*)(void))(void (*)(void))fake_reg;
     ctx.ops._compat_dereg_mr = (void *(*)(void))(void (*)(void))fake_dereg;
     pd.context = &ctx;
+    load_watch();
     const char *early = getenv("UCM_WATCH_EARLY");
     if (!(early && *early == '1') && ucm_watch_install() != 0) {
         fprintf(stderr, "FAIL: UCM could not install its memory hooks\n");
@@ -80,12 +132,35 @@ int main(int argc, char **argv) {
         printf("%s: caching is off (the second registration was not a hit)\n", s);
         return 5;
     }
-    if (!strcmp(s, "munmap"))
+    int nested = !strcmp(s, "nested");
+    if (nested) {
+        /* From here on the scenario is about the second buffer. */
+        second_len = len;
+        second = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (second == MAP_FAILED)
+            return 8;
+        memset(second, 2, len);
+        reg_release(second, len);
+        before = registrations;
+        reg_release(second, len);
+        if (registrations != before)
+            return 5;
+        ucm_watch_nested_lo = second;
+        ucm_watch_nested_hi = second + len;
+        ucm_watch_inside = unmap_second;
+    }
+    if (!strcmp(s, "munmap") || nested)
         munmap(buf, len);
     else if (!strcmp(s, "madvise"))
         madvise(buf, len, MADV_DONTNEED);
+    else if (!strcmp(s, "madvise_free"))
+        madvise(buf, len, MADV_FREE);
     else if (!strcmp(s, "mremap"))
         mremap(buf, len, 2 * len, MREMAP_MAYMOVE);
+    else if (!strcmp(s, "mremap_shrink")) {
+        mremap(buf, len, len / 2, 0); /* gives back the upper half */
+    } else if (!strcmp(s, "mmap_fixed"))
+        mmap(buf, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     else if (!strcmp(s, "shmdt")) {
         shmdt(buf);
         shmctl(shmid, IPC_RMID, NULL);
@@ -95,9 +170,15 @@ int main(int argc, char **argv) {
         return 7;
     /* The same addresses again, without anything that unmaps (free: the fake provider
      * registers any range, and the block may already be reused). */
-    if (strcmp(s, "madvise") && strcmp(s, "free") &&
-        mmap(buf, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1,
-             0) != buf) {
+    if (nested) {
+        buf = second;
+        ucm_watch_events = ucm_watch_nested_events;
+    }
+    size_t kept = strcmp(s, "mremap_shrink") ? 0 : len / 2; /* what stayed mapped */
+    if (strcmp(s, "madvise") && strcmp(s, "madvise_free") && strcmp(s, "free") &&
+        strcmp(s, "mmap_fixed") &&
+        mmap(buf + kept, len - kept, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) != buf + kept) {
         printf("%s: the range could not be mapped again (skipped)\n", s);
         return 9;
     }

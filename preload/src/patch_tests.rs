@@ -1,0 +1,153 @@
+//! Tests of `patch.rs`: patching code pages of our own, decoding other patchers' jumps.
+
+use super::*;
+use std::ffi::c_int;
+use std::sync::atomic::AtomicUsize;
+
+static CALLS: AtomicUsize = AtomicUsize::new(0);
+static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn test_hook(_addr: *mut c_void, len: usize) -> c_int {
+    CALLS.fetch_add(1, Relaxed);
+    LAST_LEN.store(len, Relaxed);
+    0
+}
+
+/// A function in executable memory made of `code` (padded with `int3`).
+fn code_page(code: &[u8]) -> *mut u8 {
+    // SAFETY: a fresh anonymous mapping, written, then made read+execute.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        ) as *mut u8;
+        assert_ne!(p as *mut c_void, libc::MAP_FAILED);
+        std::ptr::write_bytes(p, 0xcc, 4096);
+        std::ptr::copy_nonoverlapping(code.as_ptr(), p, code.len());
+        assert_eq!(
+            libc::mprotect(p as *mut c_void, 4096, libc::PROT_READ | libc::PROT_EXEC),
+            0
+        );
+        p
+    }
+}
+
+// A CET build's munmap: endbr64, then glibc's stub (ret at once: never reached here).
+const CET_MUNMAP: [u8; 20] = [
+    0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff,
+    0x73, 0x01, 0xc3,
+];
+static MUNMAP_STUB: [Prologue; 1] = [syscall_stub(0x0b)];
+
+#[test]
+fn endbr64_stub_is_patched_and_keeps_endbr64_at_the_entry() {
+    let f = code_page(&CET_MUNMAP);
+    let target = Target {
+        name: c"test_cet_munmap",
+        prologues: &MUNMAP_STUB,
+        hook: test_hook as *const () as usize,
+    };
+    // SAFETY: f is our own function of 20 bytes that no thread runs.
+    assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+    // SAFETY: f's code is readable.
+    let entry = unsafe { std::slice::from_raw_parts(f, 4) };
+    assert_eq!(entry, ENDBR64, "endbr64 must stay at the entry");
+    // SAFETY: f now jumps to test_hook, which has this prototype.
+    let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
+    let before = CALLS.load(Relaxed);
+    assert_eq!(call(std::ptr::null_mut(), 12345), 0);
+    assert_eq!(CALLS.load(Relaxed), before + 1, "the hook caught the call");
+    assert_eq!(LAST_LEN.load(Relaxed), 12345);
+}
+
+#[test]
+fn overwriting_only_the_kept_endbr64_is_noticed() {
+    let f = code_page(&CET_MUNMAP);
+    let target = Target {
+        name: c"test_cet_munmap_2",
+        prologues: &MUNMAP_STUB,
+        hook: test_hook as *const () as usize,
+    };
+    // SAFETY: our own function.
+    assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+    assert_eq!(overwritten(), None);
+    // Another patcher puts a 2-byte short jump (to its stub in the padding) at the
+    // entry, over endbr64: calls no longer reach our jump.
+    // SAFETY: our own code page.
+    unsafe {
+        assert_eq!(
+            libc::mprotect(
+                f as *mut c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC
+            ),
+            0
+        );
+        *f = 0xeb;
+        *f.add(1) = 0x40;
+    }
+    assert_eq!(
+        overwritten(),
+        Some(c"test_cet_munmap_2"),
+        "entry overwritten, not noticed"
+    );
+}
+
+#[test]
+fn unknown_prologue_is_refused_untouched() {
+    let mut code = CET_MUNMAP;
+    code[5] = 0x0c; // another system call number
+    let f = code_page(&code);
+    let target = Target {
+        name: c"test_other",
+        prologues: &MUNMAP_STUB,
+        hook: test_hook as *const () as usize,
+    };
+    // SAFETY: as above.
+    assert_eq!(unsafe { patch_at(f, &target) }, Err(PatchError::Unexpected));
+    // SAFETY: readable.
+    assert_eq!(unsafe { std::slice::from_raw_parts(f, 20) }, &code[..]);
+}
+
+#[test]
+fn the_jump_is_not_libfabrics_signature() {
+    // libfabric's memhooks takes 49 bb at 0 and 41 ff e3 at 10 as its own patch.
+    let j = jump(0x1122_3344_5566_7788);
+    assert!(!(j[0] == 0x49 && j[1] == 0xbb && j[10..13] == [0x41, 0xff, 0xe3]));
+}
+
+#[test]
+fn other_patchers_jumps_are_decoded() {
+    // UCX 1.13's bistro: jmp rel32, here backwards.
+    let mut code = [0u8; JUMP_LEN];
+    code[..5].copy_from_slice(&[0xe9, 0xfb, 0xff, 0xff, 0xff]);
+    assert_eq!(foreign_target(0x1000, &code), Some(0x1000));
+    // libfabric's memhooks: movabs r11, imm64; jmp r11.
+    let mut code = [0u8; JUMP_LEN];
+    code[..2].copy_from_slice(&[0x49, 0xbb]);
+    code[2..10].copy_from_slice(&0x7f00_1234_5678u64.to_le_bytes());
+    code[10..13].copy_from_slice(&[0x41, 0xff, 0xe3]);
+    assert_eq!(foreign_target(0, &code), Some(0x7f00_1234_5678));
+    // Our own form decodes to our hook (the caller then sees it is ours).
+    assert_eq!(foreign_target(0, &jump(0xabcd)), Some(0xabcd));
+    // A function's own code is not a jump.
+    let stub = syscall_stub(0x0b);
+    assert_eq!(foreign_target(0, &stub.bytes), None);
+    code[12] = 0xe2;
+    assert_eq!(foreign_target(0, &code), None);
+}
+
+#[test]
+fn brk_prologue_ignores_the_got_displacement() {
+    let mut head = [0u8; 18];
+    head[..14].copy_from_slice(&[
+        0xb8, 0x0c, 0, 0, 0, 0x0f, 0x05, 0x48, 0x8b, 0x15, 0xe2, 0x51, 0x0d, 0,
+    ]);
+    assert_eq!(site_offset(&[BRK], &head), Some(0));
+    head[8] = 0x89;
+    assert_eq!(site_offset(&[BRK], &head), None);
+}
