@@ -286,3 +286,73 @@ fn fast_hit_leaves_verified_hits_to_the_locked_path() {
     assert_eq!(cache.release(h), Released::Kept);
     assert_eq!(cache.try_hit(&r), None, "an unverified hit");
 }
+
+/// A provider that remembers which address each MR it made was registered for.
+#[derive(Default)]
+struct Keyed {
+    next: AtomicUsize,
+    addr_of: Mutex<std::collections::HashMap<usize, usize>>,
+}
+
+impl Registrar for &Keyed {
+    fn register(&self, r: &Request) -> Result<Mr, i32> {
+        let ptr = 0x1000 * (1 + self.next.fetch_add(1, SeqCst));
+        self.addr_of.lock().unwrap().insert(ptr, r.addr);
+        Ok(Mr {
+            ptr,
+            via_wrapper: false,
+        })
+    }
+    fn deregister(&self, _: Mr) -> Result<(), i32> {
+        Ok(())
+    }
+    fn alloc_shadow(&self) -> Option<usize> {
+        Some((1 << 40) + 64 * self.next.fetch_add(1, SeqCst))
+    }
+    fn fill_shadow(&self, slot: usize, mr: Mr, _: usize, _: usize) -> bool {
+        let mut m = self.addr_of.lock().unwrap();
+        let addr = m[&mr.ptr];
+        m.insert(slot, addr);
+        true
+    }
+}
+
+/// Two threads hit their own buffers without the lock while this one churns others
+/// through a cache too small for all of them: evictions free slots that new entries reuse
+/// at once, and move words in the lock-free table under the readers. Every pointer a hit
+/// hands out must be a registration of the requested buffer.
+#[test]
+fn hits_while_slots_are_reused_get_their_own_registration() {
+    let keyed = Keyed::default();
+    let cache = Cache::new(
+        &keyed,
+        Limits {
+            max_entries: 6,
+            ..LIMITS
+        },
+    );
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (cache, done, keyed) = (&cache, &done, &keyed);
+            s.spawn(move || {
+                let own = [0, 1].map(|i| req(0x1_0000_0000 + (2 * t + i) * 0x10_0000));
+                while !done.load(SeqCst) {
+                    for r in &own {
+                        let (h, _) = cache.acquire(r).unwrap();
+                        let addr = keyed.addr_of.lock().unwrap().get(&h).copied();
+                        cache.release(h);
+                        assert_eq!(addr, Some(r.addr), "another buffer's registration");
+                    }
+                }
+            });
+        }
+        for i in 0..100_000usize {
+            let (h, _) = cache
+                .acquire(&req(0x2_0000_0000 + (i % 16) * 0x10_0000))
+                .unwrap();
+            cache.release(h);
+        }
+        done.store(true, SeqCst);
+    });
+}

@@ -16,7 +16,7 @@ impl<R: Registrar> Cache<R> {
         let idle = {
             let mut st = self.lock();
             let mut idle = st.evict_idle(&self.fast, |_| true);
-            for id in st.ids() {
+            for id in st.ids(&self.fast) {
                 // Released on the hit path since evict_idle: gone now.
                 let prev = st.unindex(&self.fast, id);
                 if !slots::dead(prev) && slots::refs(prev) == 0 {
@@ -84,7 +84,7 @@ impl<R: Registrar> Cache<R> {
             // A granted handle is not the provider's object: it cannot change in place.
             Some(Handle::Shadow { .. } | Handle::Granted { .. }) => Detached::Shared,
             None => {
-                let Some(id) = self.fast.by_mr.get(&ptr) else {
+                let Some(id) = self.fast.by_mr(ptr) else {
                     return Detached::NotOurs;
                 };
                 let Some(slot) = self.fast.slots.get(id) else {
@@ -127,7 +127,6 @@ impl<R: Registrar> Cache<R> {
     /// registered through the provider (no MADV_DONTFORK from libibverbs on them).
     pub fn fork_prepare(&self) -> (ForkGuard<'_>, Vec<(usize, usize)>) {
         let st = self.lock();
-        let fast = self.fast.lock_all();
         let ranges = st
             .states(&self.fast)
             // Not dead ones: their memory went away, the range may hold other memory now.
@@ -137,7 +136,7 @@ impl<R: Registrar> Cache<R> {
         (
             ForkGuard {
                 guard: st,
-                fast,
+                fast: &self.fast,
                 queue: self.queue,
             },
             ranges,

@@ -4,19 +4,20 @@
 //!
 //! Locking: one mutex guards the state, and it is never held across a `Registrar` call, so
 //! a slow registration on one thread never stalls lookups on the others. An exact hit on
-//! the provider's own pointer, and its release, do not take it: they go through sharded
-//! maps and one atomic word per entry (`state::Fast`), and only while no invalidation
-//! began since the last drain (`clean`); otherwise they take the locked path, which drains
-//! first. So no lookup that starts after an unmap hook began can hit an entry overlapping
-//! the unmapped range.
+//! the provider's own pointer, and its release, take no lock at all: a probe of a
+//! lock-free table and one compare-and-swap on the entry's state word (`state::Fast`),
+//! and a hit only while no invalidation began since the last drain (`clean`); otherwise
+//! they take the locked path, which drains first. So no lookup that starts after an unmap
+//! hook began can hit an entry overlapping the unmapped range.
 
 mod admin;
-mod shards;
+mod hash;
 mod slots;
 mod state;
+mod table;
 mod types;
 
-use shards::Striped;
+use hash::Striped;
 pub use slots::MAX_SLOTS;
 pub use types::*;
 
@@ -24,8 +25,8 @@ use crate::access::{self, Bypass};
 use crate::config::RemoteMode;
 use crate::invalidation::InvalidationQueue;
 use crate::stats::{Counter, Counters};
-use state::{Claim, Fast, FastGuards, Handle, State, key};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use state::{Claim, Fast, Handle, State, key_hash};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -55,16 +56,16 @@ pub struct Cache<R: Registrar> {
     /// draining and a hit may skip the lock.
     clean: AtomicU64,
     pub stats: Counters,
-    /// Hits, counted apart: the hit path's stripe per shard, so threads working on
+    /// Hits, counted apart in stripes picked by the key's hash, so threads working on
     /// different buffers do not write one cache line (`snapshot` adds them in).
     hits: Striped,
 }
 
-/// The cache lock and every shard of the hit path's maps, held from `fork()`'s prepare
-/// handler to its parent or child handler.
+/// The cache lock (which every writer of the hit path's tables holds), held from
+/// `fork()`'s prepare handler to its parent or child handler.
 pub struct ForkGuard<'a> {
     guard: MutexGuard<'a, State>,
-    fast: FastGuards<'a>,
+    fast: &'a Fast,
     queue: &'static InvalidationQueue,
 }
 
@@ -214,11 +215,9 @@ impl<R: Registrar> Cache<R> {
         if !self.clean() {
             return None;
         }
-        let (released, _) = self.fast.by_mr.with(&ptr, |id| {
-            let slot = self.fast.slots.get(*id?)?;
-            slot.release_primary(false).ok()
-        });
-        released.map(|_| Released::Kept)
+        self.fast.mr_candidates(ptr, |_, slot| {
+            slot.release_if_mr(ptr).then_some(Released::Kept)
+        })
     }
 
     /// Serve a registration: a cached one if one fits, else a new one. Returns the pointer
@@ -248,9 +247,9 @@ impl<R: Registrar> Cache<R> {
             self.deregister_all(&stale);
             st = self.lock();
         }
-        let exact = self.fast.exact.get(&key(req));
+        let exact = self.fast.exact(req);
         let found = exact.map(|id| (id, Outcome::Hit)).or_else(|| {
-            st.find_containing(req, self.limits)
+            st.find_containing(&self.fast, req, self.limits)
                 .map(|id| (id, Outcome::HitContaining))
         });
         if let Some((id, outcome)) = found
@@ -323,7 +322,7 @@ impl<R: Registrar> Cache<R> {
             !quiet || st.raced(req, started, self.queue.started()) || self.stopped.get().is_some();
         // Another thread may have missed on the same key and inserted meanwhile: one
         // cached registration per key (this one is released uncached).
-        let duplicate = self.fast.exact.contains(&key(req));
+        let duplicate = self.fast.exact(req).is_some();
         if fits
             && !raced
             && !duplicate
@@ -383,14 +382,39 @@ impl<R: Registrar> Cache<R> {
             return None;
         }
         let share = !self.limits.shadow;
-        let (ptr, shard) = self.fast.exact.with(&key(req), |id| {
-            // Under the shard lock: the entry cannot leave the map (and its slot be reused)
-            // meanwhile.
-            let slot = self.fast.slots.get(*id?)?;
-            slot.claim_primary(share).then(|| slot.mr.load(Relaxed))
+        let hash = key_hash(req);
+        let ptr = self.fast.exact_candidates(hash, |id, slot| {
+            // Claimed first: while we hold a reference the slot cannot be reused, so the
+            // key compared next is the one of the entry we claimed.
+            if !slot.claim_primary(share) {
+                return None;
+            }
+            if slot.has_key(req) {
+                return Some(slot.mr_ptr());
+            }
+            // Another entry (a hash tag collision, or the slot was reused since the table
+            // word was read): give it back.
+            self.unclaim(id, slot);
+            None
         });
-        self.hits.add(shard, ptr.is_some() as u64);
+        self.hits.add((hash >> 32) as usize, ptr.is_some() as u64);
         ptr
+    }
+
+    /// Undo a lock-free claim on the wrong entry.
+    #[cold]
+    fn unclaim(&self, id: u32, slot: &slots::Slot) {
+        if slot.release_primary(false).is_ok() {
+            return;
+        }
+        // The last reference of an entry that died meanwhile: it goes now.
+        let mut st = self.lock();
+        let gone = match slot.release_primary(true) {
+            Ok(prev) if slots::refs(prev) == 1 && slots::dead(prev) => st.remove(&self.fast, id),
+            _ => None,
+        };
+        drop(st);
+        self.deregister_all(gone.as_slice());
     }
 
     /// A moment with no invalidation in flight, from which on those begun can be checked
@@ -413,7 +437,7 @@ impl<R: Registrar> Cache<R> {
         if !self.registrar.verifies() {
             return true;
         }
-        let mr = match self.lock().entry(id) {
+        let mr = match self.lock().entry(&self.fast, id) {
             Some(e) => e.mr,
             None => return true,
         };
@@ -503,7 +527,7 @@ impl<R: Registrar> Cache<R> {
                     let double = st.spare_shadows.contains(&ptr)
                         || st.released_grants.contains(&ptr)
                         || st.tombstone_set.contains(&ptr)
-                        || self.fast.by_mr.contains(&ptr);
+                        || self.fast.by_mr(ptr).is_some();
                     if double {
                         self.stats.add(Counter::DoubleDeregs, 1);
                         Released::DoubleRelease
@@ -612,3 +636,6 @@ impl<R: Registrar> Cache<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod stale_words;

@@ -1,14 +1,18 @@
-//! Entry slots the hit path reads without the cache lock: each entry's reference counts
-//! and flags are one atomic word, so a hit and its release are one compare-and-swap each.
-//! Every change of that word (by the hit path or under the cache lock) is atomic.
+//! Entry slots the hit path reads without the cache lock: each entry's reference counts,
+//! flags and generation are one atomic word, so a hit and its release are one
+//! compare-and-swap each; the slot also carries the entry's request and provider MR, so
+//! that a lookup can check what it found (one cache line per slot).
 //!
-//! Slots live in chunks that are allocated once and never freed, so a slot id from a map
-//! stays a valid address. A slot is reused only after its id left both maps (under their
-//! shard locks), and the hit path acts on a slot only under the shard lock of the map it
-//! found the id in, so it never acts on a slot that was reused meanwhile.
+//! Slots live in chunks that are allocated once and never freed, so a slot id from a table
+//! stays a valid address. A slot is reused only once dead and unreferenced, and every reuse
+//! bumps its generation: a hit claims first and compares the key after (the key cannot
+//! change while it holds a reference), a release checks the MR pointer and then swaps the
+//! exact state word it checked (any reuse in between changed the generation).
+//! The request fields and flags are written under the cache lock only.
 
+use super::types::{Mr, Request};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 const CHUNK_BITS: u32 = 10;
 const CHUNK: usize = 1 << CHUNK_BITS;
@@ -18,23 +22,32 @@ pub const MAX_SLOTS: usize = CHUNKS * CHUNK;
 
 /// One reference (any holder: the provider's pointer, a shadow, a granted key).
 const REF: u64 = 1;
-const REFS: u64 = (1 << 24) - 1;
+const REFS: u64 = (1 << 16) - 1;
 /// One holder of the provider's own pointer (also counted in the references).
-const HOLDER: u64 = 1 << 24;
-const HOLDERS: u64 = REFS << 24;
-/// Out of the lookup maps: never claimed again; deregistered at the last release.
-pub const DEAD: u64 = 1 << 48;
+const HOLDER: u64 = 1 << 16;
+const HOLDERS: u64 = REFS << 16;
+/// Out of the lookup tables: never claimed again; deregistered at the last release.
+pub const DEAD: u64 = 1 << 32;
 /// The clock bit of the approximate LRU: released since the eviction hand last passed.
-const USED: u64 = 1 << 49;
+const USED: u64 = 1 << 33;
 /// Registered without remote rights: every holder needs a grant (the locked path).
-pub const REVOCABLE: u64 = 1 << 50;
+pub const REVOCABLE: u64 = 1 << 34;
+/// The generation: the bits above, bumped at each reuse of the slot.
+const GEN: u64 = 1 << 35;
+
+/// `Slot::flags`: the slot holds an entry (live or dead).
+const PRESENT: u32 = 1;
+/// The entry is in the range index and the exact-key table.
+const INDEXED: u32 = 2;
+/// `Mr::via_wrapper`.
+const VIA_WRAPPER: u32 = 4;
 
 pub fn refs(s: u64) -> u64 {
     s & REFS
 }
 
 pub fn holders(s: u64) -> u64 {
-    (s & HOLDERS) >> 24
+    (s & HOLDERS) >> 16
 }
 
 pub fn dead(s: u64) -> bool {
@@ -42,10 +55,18 @@ pub fn dead(s: u64) -> bool {
 }
 
 #[derive(Default)]
+#[repr(align(64))]
 pub struct Slot {
     pub state: AtomicU64,
     /// The provider's `ibv_mr *` (what a hit on the primary pointer hands out).
-    pub mr: AtomicUsize,
+    mr: AtomicUsize,
+    pd: AtomicUsize,
+    context: AtomicUsize,
+    addr: AtomicUsize,
+    len: AtomicUsize,
+    iova: AtomicU64,
+    access: AtomicU32,
+    flags: AtomicU32,
 }
 
 impl Slot {
@@ -53,15 +74,77 @@ impl Slot {
         self.state.fetch_update(AcqRel, Acquire, f)
     }
 
-    /// A new entry held once: by the provider's pointer, or (revocable) by a grant.
-    pub fn reset(&self, mr: usize, revocable: bool) {
-        self.mr.store(mr, Relaxed);
+    /// A new entry in this slot (cache lock held), held once: by the provider's pointer,
+    /// or (revocable) by a grant. The slot must be free (dead and unreferenced, or new).
+    pub fn reset(&self, req: &Request, mr: Mr, revocable: bool) {
+        self.mr.store(mr.ptr, Relaxed);
+        self.pd.store(req.pd, Relaxed);
+        self.context.store(req.context, Relaxed);
+        self.addr.store(req.addr, Relaxed);
+        self.len.store(req.len, Relaxed);
+        self.iova.store(req.iova, Relaxed);
+        self.access.store(req.access, Relaxed);
+        let wrapper = if mr.via_wrapper { VIA_WRAPPER } else { 0 };
+        self.flags.store(PRESENT | INDEXED | wrapper, Relaxed);
+        let generation = (self.state.load(Relaxed) & !(GEN - 1)).wrapping_add(GEN);
         let s = if revocable {
             REF | REVOCABLE
         } else {
             REF | HOLDER
         };
-        self.state.store(s, Release);
+        // Release: whoever reads this state word sees the fields above.
+        self.state.store(generation | s, Release);
+    }
+
+    /// The request this slot was last reset with (stable while the caller holds a
+    /// reference or the cache lock).
+    pub fn request(&self) -> Request {
+        Request {
+            pd: self.pd.load(Relaxed),
+            context: self.context.load(Relaxed),
+            addr: self.addr.load(Relaxed),
+            len: self.len.load(Relaxed),
+            iova: self.iova.load(Relaxed),
+            access: self.access.load(Relaxed),
+        }
+    }
+
+    pub fn mr(&self) -> Mr {
+        Mr {
+            ptr: self.mr.load(Relaxed),
+            via_wrapper: self.flags.load(Relaxed) & VIA_WRAPPER != 0,
+        }
+    }
+
+    pub fn mr_ptr(&self) -> usize {
+        self.mr.load(Relaxed)
+    }
+
+    /// Whether the slot was reset for exactly this key (everything but the context).
+    pub fn has_key(&self, r: &Request) -> bool {
+        self.addr.load(Relaxed) == r.addr
+            && self.len.load(Relaxed) == r.len
+            && self.pd.load(Relaxed) == r.pd
+            && self.access.load(Relaxed) == r.access
+            && self.iova.load(Relaxed) == r.iova
+    }
+
+    pub fn present(&self) -> bool {
+        self.flags.load(Relaxed) & PRESENT != 0
+    }
+
+    pub fn indexed(&self) -> bool {
+        self.flags.load(Relaxed) & INDEXED != 0
+    }
+
+    /// Out of the range index and the exact-key table (cache lock held).
+    pub fn set_unindexed(&self) {
+        self.flags.fetch_and(!INDEXED, Relaxed);
+    }
+
+    /// The entry is gone (cache lock held): the slot may be reset.
+    pub fn set_absent(&self) {
+        self.flags.store(0, Relaxed);
     }
 
     /// Hand out the provider's pointer: when nobody holds it, or (`share`, shadows off)
@@ -92,6 +175,28 @@ impl Slot {
             let ok = holders(s) > 0 && refs(s) > 0 && (last_dead || !(last && dead(s)));
             ok.then(|| (s - REF - HOLDER) | if last { USED } else { 0 })
         })
+    }
+
+    /// The lock-free release: give back one holding of the provider's pointer if this slot
+    /// holds `ptr` and this is not the last reference of a dead entry.
+    pub fn release_if_mr(&self, ptr: usize) -> bool {
+        let mut s = self.state.load(Acquire);
+        loop {
+            let last = refs(s) == 1;
+            if holders(s) == 0 || refs(s) == 0 || (last && dead(s)) {
+                return false;
+            }
+            // Stable while the state word is `s`: a slot with holders is not reset, and a
+            // reset after a last release changes the generation.
+            if self.mr.load(Relaxed) != ptr {
+                return false;
+            }
+            let new = (s - REF - HOLDER) | if last { USED } else { 0 };
+            match self.state.compare_exchange_weak(s, new, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(now) => s = now,
+            }
+        }
     }
 
     /// Give back one other reference; the previous state.
@@ -169,6 +274,13 @@ impl Slots {
             .get(id & (CHUNK - 1))
     }
 
+    /// Mark every slot free (in the child after `fork()`).
+    pub fn clear(&self) {
+        for chunk in self.chunks.iter().filter_map(OnceLock::get) {
+            chunk.iter().for_each(Slot::set_absent);
+        }
+    }
+
     /// Bytes of slot memory allocated.
     pub fn bytes(&self) -> usize {
         self.chunks.iter().filter(|c| c.get().is_some()).count() * CHUNK * size_of::<Slot>()
@@ -182,7 +294,19 @@ mod tests {
     #[test]
     fn claims_and_releases() {
         let s = Slot::default();
-        s.reset(0x40, false);
+        let r = Request {
+            pd: 1,
+            context: 2,
+            addr: 0x1000,
+            len: 0x1000,
+            iova: 0x1000,
+            access: 1,
+        };
+        let mr = |ptr| Mr {
+            ptr,
+            via_wrapper: false,
+        };
+        s.reset(&r, mr(0x40), false);
         assert!(!s.claim_primary(false), "held, shadows on");
         assert!(s.claim_primary(true), "held, shared");
         assert_eq!(holders(s.load()), 2);
@@ -192,17 +316,52 @@ mod tests {
         assert!(!s.clock_evict(), "used since the last pass");
         assert!(s.clock_evict());
         assert!(!s.claim_primary(true), "dead");
-        s.reset(0x40, false);
+        s.reset(&r, mr(0x40), false);
         s.kill();
         assert!(
             s.release_primary(false).is_err(),
             "last reference of a dead entry"
         );
         assert_eq!(refs(s.release_primary(true).unwrap()), 1);
-        s.reset(0x80, true);
+        let before = s.load();
+        s.reset(&r, mr(0x80), true);
+        assert_ne!(
+            s.load() & !(GEN - 1),
+            before & !(GEN - 1),
+            "a reuse bumps the generation"
+        );
         assert!(!s.claim_primary(true), "revocable");
         assert!(s.claim_other());
         assert_eq!(refs(s.release_other()), 2);
         assert!(!s.kill_if_sole());
+    }
+
+    #[test]
+    fn lock_free_release_checks_the_pointer() {
+        let s = Slot::default();
+        let r = Request {
+            pd: 1,
+            context: 2,
+            addr: 0x1000,
+            len: 0x1000,
+            iova: 0x1000,
+            access: 1,
+        };
+        s.reset(
+            &r,
+            Mr {
+                ptr: 0x40,
+                via_wrapper: true,
+            },
+            false,
+        );
+        assert!(s.has_key(&r) && s.mr().via_wrapper && s.present() && s.indexed());
+        assert!(!s.release_if_mr(0x80), "another pointer");
+        assert!(s.claim_primary(true));
+        assert!(s.release_if_mr(0x40));
+        s.kill();
+        assert!(!s.release_if_mr(0x40), "last reference of a dead entry");
+        assert!(s.release_primary(true).is_ok());
+        assert!(!s.release_if_mr(0x40), "nobody holds it");
     }
 }

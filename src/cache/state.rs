@@ -1,18 +1,18 @@
 //! What the cache lock guards, and the lookup structures the hit path shares with it.
 //!
-//! `Fast` (the exact-key map, the MR map and the slots) is read by the hit path without the
-//! cache lock; entries enter and leave it only under the lock. `State` holds the rest: the
-//! range index (containing-range lookups and invalidation), each entry's request, the
-//! handles that are not the provider's own pointer, and the bookkeeping of what was
-//! deregistered.
+//! `Fast` (the slots, which hold each entry's request, MR and state word, and the tables of
+//! the exact key and of the MR pointer) is read by the hit path without the cache lock;
+//! entries enter and leave it only under the lock. `State` holds the rest: the range index
+//! (containing-range lookups and invalidation), the handles that are not the provider's own
+//! pointer, and the bookkeeping of what was deregistered.
 
-use super::shards::{Shard, Shards};
-use super::slots::{self, Slots};
+use super::hash::hash_of;
+use super::slots::{self, Slot, Slots};
+use super::table::Table;
 use super::types::{Limits, Mr, Request};
 use crate::access;
 use crate::index::RangeIndex;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::MutexGuard;
 
 /// How many drained invalidations are remembered for the registration race check.
 const RECENT: usize = 1024;
@@ -25,42 +25,87 @@ pub fn key(r: &Request) -> Key {
     (r.pd, r.addr, r.len, r.access, r.iova)
 }
 
+/// The hash of a request's exact key.
+pub fn key_hash(r: &Request) -> u64 {
+    hash_of(&key(r))
+}
+
+/// The hash of a provider MR pointer.
+pub fn mr_hash(ptr: usize) -> u64 {
+    hash_of(&ptr)
+}
+
+/// What the hit path reads without the cache lock; entries enter and leave the tables
+/// under the lock only.
 #[derive(Default)]
 pub struct Fast {
     pub slots: Slots,
-    /// Every live entry by its exact request: the hit path's lookup.
-    pub exact: Shards<Key, u32>,
-    /// Every entry by its provider MR pointer: the release path's lookup.
-    pub by_mr: Shards<usize, u32>,
-}
-
-/// Both maps locked (across `fork()`).
-pub struct FastGuards<'a> {
-    exact: Vec<MutexGuard<'a, Shard<Key, u32>>>,
-    by_mr: Vec<MutexGuard<'a, Shard<usize, u32>>>,
+    /// Every indexed entry by its exact request: the hit path's lookup.
+    pub(super) exact: Table,
+    /// Every present entry by its provider MR pointer: the release path's lookup.
+    pub(super) by_mr: Table,
 }
 
 impl Fast {
-    pub fn lock_all(&self) -> FastGuards<'_> {
-        FastGuards {
-            exact: self.exact.lock_all(),
-            by_mr: self.by_mr.lock_all(),
-        }
+    /// Lock-free: call `f` on each slot that may hold `req`'s key (unvalidated).
+    pub fn exact_candidates<R>(
+        &self,
+        hash: u64,
+        mut f: impl FnMut(u32, &Slot) -> Option<R>,
+    ) -> Option<R> {
+        self.exact.find(hash, |id| f(id, self.slots.get(id)?))
+    }
+
+    /// Lock-free: call `f` on each slot that may hold MR pointer `ptr` (unvalidated).
+    pub fn mr_candidates<R>(
+        &self,
+        ptr: usize,
+        mut f: impl FnMut(u32, &Slot) -> Option<R>,
+    ) -> Option<R> {
+        self.by_mr
+            .find(mr_hash(ptr), |id| f(id, self.slots.get(id)?))
+    }
+
+    /// The indexed entry of exactly `req` (exact under the cache lock).
+    pub fn exact(&self, req: &Request) -> Option<u32> {
+        self.exact_candidates(key_hash(req), |id, s| {
+            (s.present() && s.indexed() && s.has_key(req)).then_some(id)
+        })
+    }
+
+    /// The present entry of MR pointer `ptr` (exact under the cache lock).
+    pub fn by_mr(&self, ptr: usize) -> Option<u32> {
+        self.mr_candidates(ptr, |id, s| {
+            (s.present() && s.mr_ptr() == ptr).then_some(id)
+        })
+    }
+
+    pub(super) fn slot_key_hash(&self, id: u32) -> u64 {
+        self.slots.get(id).map_or(0, |s| key_hash(&s.request()))
+    }
+
+    pub(super) fn slot_mr_hash(&self, id: u32) -> u64 {
+        self.slots.get(id).map_or(0, |s| mr_hash(s.mr_ptr()))
+    }
+
+    /// Forget every entry (in the child after `fork()`).
+    pub fn clear(&self) {
+        self.slots.clear();
+        self.exact.clear();
+        self.by_mr.clear();
+    }
+
+    /// Bytes of the slots and both tables.
+    pub fn bytes(&self) -> usize {
+        self.slots.bytes() + self.exact.bytes() + self.by_mr.bytes()
     }
 }
 
-impl FastGuards<'_> {
-    pub fn clear(&mut self) {
-        self.exact.iter_mut().for_each(|m| m.clear());
-        self.by_mr.iter_mut().for_each(|m| m.clear());
-    }
-}
-
+/// An entry's request and MR, as its slot holds them.
+#[derive(Clone, Copy)]
 pub struct Entry {
     pub req: Request,
     pub mr: Mr,
-    /// In the range index and the exact map.
-    indexed: bool,
 }
 
 pub enum Handle {
@@ -84,7 +129,8 @@ pub enum Claim {
 
 #[derive(Default)]
 pub struct State {
-    entries: Vec<Option<Entry>>,
+    /// Slot ids ever used: every entry's id is below.
+    next_id: u32,
     free_ids: Vec<u32>,
     pub index: RangeIndex,
     /// Handles other than the provider's own pointer (those are counted in the slots).
@@ -174,30 +220,35 @@ impl State {
         seen != now - started
     }
 
-    pub fn entry(&self, id: u32) -> Option<&Entry> {
-        self.entries.get(id as usize).and_then(Option::as_ref)
+    /// The entry in slot `id`, if one is (live or dead).
+    pub fn entry(&self, f: &Fast, id: u32) -> Option<Entry> {
+        let slot = f.slots.get(id).filter(|s| s.present())?;
+        Some(Entry {
+            req: slot.request(),
+            mr: slot.mr(),
+        })
     }
 
     /// Ids of every entry (live or dead, still present).
-    pub fn ids(&self) -> Vec<u32> {
-        (0..self.entries.len() as u32)
-            .filter(|&id| self.entry(id).is_some())
+    pub fn ids(&self, f: &Fast) -> Vec<u32> {
+        (0..self.next_id)
+            .filter(|&id| f.slots.get(id).is_some_and(Slot::present))
             .collect()
     }
 
     /// Entries with their slot states.
-    pub fn states<'a>(&'a self, f: &'a Fast) -> impl Iterator<Item = (&'a Entry, u64)> + 'a {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(move |(id, e)| Some((e.as_ref()?, f.slots.get(id as u32)?.load())))
+    pub fn states<'a>(&'a self, f: &'a Fast) -> impl Iterator<Item = (Entry, u64)> + 'a {
+        (0..self.next_id).filter_map(move |id| {
+            let state = f.slots.get(id)?.load();
+            Some((self.entry(f, id)?, state))
+        })
     }
 
-    pub fn find_containing(&self, req: &Request, limits: Limits) -> Option<u32> {
+    pub fn find_containing(&self, f: &Fast, req: &Request, limits: Limits) -> Option<u32> {
         let mut best: Option<(usize, u32)> = None;
         self.index
             .for_each_overlap(req.addr, req.end(), |id, s, e| {
-                let Some(ent) = self.entry(id) else { return };
+                let Some(ent) = self.entry(f, id) else { return };
                 let same_range = (s, e) == (req.addr, req.end());
                 let usable = ent.req.pd == req.pd
                     && ent.req.natural_iova()
@@ -220,7 +271,7 @@ impl State {
     /// Take a reference on entry `id` for `req` and decide which pointer the app gets.
     /// None: the entry cannot take another reference (treat as a miss).
     pub fn claim(&mut self, f: &Fast, id: u32, req: &Request, shadow: bool) -> Option<Claim> {
-        let e = self.entry(id)?;
+        let e = self.entry(f, id)?;
         let slot = f.slots.get(id)?;
         let same_range = (e.req.addr, e.req.len) == (req.addr, req.len);
         let mr = e.mr;
@@ -244,7 +295,7 @@ impl State {
 
     /// Drop one holding of the provider's pointer `ptr`. Err: nobody holds it.
     pub fn release_primary(&mut self, f: &Fast, ptr: usize) -> Result<Option<Mr>, ()> {
-        let id = f.by_mr.get(&ptr).ok_or(())?;
+        let id = f.by_mr(ptr).ok_or(())?;
         let prev = f
             .slots
             .get(id)
@@ -262,13 +313,10 @@ impl State {
         }
     }
 
-    /// Bytes of lookup metadata: the slots, both maps' tables, the entries and the range
-    /// index (its B-tree nodes estimated at their element size).
+    /// Bytes of lookup metadata: the slots (the entries themselves), both tables, and the
+    /// range index (its B-tree nodes estimated at their element size).
     pub fn metadata_bytes(&self, f: &Fast) -> usize {
-        f.slots.bytes()
-            + f.exact.table_bytes()
-            + f.by_mr.table_bytes()
-            + self.entries.capacity() * size_of::<Option<Entry>>()
+        f.bytes()
             + self.free_ids.capacity() * 4
             + self.index.len() * 2 * size_of::<((usize, u32), usize)>()
     }
@@ -286,12 +334,12 @@ impl State {
         }
         while !self.fits(len, limits) {
             // Two passes: the first may only clear clock bits.
-            let n = self.entries.len();
+            let n = self.next_id as usize;
             let victim = (0..2 * n).find_map(|_| {
                 let id = self.hand % n.max(1);
                 self.hand = id + 1;
-                let live = self.entry(id as u32).is_some_and(|e| e.indexed);
-                (live && f.slots.get(id as u32)?.clock_evict()).then_some(id as u32)
+                let slot = f.slots.get(id as u32)?;
+                (slot.present() && slot.indexed() && slot.clock_evict()).then_some(id as u32)
             });
             let Some(id) = victim else {
                 return (evicted, false);
@@ -303,9 +351,10 @@ impl State {
 
     pub fn evict_idle(&mut self, f: &Fast, pred: impl Fn(&Entry) -> bool) -> Vec<Mr> {
         let ids: Vec<u32> = self
-            .ids()
+            .ids(f)
             .into_iter()
-            .filter(|&id| self.entry(id).is_some_and(|e| e.indexed && pred(e)))
+            .filter(|&id| f.slots.get(id).is_some_and(Slot::indexed))
+            .filter(|&id| self.entry(f, id).is_some_and(|e| pred(&e)))
             .filter(|&id| f.slots.get(id).is_some_and(|s| s.kill_if_idle()))
             .collect();
         ids.iter().filter_map(|&id| self.remove(f, id)).collect()
@@ -316,26 +365,19 @@ impl State {
     pub fn insert(&mut self, f: &Fast, req: Request, mr: Mr, grant: Option<usize>) -> bool {
         let id = match self.free_ids.last() {
             Some(&id) => id,
-            None => self.entries.len() as u32,
+            None => self.next_id,
         };
         let Some(slot) = f.slots.ensure(id) else {
             return false;
         };
-        slot.reset(mr.ptr, grant.is_some());
-        let e = Entry {
-            req,
-            mr,
-            indexed: true,
-        };
-        if self.free_ids.pop().is_some() {
-            self.entries[id as usize] = Some(e);
-        } else {
-            self.entries.push(Some(e));
+        slot.reset(&req, mr, grant.is_some());
+        if self.free_ids.pop().is_none() {
+            self.next_id += 1;
         }
         self.unbury(mr.ptr);
         self.index.insert(req.addr, req.end(), id);
-        f.exact.insert(key(&req), id);
-        f.by_mr.insert(mr.ptr, id);
+        f.exact.insert(key_hash(&req), id, |i| f.slot_key_hash(i));
+        f.by_mr.insert(mr_hash(mr.ptr), id, |i| f.slot_mr_hash(i));
         if let Some(h) = grant {
             self.released_grants.remove(&h);
             self.handles.insert(h, Handle::Granted { id });
@@ -348,24 +390,26 @@ impl State {
     /// Take the entry out of the lookup structures (it can no longer be hit) and mark it
     /// dead; the slot's previous state.
     pub fn unindex(&mut self, f: &Fast, id: u32) -> u64 {
-        let Some(e) = self.entries.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(slot) = f.slots.get(id).filter(|s| s.present()) else {
             return slots::DEAD;
         };
-        if e.indexed {
-            e.indexed = false;
-            let req = e.req;
+        if slot.indexed() {
+            let req = slot.request();
             self.index.remove(req.addr, req.end(), id);
-            // Out of the map first: from then on no hit can claim it.
-            f.exact.remove_if(&key(&req), |&v| v == id);
+            // Out of the table first: from then on no lookup finds it (one that found it
+            // just before fails its claim once the slot is dead).
+            f.exact.remove(key_hash(&req), id, |i| f.slot_key_hash(i));
+            slot.set_unindexed();
         }
-        f.slots.get(id).map_or(slots::DEAD, |s| s.kill())
+        slot.kill()
     }
 
     /// Forget the entry entirely; returns its MR for deregistration.
     pub fn remove(&mut self, f: &Fast, id: u32) -> Option<Mr> {
         self.unindex(f, id);
-        let e = self.entries.get_mut(id as usize)?.take()?;
-        f.by_mr.remove_if(&e.mr.ptr, |&v| v == id);
+        let e = self.entry(f, id)?;
+        f.by_mr.remove(mr_hash(e.mr.ptr), id, |i| f.slot_mr_hash(i));
+        f.slots.get(id)?.set_absent();
         self.bury(e.mr.ptr);
         self.in_flight
             .entry(e.mr.ptr)
