@@ -356,3 +356,32 @@ fn hits_while_slots_are_reused_get_their_own_registration() {
         done.store(true, SeqCst);
     });
 }
+
+/// Lock-free hits are counted in their entry's state word and flushed to the cache's
+/// counter in bulk: every one is counted, across flushes and on two threads at once.
+#[test]
+fn every_lock_free_hit_is_counted() {
+    let fake = Fake::default();
+    let cache = Cache::new(
+        &fake,
+        Limits {
+            shadow: false,
+            ..LIMITS
+        },
+    );
+    let r = req(0x10_0000);
+    let (h, _) = cache.acquire(&r).unwrap();
+    cache.release(h);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    assert_eq!(cache.acquire(&r).unwrap(), (h, Outcome::Hit));
+                    cache.release(h);
+                }
+            });
+        }
+    });
+    let counts = cache.snapshot().counts;
+    assert_eq!(counts[Counter::Hits], 40_000);
+}

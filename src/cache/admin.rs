@@ -153,7 +153,7 @@ impl<R: Registrar> Cache<R> {
             (st.count as u64, st.bytes, idle as u64)
         };
         let mut counts = self.stats.counts();
-        counts[Counter::Hits] += self.hits.load();
+        counts[Counter::Hits] += self.hits.load().wrapping_add(self.fast.slots.hits());
         StatsSnapshot {
             counts,
             entries,

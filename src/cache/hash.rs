@@ -66,7 +66,11 @@ impl Striped {
     }
 
     pub fn load(&self) -> u64 {
-        self.cells.iter().map(|c| c.0.load(Relaxed)).sum()
+        // Wrapping: a stripe may have been counted down below zero (`add` of a negative
+        // number, wrapped) while another was counted up.
+        self.cells
+            .iter()
+            .fold(0u64, |n, c| n.wrapping_add(c.0.load(Relaxed)))
     }
 }
 

@@ -56,8 +56,10 @@ pub struct Cache<R: Registrar> {
     /// draining and a hit may skip the lock.
     clean: AtomicU64,
     pub stats: Counters,
-    /// Hits, counted apart in stripes picked by the key's hash, so threads working on
-    /// different buffers do not write one cache line (`snapshot` adds them in).
+    /// Hits, counted apart: those of the lock-free path in their slots' state words and
+    /// flushed here in bulk, the others here, in stripes picked by the key's hash, so
+    /// threads working on different buffers do not write one cache line (`snapshot` adds
+    /// them all in).
     hits: Striped,
 }
 
@@ -383,11 +385,12 @@ impl<R: Registrar> Cache<R> {
         }
         let share = !self.limits.shadow;
         let hash = key_hash(req);
-        let ptr = self.fast.exact_candidates(hash, |id, slot| {
+        self.fast.exact_candidates(hash, |id, slot| {
             // Claimed first: while we hold a reference the slot cannot be reused, so the
             // key compared next is the one of the entry we claimed.
-            if !slot.claim_primary(share) {
-                return None;
+            let flushed = slot.claim_hit(share)?;
+            if flushed != 0 {
+                self.hits.add(hash as usize, flushed);
             }
             if slot.has_key(req) {
                 return Some(slot.mr_ptr());
@@ -396,14 +399,13 @@ impl<R: Registrar> Cache<R> {
             // word was read): give it back.
             self.unclaim(id, slot);
             None
-        });
-        self.hits.add((hash >> 32) as usize, ptr.is_some() as u64);
-        ptr
+        })
     }
 
-    /// Undo a lock-free claim on the wrong entry.
+    /// Undo a lock-free claim on the wrong entry, and the hit it counted.
     #[cold]
     fn unclaim(&self, id: u32, slot: &slots::Slot) {
+        self.hits.add(id as usize, 1u64.wrapping_neg());
         if slot.release_primary(false).is_ok() {
             return;
         }

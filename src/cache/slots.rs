@@ -22,18 +22,24 @@ pub const MAX_SLOTS: usize = CHUNKS * CHUNK;
 
 /// One reference (any holder: the provider's pointer, a shadow, a granted key).
 const REF: u64 = 1;
-const REFS: u64 = (1 << 16) - 1;
+const REFS: u64 = (1 << 14) - 1;
 /// One holder of the provider's own pointer (also counted in the references).
-const HOLDER: u64 = 1 << 16;
-const HOLDERS: u64 = REFS << 16;
+const HOLDER: u64 = 1 << 14;
+const HOLDERS: u64 = REFS << 14;
 /// Out of the lookup tables: never claimed again; deregistered at the last release.
-pub const DEAD: u64 = 1 << 32;
+pub const DEAD: u64 = 1 << 28;
 /// The clock bit of the approximate LRU: released since the eviction hand last passed.
-const USED: u64 = 1 << 33;
+const USED: u64 = 1 << 29;
 /// Registered without remote rights: every holder needs a grant (the locked path).
-pub const REVOCABLE: u64 = 1 << 34;
+pub const REVOCABLE: u64 = 1 << 30;
+/// Lock-free hits counted in the slot itself (the claim's own compare-and-swap counts
+/// them, no shared counter is written); when the field is full the claim empties it and
+/// its caller adds `HITS_FLUSHED` to the cache's counter.
+const HIT: u64 = 1 << 31;
+const HITS: u64 = ((1 << 14) - 1) * HIT;
+pub const HITS_FLUSHED: u64 = 1 << 14;
 /// The generation: the bits above, bumped at each reuse of the slot.
-const GEN: u64 = 1 << 35;
+const GEN: u64 = 1 << 45;
 
 /// `Slot::flags`: the slot holds an entry (live or dead).
 const PRESENT: u32 = 1;
@@ -47,11 +53,16 @@ pub fn refs(s: u64) -> u64 {
 }
 
 pub fn holders(s: u64) -> u64 {
-    (s & HOLDERS) >> 16
+    (s & HOLDERS) >> 14
 }
 
 pub fn dead(s: u64) -> bool {
     s & DEAD != 0
+}
+
+/// Hits counted in the slot and not yet flushed to the cache's counter.
+pub fn hits(s: u64) -> u64 {
+    (s & HITS) / HIT
 }
 
 #[derive(Default)]
@@ -86,7 +97,9 @@ impl Slot {
         self.access.store(req.access, Relaxed);
         let wrapper = if mr.via_wrapper { VIA_WRAPPER } else { 0 };
         self.flags.store(PRESENT | INDEXED | wrapper, Relaxed);
-        let generation = (self.state.load(Relaxed) & !(GEN - 1)).wrapping_add(GEN);
+        // The hits counted here stay (`Cache::snapshot` adds every slot's).
+        let old = self.state.load(Relaxed);
+        let generation = (old & !(GEN - 1)).wrapping_add(GEN) | (old & HITS);
         let s = if revocable {
             REF | REVOCABLE
         } else {
@@ -158,6 +171,33 @@ impl Slot {
             ok.then_some(s + REF + HOLDER)
         })
         .is_ok()
+    }
+
+    /// `claim_primary` for the lock-free hit path, counting the hit in the slot: the hits
+    /// to add to the cache's counter (0, or `HITS_FLUSHED` when the field was full).
+    pub fn claim_hit(&self, share: bool) -> Option<u64> {
+        let mut s = self.state.load(Relaxed);
+        loop {
+            let ok = s & (DEAD | REVOCABLE) == 0
+                && refs(s) < REFS
+                && holders(s) < REFS
+                && (holders(s) == 0 || share);
+            if !ok {
+                return None;
+            }
+            let (counted, flushed) = if s & HITS == HITS {
+                (s & !HITS, HITS_FLUSHED)
+            } else {
+                (s + HIT, 0)
+            };
+            match self
+                .state
+                .compare_exchange_weak(s, counted + REF + HOLDER, AcqRel, Relaxed)
+            {
+                Ok(_) => return Some(flushed),
+                Err(now) => s = now,
+            }
+        }
     }
 
     /// One more reference that is not the provider's pointer (a shadow or a grant).
@@ -281,6 +321,16 @@ impl Slots {
         }
     }
 
+    /// Hits counted in the slots and not yet flushed (see `HITS_FLUSHED`).
+    pub fn hits(&self) -> u64 {
+        self.chunks
+            .iter()
+            .filter_map(OnceLock::get)
+            .flat_map(|c| c.iter())
+            .map(|s| hits(s.load()))
+            .sum()
+    }
+
     /// Bytes of slot memory allocated.
     pub fn bytes(&self) -> usize {
         self.chunks.iter().filter(|c| c.get().is_some()).count() * CHUNK * size_of::<Slot>()
@@ -363,5 +413,39 @@ mod tests {
         assert!(!s.release_if_mr(0x40), "last reference of a dead entry");
         assert!(s.release_primary(true).is_ok());
         assert!(!s.release_if_mr(0x40), "nobody holds it");
+    }
+
+    #[test]
+    fn lock_free_hits_are_counted_in_the_slot_and_flushed_when_full() {
+        let s = Slot::default();
+        let r = Request {
+            pd: 1,
+            context: 2,
+            addr: 0x1000,
+            len: 0x1000,
+            iova: 0x1000,
+            access: 1,
+        };
+        let mr = Mr {
+            ptr: 0x40,
+            via_wrapper: false,
+        };
+        s.reset(&r, mr, false);
+        assert!(s.release_if_mr(0x40));
+        let mut flushed = 0;
+        for _ in 0..HITS_FLUSHED + 5 {
+            flushed += s.claim_hit(false).unwrap();
+            assert!(s.release_if_mr(0x40));
+        }
+        assert_eq!(flushed, HITS_FLUSHED);
+        assert_eq!(hits(s.load()), 5);
+        assert_eq!(refs(s.load()), 0);
+        assert!(s.claim_hit(false).is_some());
+        assert!(s.claim_hit(false).is_none(), "held, not shared");
+        s.kill();
+        assert!(s.claim_hit(true).is_none(), "dead");
+        assert!(s.release_primary(true).is_ok());
+        s.reset(&r, mr, false);
+        assert_eq!(hits(s.load()), 6, "a reuse keeps the slot's count");
     }
 }

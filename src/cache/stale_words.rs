@@ -78,6 +78,11 @@ fn a_hit_through_another_keys_word_hands_nothing_out() {
         0,
         "B kept a reference from the failed claim"
     );
+    assert_eq!(
+        cache.snapshot().counts[Counter::Hits],
+        0,
+        "the failed claim counted a hit"
+    );
 }
 
 #[test]
