@@ -58,6 +58,7 @@ pub fn rereg_args_valid(flags: i32, addr: usize, len: usize, access: i32) -> boo
 }
 
 /// Decide whether a registration request can go through the cache.
+#[inline]
 pub fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
     if access & ON_DEMAND != 0 {
         return Err(Bypass::OnDemand);

@@ -140,6 +140,7 @@ impl InvalidationQueue {
         (started == finished).then_some(started)
     }
 
+    #[inline]
     pub fn started(&self) -> u64 {
         self.started.load(SeqCst)
     }

@@ -37,6 +37,7 @@ impl Hasher for WordHasher {
     }
 }
 
+#[inline]
 pub fn hash_of<K: Hash>(k: &K) -> u64 {
     let mut h = WordHasher::default();
     k.hash(&mut h);
@@ -61,6 +62,7 @@ impl Default for Striped {
 }
 
 impl Striped {
+    #[inline]
     pub fn add(&self, stripe: usize, n: u64) {
         self.cells[stripe % STRIPES].0.fetch_add(n, Relaxed);
     }

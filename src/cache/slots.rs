@@ -111,6 +111,7 @@ impl Slot {
 
     /// The request this slot was last reset with (stable while the caller holds a
     /// reference or the cache lock).
+    #[inline]
     pub fn request(&self) -> Request {
         Request {
             pd: self.pd.load(Relaxed),
@@ -129,11 +130,13 @@ impl Slot {
         }
     }
 
+    #[inline]
     pub fn mr_ptr(&self) -> usize {
         self.mr.load(Relaxed)
     }
 
     /// Whether the slot was reset for exactly this key (everything but the context).
+    #[inline]
     pub fn has_key(&self, r: &Request) -> bool {
         self.addr.load(Relaxed) == r.addr
             && self.len.load(Relaxed) == r.len
@@ -175,6 +178,7 @@ impl Slot {
 
     /// `claim_primary` for the lock-free hit path, counting the hit in the slot: the hits
     /// to add to the cache's counter (0, or `HITS_FLUSHED` when the field was full).
+    #[inline]
     pub fn claim_hit(&self, share: bool) -> Option<u64> {
         let mut s = self.state.load(Relaxed);
         loop {
@@ -219,6 +223,7 @@ impl Slot {
 
     /// The lock-free release: give back one holding of the provider's pointer if this slot
     /// holds `ptr` and this is not the last reference of a dead entry.
+    #[inline]
     pub fn release_if_mr(&self, ptr: usize) -> bool {
         let mut s = self.state.load(Acquire);
         loop {
@@ -297,6 +302,7 @@ impl Default for Slots {
 }
 
 impl Slots {
+    #[inline]
     pub fn get(&self, id: u32) -> Option<&Slot> {
         let id = id as usize;
         self.chunks

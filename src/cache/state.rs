@@ -26,11 +26,13 @@ pub fn key(r: &Request) -> Key {
 }
 
 /// The hash of a request's exact key.
+#[inline]
 pub fn key_hash(r: &Request) -> u64 {
     hash_of(&key(r))
 }
 
 /// The hash of a provider MR pointer.
+#[inline]
 pub fn mr_hash(ptr: usize) -> u64 {
     hash_of(&ptr)
 }
@@ -48,6 +50,7 @@ pub struct Fast {
 
 impl Fast {
     /// Lock-free: call `f` on each slot that may hold `req`'s key (unvalidated).
+    #[inline]
     pub fn exact_candidates<R>(
         &self,
         hash: u64,
@@ -57,6 +60,7 @@ impl Fast {
     }
 
     /// Lock-free: call `f` on each slot that may hold MR pointer `ptr` (unvalidated).
+    #[inline]
     pub fn mr_candidates<R>(
         &self,
         ptr: usize,

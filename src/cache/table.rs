@@ -64,6 +64,7 @@ impl Table {
         self.levels[l].get_or_init(|| words(1 << (MIN_BITS as usize + l)))
     }
 
+    /// The current table (for writers: allocated if need be).
     fn table(&self) -> &[AtomicU32] {
         self.level(self.current.load(Acquire))
     }
@@ -71,8 +72,10 @@ impl Table {
     /// Call `f` on every candidate id for `hash`, in probe order, until it returns Some.
     /// Lock-free; candidates are unvalidated and one present may be missed while a writer
     /// moves it.
+    #[inline]
     pub fn find<R>(&self, hash: u64, mut f: impl FnMut(u32) -> Option<R>) -> Option<R> {
-        let t = self.table();
+        // Published only once allocated and filled.
+        let t = self.levels[self.current.load(Acquire)].get()?;
         let mask = t.len() - 1;
         let want = tag(hash);
         let mut i = hash as usize & mask;
