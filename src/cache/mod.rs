@@ -12,6 +12,7 @@
 
 mod admin;
 mod hash;
+mod lock_free;
 mod slots;
 mod state;
 mod table;
@@ -26,7 +27,7 @@ use crate::config::RemoteMode;
 use crate::invalidation::InvalidationQueue;
 use crate::stats::{Counter, Counters};
 use state::{Claim, Fast, Handle, State, key_hash};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -55,6 +56,9 @@ pub struct Cache<R: Registrar> {
     /// (all of them drained): while the queue's count still equals it, nothing needs
     /// draining and a hit may skip the lock.
     clean: AtomicU64,
+    /// A dead entry lost its last reference on the lock-free path (`unclaim`): the next
+    /// drain removes it.
+    stranded: AtomicBool,
     pub stats: Counters,
     /// Hits, counted apart: those of the lock-free path in their slots' state words and
     /// flushed here in bulk, the others here, in stripes picked by the key's hash, so
@@ -109,6 +113,7 @@ impl<R: Registrar> Cache<R> {
             remote: RemoteMode::Keep,
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),
+            stranded: AtomicBool::new(false),
             stats: Counters::new(),
             hits: Striped::default(),
         }
@@ -153,14 +158,17 @@ impl<R: Registrar> Cache<R> {
         if let Some(started) = quiet {
             self.clean.store(started, SeqCst);
         }
+        // After `clean`: an entry stranded after this swap leaves `clean` unset.
+        if self.stranded.swap(false, SeqCst) {
+            let f = &self.fast;
+            for id in st.ids(f) {
+                let s = f.slots.get(id).map_or(0, |s| s.load());
+                if slots::dead(s) && slots::refs(s) == 0 {
+                    to_dereg.extend(st.remove(f, id));
+                }
+            }
+        }
         to_dereg
-    }
-
-    /// Whether no invalidation began since the last complete drain (the hit path may skip
-    /// the lock). An unmap hook counts itself begun before the memory changes, so a lookup
-    /// that starts after that sees it here.
-    fn clean(&self) -> bool {
-        self.queue.started() == self.clean.load(SeqCst)
     }
 
     /// Apply pending invalidations now and deregister what they freed (the background
@@ -189,37 +197,6 @@ impl<R: Registrar> Cache<R> {
         // A poisoned lock means a panic was caught mid-update at the FFI boundary; the
         // state is still structurally sound (every update is a few plain assignments).
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The fast attempt at an exact hit, for a caller that cannot afford more (the preload
-    /// shell calls it before its re-entrancy guard and panic shield). It does what
-    /// `acquire` does before taking its lock: the request must be cacheable, caching on,
-    /// remote keys kept, verification off; then an exact hit on the provider's own pointer,
-    /// counted. Promises: never takes the cache lock, never allocates, never calls the
-    /// registrar, never panics. `None`: nothing was changed; take `acquire`.
-    pub fn try_hit(&self, req: &Request) -> Option<usize> {
-        if access::classify(req.addr, req.len, req.access).is_err()
-            || self.stopped.get().is_some()
-            || (req.access & access::REMOTE != 0 && self.remote != RemoteMode::Keep)
-            || self.registrar.verifies()
-        {
-            return None;
-        }
-        self.hit_unlocked(req)
-    }
-
-    /// The fast attempt at `release`: give back one holding of a live entry's provider
-    /// pointer. Promises as `try_hit`: no cache lock, no allocation, no registrar call, no
-    /// panic. `Some(Released::Kept)`: released. `None`: nothing was changed; take
-    /// `release` (not ours, a handle of another kind, a second release, the last
-    /// reference of an invalidated entry, or invalidations to drain first).
-    pub fn try_release(&self, ptr: usize) -> Option<Released> {
-        if !self.clean() {
-            return None;
-        }
-        self.fast.mr_candidates(ptr, |_, slot| {
-            slot.release_if_mr(ptr).then_some(Released::Kept)
-        })
     }
 
     /// Serve a registration: a cached one if one fits, else a new one. Returns the pointer
@@ -375,48 +352,6 @@ impl<R: Registrar> Cache<R> {
 
     fn bypass_remote(&self) -> AcquireError {
         AcquireError::Bypass(Bypass::Remote)
-    }
-
-    /// An exact hit on the provider's own pointer without the cache lock, when no
-    /// invalidation began since the last drain; None: take the locked path.
-    fn hit_unlocked(&self, req: &Request) -> Option<usize> {
-        if !self.clean() {
-            return None;
-        }
-        let share = !self.limits.shadow;
-        let hash = key_hash(req);
-        self.fast.exact_candidates(hash, |id, slot| {
-            // Claimed first: while we hold a reference the slot cannot be reused, so the
-            // key compared next is the one of the entry we claimed.
-            let flushed = slot.claim_hit(share)?;
-            if flushed != 0 {
-                self.hits.add(hash as usize, flushed);
-            }
-            if slot.has_key(req) {
-                return Some(slot.mr_ptr());
-            }
-            // Another entry (a hash tag collision, or the slot was reused since the table
-            // word was read): give it back.
-            self.unclaim(id, slot);
-            None
-        })
-    }
-
-    /// Undo a lock-free claim on the wrong entry, and the hit it counted.
-    #[cold]
-    fn unclaim(&self, id: u32, slot: &slots::Slot) {
-        self.hits.add(id as usize, 1u64.wrapping_neg());
-        if slot.release_primary(false).is_ok() {
-            return;
-        }
-        // The last reference of an entry that died meanwhile: it goes now.
-        let mut st = self.lock();
-        let gone = match slot.release_primary(true) {
-            Ok(prev) if slots::refs(prev) == 1 && slots::dead(prev) => st.remove(&self.fast, id),
-            _ => None,
-        };
-        drop(st);
-        self.deregister_all(gone.as_slice());
     }
 
     /// A moment with no invalidation in flight, from which on those begun can be checked

@@ -108,7 +108,8 @@ fn a_release_through_another_pointers_word_releases_nothing() {
 }
 
 /// A lock-free claim on the wrong entry is given back after that entry died (invalidated
-/// meanwhile): the give-back is its last reference, so the entry goes and is deregistered.
+/// meanwhile): the give-back is its last reference. It takes no lock (`try_hit` promises
+/// that), so the next drain removes and deregisters the entry.
 #[test]
 fn giving_back_a_claim_on_an_entry_that_died_meanwhile_deregisters_it() {
     let fake = Fake::default();
@@ -122,6 +123,11 @@ fn giving_back_a_claim_on_an_entry_that_died_meanwhile_deregisters_it() {
         "claimed: kept"
     );
     cache.unclaim(b, slot);
+    assert!(
+        fake.deregistered.lock().unwrap().is_empty(),
+        "without the lock"
+    );
+    cache.drain_pending();
     assert_eq!(*fake.deregistered.lock().unwrap(), vec![b_ptr]);
     assert_eq!(cache.snapshot().entries, 0);
 }

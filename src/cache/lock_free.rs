@@ -1,0 +1,89 @@
+//! The lock-free path: an exact hit on the provider's own pointer and its release, each a
+//! probe of a table and one compare-and-swap on the entry's state word; it steps aside (to
+//! the locked path in `mod.rs`) whenever an invalidation began since the last drain.
+
+use super::*;
+
+impl<R: Registrar> Cache<R> {
+    /// Whether no invalidation began since the last complete drain (the hit path may skip
+    /// the lock). An unmap hook counts itself begun before the memory changes, so a lookup
+    /// that starts after that sees it here.
+    #[inline]
+    pub(super) fn clean(&self) -> bool {
+        self.queue.started() == self.clean.load(SeqCst)
+    }
+
+    /// The fast attempt at an exact hit, for a caller that cannot afford more (the preload
+    /// shell calls it before its re-entrancy guard and panic shield). It does what
+    /// `acquire` does before taking its lock: the request must be cacheable, caching on,
+    /// remote keys kept, verification off; then an exact hit on the provider's own pointer,
+    /// counted. Promises: never takes the cache lock, never allocates, never calls the
+    /// registrar, never panics. `None`: nothing was changed; take `acquire`.
+    #[inline]
+    pub fn try_hit(&self, req: &Request) -> Option<usize> {
+        if access::classify(req.addr, req.len, req.access).is_err()
+            || self.stopped.get().is_some()
+            || (req.access & access::REMOTE != 0 && self.remote != RemoteMode::Keep)
+            || self.registrar.verifies()
+        {
+            return None;
+        }
+        self.hit_unlocked(req)
+    }
+
+    /// The fast attempt at `release`: give back one holding of a live entry's provider
+    /// pointer. Promises as `try_hit`: no cache lock, no allocation, no registrar call, no
+    /// panic. `Some(Released::Kept)`: released. `None`: nothing was changed; take
+    /// `release` (not ours, a handle of another kind, a second release, the last
+    /// reference of an invalidated entry, or invalidations to drain first).
+    #[inline]
+    pub fn try_release(&self, ptr: usize) -> Option<Released> {
+        if !self.clean() {
+            return None;
+        }
+        self.fast.mr_candidates(ptr, |_, slot| {
+            slot.release_if_mr(ptr).then_some(Released::Kept)
+        })
+    }
+
+    /// An exact hit on the provider's own pointer without the cache lock, when no
+    /// invalidation began since the last drain; None: take the locked path.
+    #[inline]
+    pub(super) fn hit_unlocked(&self, req: &Request) -> Option<usize> {
+        if !self.clean() {
+            return None;
+        }
+        let share = !self.limits.shadow;
+        let hash = key_hash(req);
+        self.fast.exact_candidates(hash, |id, slot| {
+            // Claimed first: while we hold a reference the slot cannot be reused, so the
+            // key compared next is the one of the entry we claimed.
+            let flushed = slot.claim_hit(share)?;
+            if flushed != 0 {
+                self.hits.add(hash as usize, flushed);
+            }
+            if slot.has_key(req) {
+                return Some(slot.mr_ptr());
+            }
+            // Another entry (a hash tag collision, or the slot was reused since the table
+            // word was read): give it back.
+            self.unclaim(id, slot);
+            None
+        })
+    }
+
+    /// Undo a lock-free claim on the wrong entry, and the hit it counted. Without the lock
+    /// (`try_hit`'s promises): when this was the last reference of an entry that died
+    /// meanwhile, its removal falls to the next drain, which this forces.
+    #[cold]
+    pub(super) fn unclaim(&self, id: u32, slot: &slots::Slot) {
+        self.hits.add(id as usize, 1u64.wrapping_neg());
+        if let Ok(prev) = slot.release_primary(true)
+            && slots::refs(prev) == 1
+            && slots::dead(prev)
+        {
+            self.stranded.store(true, SeqCst);
+            self.clean.store(NEVER_DRAINED, SeqCst);
+        }
+    }
+}
