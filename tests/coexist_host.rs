@@ -122,20 +122,12 @@ fn both_see_every_unmap_when_ucx_is_loaded_later() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// `LD_PRELOAD=libucm.so:libmrcache.so`: UCX's constructor finds our exported munmap & co.
-/// first (RTLD_NEXT from libucm) and, in bistro mode, writes its jumps over them before our
-/// constructor runs. Nothing of ours sees an unmap then: caching must be off, with one line
+/// Runs `prog munmap` in bistro mode with `preload`: caching must be off, with one line
 /// that says why.
-#[test]
-fn ucx_preloaded_first_fails_closed_with_a_reason() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_host_order");
-    let Some(prog) = build(&dir, false) else {
-        return;
-    };
-    let ucm = "/usr/lib/x86_64-linux-gnu/libucm.so.0";
-    let out = Command::new(&prog)
+fn fails_closed_naming_our_hook(prog: &Path, preload: &str) {
+    let out = Command::new(prog)
         .arg("munmap")
-        .env("LD_PRELOAD", format!("{ucm}:{}", lib().display()))
+        .env("LD_PRELOAD", preload)
         .env("UCX_MEM_MMAP_HOOK_MODE", "bistro")
         .output()
         .unwrap();
@@ -147,6 +139,35 @@ fn ucx_preloaded_first_fails_closed_with_a_reason() {
         line.contains("mrcache's own munmap hook was overwritten by another code patcher before mrcache started"),
         "no reason given: {line}"
     );
+}
+
+/// UCX's bistro patches the definition `dlsym(RTLD_NEXT)` from libucm finds, else the one
+/// `dlsym(RTLD_DEFAULT)` finds. With `LD_PRELOAD=libucm.so:libmrcache.so` the former is ours;
+/// with libucm after libc in the search order (a program linked with libucs only, as
+/// ucx_perftest is) the former finds nothing and the latter is ours. UCX then writes its
+/// jumps over our own hooks before our constructor: nothing of ours sees an unmap.
+#[test]
+fn ucx_patching_our_own_hooks_fails_closed_with_a_reason() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_host_order");
+    let Some(prog) = build(&dir, false) else {
+        return;
+    };
+    let ucm = "/usr/lib/x86_64-linux-gnu/libucm.so.0";
+    fails_closed_naming_our_hook(&prog, &format!("{ucm}:{}", lib().display()));
+    let last = common::build_host(
+        "ucx_coexist.c",
+        &dir,
+        "ucx_coexist_libucm_last",
+        &[
+            &format!("-L{}", dir.display()),
+            "-Wl,--no-as-needed",
+            "-lucm_watch",
+            "-lucs",
+            "-libverbs",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    );
+    fails_closed_naming_our_hook(&last, lib().to_str().unwrap());
 }
 
 /// A third patcher in libfabric 1.17's memhooks form, loaded with dlopen, chained to at the

@@ -153,7 +153,7 @@ pub fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
         }
         if let Some(name) = patch::hook_taken_before_start() {
             why.push(format!(
-                "mrcache's own {} hook was overwritten by another code patcher before mrcache started (a library preloaded before libmrcache.so, such as LD_PRELOAD=libucm.so:libmrcache.so; put libmrcache.so first)",
+                "mrcache's own {} hook was overwritten by another code patcher before mrcache started: it took mrcache's definition for libc's (UCX's bistro does when libucm comes after libc in the search order, as in ucx_perftest, or is preloaded before libmrcache.so)",
                 name.to_string_lossy()
             ));
         }

@@ -344,7 +344,9 @@ pub fn watch_hook(name: &'static CStr, at: usize) {
     }
 }
 /// One of our exported hooks that held another patcher's jump already when the constructor
-/// looked (a library preloaded before ours patched the first definition it found: ours).
+/// looked: it patched the first definition it found, ours (UCX's bistro takes
+/// `dlsym(RTLD_DEFAULT)` when `dlsym(RTLD_NEXT)` from libucm finds nothing, libucm being
+/// last in the search order, or when libucm is preloaded before us).
 pub fn hook_taken_before_start() -> Option<&'static CStr> {
     for i in 0..HOOKS {
         if HOOK_AT[i].load(Relaxed) == 0 {
