@@ -64,6 +64,24 @@ stale() {
   echo "STACKS $CASE detected stale data (exit $1)"
 }
 
+# fi_notified: libfabric's own registration cache was on and its monitor told it of unmaps
+# (its "MR cache stats" line at FI_LOG_LEVEL=info, in ./out): libfabric still sees them with
+# mrcache in the process.
+fi_notified() {
+  line=$(grep -a 'MR cache stats: ' out | tail -1)
+  n=$(echo "$line" | sed -n 's/.*notify \([0-9]*\).*/\1/p')
+  echo "STACKS $CASE libfabric's cache: ${line#*MR cache stats: }"
+  [ "${n:-0}" -gt 0 ] || { echo "$CASE: libfabric's cache saw no unmap (notify ${n:-missing})"; return 1; }
+}
+
+# failclosed_because PATTERN: failclosed, and every process said why on stderr (in ./out).
+failclosed_because() {
+  failclosed || return 1
+  want=$(ls stats.*.json | wc -l)
+  got=$(grep -ac "mrcache\[[0-9]*\]: caching is OFF: .*$1" out)
+  [ "$got" = "$want" ] || { echo "$CASE: $got of $want processes said 'caching is OFF: ...$1'"; return 1; }
+}
+
 # none: no statistics file, i.e. the case really ran without mrcache.
 none() {
   if ls stats.*.json >/dev/null 2>&1; then echo "$CASE: mrcache was loaded in a plain run"; return 1; fi

@@ -81,6 +81,7 @@ int main(int argc, char **argv) {
   MPI_Barrier(MPI_COMM_WORLD);
   printf("mpi_pp: rank %d of %d: %d iterations, %llu bytes, all verified\n", rank, nranks,
          iterations, bytes);
+  fflush(stdout); // a crash inside MPI_Finalize must not take the line with it
   MPI_Finalize();
   return 0;
 }
