@@ -5,11 +5,38 @@ use crate::runtime::cache;
 use mrcache::cache::Cache;
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 thread_local! {
     /// Depth of verbs hooks on this thread: a registration the provider makes while we are
     /// inside one of ours is passed through, never processed twice.
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Guards held now, on all threads. A thread always reads its own increments, so zero
+/// means this thread holds none: the fast path then skips the thread-local lookup (which
+/// costs a `__tls_get_addr` call in a shared library). Miss paths write it; hits only read.
+static ENTERED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether this thread is inside one of our hooks (or cannot tell: its thread-locals are
+/// being destroyed).
+#[inline]
+pub fn nested() -> bool {
+    ENTERED.load(Relaxed) != 0 && inside_here()
+}
+
+/// Apart and not inlined: the compiler would otherwise compute the thread-local's address
+/// (the `__tls_get_addr` call) before the test of `ENTERED`, on every call.
+#[inline(never)]
+#[cold]
+fn inside_here() -> bool {
+    DEPTH.try_with(|d| d.get() > 0).unwrap_or(true)
+}
+
+/// In a fork child: only this thread's guard (if any) survived.
+pub fn after_fork_child() {
+    let mine = DEPTH.try_with(|d| d.get() as usize).unwrap_or(0);
+    ENTERED.store(mine, Relaxed);
 }
 
 pub struct Guard;
@@ -22,6 +49,7 @@ impl Guard {
                     None
                 } else {
                     d.set(1);
+                    ENTERED.fetch_add(1, Relaxed);
                     Some(Guard)
                 }
             })
@@ -33,6 +61,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         let _ = DEPTH.try_with(|d| d.set(0));
+        ENTERED.fetch_sub(1, Relaxed);
     }
 }
 

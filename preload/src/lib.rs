@@ -14,6 +14,7 @@
 mod budget;
 mod dl;
 mod dlsym;
+mod fast;
 mod ffi;
 mod fork;
 mod forward;

@@ -204,8 +204,9 @@ impl PatchTarget {
 }
 
 /// Jumps we wrote: (address of the jump, hook), for `intact`. Written in the constructor
-/// (before threads), read anywhere.
-const SITES: usize = 8;
+/// (before threads), read anywhere. Six libc targets; the rest is room for the unit tests'
+/// stubs (the constructor patches libc in the test binary too).
+const SITES: usize = 12;
 static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
@@ -425,7 +426,7 @@ pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> 
     Err(PatchError::Unexpected)
 }
 
-/// Patch each of `targets` (at most 8); returns the bitmask of those patched. Constructor.
+/// Patch each of `targets` (at most 12); returns the bitmask of those patched. Constructor.
 pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
     let mut done = 0;
     for (i, t) in targets.iter().enumerate().take(SITES) {
@@ -453,14 +454,51 @@ pub fn intact(name: &CStr) -> bool {
         if unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) } != name {
             continue;
         }
-        let want = jump(SITE_HOOK[i].load(Relaxed));
-        // SAFETY: as in `overwritten`: patched libc code, never unmapped.
-        return want
-            .iter()
-            .enumerate()
-            .all(|(k, b)| unsafe { std::ptr::read_volatile((at as *const u8).add(k)) } == *b);
+        return site_intact(i, at);
     }
     false
+}
+
+/// Eight bytes of code at `at` (any alignment), read as another thread may be writing
+/// them: one plain load the compiler can neither merge nor drop (this runs on every
+/// registration, hits included; byte-wise volatile reads cost ten times as much).
+#[cfg(target_arch = "x86_64")]
+fn load8(at: usize) -> u64 {
+    let word: u64;
+    // SAFETY: `at..at + 8` is code we patched in libc (or the endbr64 kept before it and
+    // our jump after it), which a patcher may change but never unmaps; a load, nothing else.
+    unsafe {
+        std::arch::asm!(
+            "mov {word}, qword ptr [{at}]",
+            word = out(reg) word,
+            at = in(reg) at,
+            options(nostack, preserves_flags, readonly),
+        )
+    };
+    word
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn load8(at: usize) -> u64 {
+    // Nothing is patched here (`patch_at` refuses); read byte by byte all the same.
+    let mut b = [0u8; 8];
+    for (k, x) in b.iter_mut().enumerate() {
+        // SAFETY: as above.
+        *x = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Whether site `i` (patched at `at`) still holds our jump, and the endbr64 kept before
+/// it. Three loads: the jump as two overlapping words (`jmp [rip+0]` with the hook's first
+/// two bytes, then the hook's address) and the endbr64.
+fn site_intact(i: usize, at: usize) -> bool {
+    let hook = SITE_HOOK[i].load(Relaxed) as u64;
+    let head = u64::from_le_bytes([0xff, 0x25, 0, 0, 0, 0, 0, 0]) | hook << 48;
+    let endbr_kept = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len();
+    load8(at) == head
+        && load8(at + 6) == hook
+        && (!endbr_kept || load8(at - 4) as u32 == u32::from_le_bytes(ENDBR64))
 }
 
 /// The first of our jumps that is no longer in place (another patcher wrote over it), by
@@ -472,18 +510,7 @@ pub fn overwritten() -> Option<&'static CStr> {
         if at == 0 {
             break;
         }
-        let want = jump(SITE_HOOK[i].load(Relaxed));
-        // SAFETY: `at` is code we patched in a library that is never unloaded (libc); a
-        // patcher may change its bytes, never unmap them. Volatile: another thread writes.
-        // One read of the whole array (alignment 1), not one per byte: this runs on every
-        // registration.
-        let have = unsafe { std::ptr::read_volatile(at as *const [u8; JUMP_LEN]) };
-        let endbr_gone = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len() && {
-            // SAFETY: the 4 bytes before our jump are libc code (the kept endbr64).
-            let e = unsafe { std::ptr::read_volatile((at as *const [u8; 4]).byte_sub(4)) };
-            e != ENDBR64
-        };
-        if have != want || endbr_gone {
+        if !site_intact(i, at) {
             // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
             return Some(unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) });
         }

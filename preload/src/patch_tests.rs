@@ -5,6 +5,8 @@ use std::ffi::c_int;
 use std::sync::atomic::AtomicUsize;
 
 static CALLS: AtomicUsize = AtomicUsize::new(0);
+/// Held by tests that change a patched site: the others read every site at once.
+static SITE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn test_hook(_addr: *mut c_void, len: usize) -> c_int {
@@ -72,6 +74,7 @@ fn overwriting_only_the_kept_endbr64_is_noticed() {
         prologues: &MUNMAP_STUB,
         hook: test_hook as *const () as usize,
     };
+    let _writes = SITE_WRITES.lock().unwrap();
     // SAFETY: our own function.
     assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
     assert_eq!(overwritten(), None);
@@ -95,6 +98,39 @@ fn overwriting_only_the_kept_endbr64_is_noticed() {
         Some(c"test_cet_munmap_2"),
         "entry overwritten, not noticed"
     );
+}
+
+/// Every byte of our jump and of the endbr64 kept before it is checked: any one of them
+/// changed makes the site overwritten.
+#[test]
+fn a_change_to_any_byte_of_the_site_is_noticed() {
+    let f = code_page(&CET_MUNMAP);
+    let target = Target {
+        name: c"test_cet_munmap_3",
+        prologues: &MUNMAP_STUB,
+        hook: test_hook as *const () as usize,
+    };
+    let _writes = SITE_WRITES.lock().unwrap();
+    // SAFETY: our own function.
+    assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+    let i = (0..SITES)
+        .find(|&i| SITE_AT[i].load(Relaxed) == f as usize + 4)
+        .unwrap();
+    assert!(site_intact(i, f as usize + 4));
+    // SAFETY: our own code page, made writable; each byte is put back after.
+    unsafe {
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        assert_eq!(libc::mprotect(f as *mut c_void, 4096, rwx), 0);
+        for k in 0..ENDBR64.len() + JUMP_LEN {
+            *f.add(k) ^= 0x40;
+            assert!(
+                !site_intact(i, f as usize + 4),
+                "byte {k} changed, not noticed"
+            );
+            *f.add(k) ^= 0x40;
+            assert!(site_intact(i, f as usize + 4), "byte {k} restored");
+        }
+    }
 }
 
 #[test]

@@ -101,6 +101,7 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
 /// in a signal handler that interrupted a thread holding the cache lock or the allocator's).
 pub fn before_signal_safe_fork() {
     FORK_GEN.fetch_add(1, SeqCst);
+    crate::fast::disarm();
     COUNTERS.add(Counter::Forks, 1);
 }
 
@@ -113,6 +114,9 @@ pub fn after_signal_safe_fork_parent() {
         FLUSH_AFTER_FORK.store(true, SeqCst);
     }
     FORK_GEN.fetch_add(1, SeqCst);
+    // Calls that saw the fork in progress did not arm; any that armed before it began was
+    // disarmed then. Again, after the flag: the flush comes before the next hit.
+    crate::fast::disarm();
 }
 
 /// Whether a `_Fork()` is in progress in this process (a lookup then passes through).
@@ -128,6 +132,8 @@ pub fn after_signal_safe_fork_child() {
     }
     FLUSH_AFTER_FORK.store(false, Relaxed);
     FORK_GEN.fetch_add(1, SeqCst);
+    crate::fast::disarm();
+    crate::guard::after_fork_child();
     DRAIN_RUNNING.store(false, Relaxed);
     trace::writer_gone();
     // Other threads' hooks may have been mid-push at the fork: they are gone.
@@ -163,6 +169,8 @@ pub fn note_fork(flushed: usize, dontforked: usize) {
 
 /// In a fork child: the drain thread is gone (only the forking thread survives).
 pub fn after_fork_child() {
+    crate::fast::disarm();
+    crate::guard::after_fork_child();
     DRAIN_RUNNING.store(false, Relaxed);
     crate::window::after_fork_child();
     log(

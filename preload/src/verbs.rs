@@ -16,7 +16,9 @@ use mrcache::trace::{Call, Outcome};
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
-/// Every registration entry point lands here.
+/// Every registration entry point lands here. Small enough to inline into each hook: the
+/// fast hit, else the full path, each traced apart.
+#[inline(always)]
 pub fn register(
     call: Call,
     pd: *mut IbvPd,
@@ -25,18 +27,40 @@ pub fn register(
     iova: u64,
     access: u32,
 ) -> *mut IbvMr {
-    let t = if trace::enabled() { trace::now_ns() } else { 0 };
-    let (mr, outcome) = register_inner(pd, addr, len, iova, access);
-    if t != 0 {
-        let mut args = [pd as u64, addr as u64, len as u64, iova, access as u64];
-        if call == Call::RegMr {
-            args = [pd as u64, addr as u64, len as u64, access as u64, 0];
-        }
-        trace::emit(call, outcome, args, mr as i64, t);
+    if trace::enabled() {
+        return register_traced(call, pd, addr, len, iova, access);
     }
+    match crate::fast::hit(pd, addr, len, iova, access) {
+        Some(mr) => mr,
+        None => register_inner(pd, addr, len, iova, access).0,
+    }
+}
+
+#[inline(never)]
+fn register_traced(
+    call: Call,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    let t = trace::now_ns();
+    let (mr, outcome) = match crate::fast::hit(pd, addr, len, iova, access) {
+        Some(mr) => (mr, Outcome::Hit),
+        None => register_inner(pd, addr, len, iova, access),
+    };
+    let mut args = [pd as u64, addr as u64, len as u64, iova, access as u64];
+    if call == Call::RegMr {
+        args = [pd as u64, addr as u64, len as u64, access as u64, 0];
+    }
+    trace::emit(call, outcome, args, mr as i64, t);
     mr
 }
 
+/// The full path. Apart (not inlined): its frame would otherwise be set up on every fast
+/// hit too.
+#[inline(never)]
 fn register_inner(
     pd: *mut IbvPd,
     addr: *mut c_void,
@@ -57,6 +81,8 @@ fn register_inner(
             },
         )
     };
+    // Before the checks: a disarm after this keeps the fast path shut (see `fast`).
+    let seen = crate::fast::seen();
     let Some(_guard) = Guard::enter() else {
         return passthrough(Bypassed::Nested);
     };
@@ -97,15 +123,18 @@ fn register_inner(
             ensure_drain_thread();
             trace::ensure_writer();
             match result {
-                Ok((handle, o)) => (
-                    handle as *mut IbvMr,
-                    match o {
-                        mrcache::cache::Outcome::Hit => Outcome::Hit,
-                        mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
-                        mrcache::cache::Outcome::Miss => Outcome::Miss,
-                        mrcache::cache::Outcome::Uncached => Outcome::Uncached,
-                    },
-                ),
+                Ok((handle, o)) => {
+                    crate::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
+                    (
+                        handle as *mut IbvMr,
+                        match o {
+                            mrcache::cache::Outcome::Hit => Outcome::Hit,
+                            mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
+                            mrcache::cache::Outcome::Miss => Outcome::Miss,
+                            mrcache::cache::Outcome::Uncached => Outcome::Uncached,
+                        },
+                    )
+                }
                 Err(AcquireError::Bypass(b)) => {
                     let (mr, o) = passthrough(Bypassed::from(b));
                     // libibverbs' MR may reuse the address of one the cache deregistered:
@@ -139,18 +168,26 @@ fn note_foreign(mr: *mut IbvMr, nested: bool) {
     }
 }
 
+/// As `register`: inlined into the hook, the trace apart.
+#[inline(always)]
 pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
-    let t = if trace::enabled() { trace::now_ns() } else { 0 };
-    let (rc, outcome) = dereg_inner(mr);
-    if t != 0 {
-        trace::emit(
-            Call::DeregMr,
-            outcome,
-            [mr as u64, 0, 0, 0, 0],
-            rc as i64,
-            t,
-        );
+    if trace::enabled() {
+        return dereg_traced(mr);
     }
+    dereg_inner(mr).0
+}
+
+#[inline(never)]
+fn dereg_traced(mr: *mut IbvMr) -> i32 {
+    let t = trace::now_ns();
+    let (rc, outcome) = dereg_inner(mr);
+    trace::emit(
+        Call::DeregMr,
+        outcome,
+        [mr as u64, 0, 0, 0, 0],
+        rc as i64,
+        t,
+    );
     rc
 }
 
@@ -158,6 +195,15 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
     if mr.is_null() {
         return (libc::EINVAL, Outcome::Failed);
     }
+    if crate::fast::release(mr) {
+        return (0, Outcome::Kept);
+    }
+    dereg_full(mr)
+}
+
+/// The full path, apart for the same reason as `register_inner`.
+#[inline(never)]
+fn dereg_full(mr: *mut IbvMr) -> (i32, Outcome) {
     let passthrough = || (real::dereg_mr(mr), Outcome::Passthrough);
     with_cache(passthrough, |cache| match cache.release(mr as usize) {
         Released::Kept => (0, Outcome::Kept),

@@ -1,0 +1,107 @@
+//! The fast path of a hit and of its release: `Cache::try_hit` / `Cache::try_release`
+//! called before the re-entrancy guard, the panic shield and the full path's runtime
+//! checks, when one gate word says those checks would all pass.
+//!
+//! The full path arms the gate after a registration that passed every check (runtime set
+//! up, cache on and current, no `_Fork` in progress, no fork flush pending); whatever makes
+//! one of them false disarms it: `_Fork` (before the real call, and in the parent once its
+//! flush is pending), a fork child (its cache is replaced, its threads are gone). Arming
+//! cannot undo a disarm: the full path reads the gate before its checks and arms with a
+//! compare-and-swap that fails if a disarm came in between (each bumps the epoch).
+//!
+//! Done here on every call, as on the full path: the patch check (`MRCACHE_MONITOR=patch`:
+//! a jump overwritten since the last registration must stop caching before any hit; the
+//! full path does that) and the re-entrancy check: a registration nested in one of our
+//! calls on this thread, and its deregistration, pass through as on the full path.
+//!
+//! Safe without the guard and the shield: `try_hit` and `try_release` promise no cache
+//! lock, no allocation, no registrar call and no panic, so nothing here can re-enter a
+//! hook or unwind into C.
+
+use crate::ffi::{IbvMr, IbvPd};
+use crate::guard;
+use crate::patch;
+use crate::provider::Provider;
+use mrcache::cache::{Cache, Request};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
+
+const ARMED: u64 = 1;
+/// Armed with `MRCACHE_MONITOR=patch`.
+const CHECK_PATCHES: u64 = 2;
+/// One disarm.
+const EPOCH: u64 = 4;
+
+/// `ARMED | CHECK_PATCHES` and, above them, the count of disarms.
+static GATE: AtomicU64 = AtomicU64::new(0);
+/// The cache the gate was armed for; set before arming.
+static CACHE: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The gate, read by the full path before its checks (for `arm`).
+pub fn seen() -> u64 {
+    GATE.load(SeqCst)
+}
+
+/// After a full-path registration on `cache` that passed every check since it read `seen`:
+/// let the fast path serve it (unless a disarm came in between).
+pub fn arm(seen: u64, cache: &'static Cache<Provider>, check_patches: bool) {
+    if seen & ARMED != 0 {
+        return;
+    }
+    CACHE.store(cache as *const _ as *mut _, SeqCst);
+    let flags = ARMED | if check_patches { CHECK_PATCHES } else { 0 };
+    let _ = GATE.compare_exchange(seen, seen | flags, SeqCst, Relaxed);
+}
+
+/// Send every call down the full path until it arms the gate again. Lock-free and
+/// allocation-free: `_Fork` calls it, maybe in a signal handler.
+pub fn disarm() {
+    let _ = GATE.fetch_update(SeqCst, SeqCst, |g| {
+        Some((g & !(ARMED | CHECK_PATCHES)).wrapping_add(EPOCH))
+    });
+}
+
+/// The cache, when the gate is armed and this thread is not inside one of our calls; and
+/// whether to check the patches.
+#[inline]
+fn open() -> Option<(&'static Cache<Provider>, bool)> {
+    let g = GATE.load(Acquire);
+    if g & ARMED == 0 || guard::nested() {
+        return None;
+    }
+    let cache = CACHE.load(Acquire);
+    // SAFETY: CACHE is stored before the gate is armed and only ever holds caches that
+    // are never freed (the runtime's, or a fork child's leaked replacement).
+    Some((unsafe { cache.as_ref() }?, g & CHECK_PATCHES != 0))
+}
+
+/// An exact hit on the fast path; None: take the full path (nothing was changed).
+#[inline]
+pub fn hit(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> Option<*mut IbvMr> {
+    let (cache, check_patches) = open()?;
+    if pd.is_null() || (check_patches && patch::overwritten().is_some()) {
+        return None;
+    }
+    let req = Request {
+        pd: pd as usize,
+        // SAFETY: pd is the app's non-null PD (as on the full path).
+        context: unsafe { (*pd).context } as usize,
+        addr: addr as usize,
+        len,
+        iova,
+        access,
+    };
+    cache.try_hit(&req).map(|h| h as *mut IbvMr)
+}
+
+/// The release of a hit on the fast path; false: take the full path (nothing was changed).
+#[inline]
+pub fn release(mr: *mut IbvMr) -> bool {
+    open().is_some_and(|(cache, _)| cache.try_release(mr as usize).is_some())
+}

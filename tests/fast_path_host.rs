@@ -1,0 +1,56 @@
+//! The preload's fast path for hits and releases (preload/src/fast.rs) keeps the full
+//! path's guarantees: checked on the host with a fake provider (tests/c/host/fast_hit.c)
+//! and, behind libmrcache.so, a stand-in for libibverbs' reg/dereg (verbs_shim.c), since
+//! libibverbs itself cannot handle a fake context.
+
+mod common;
+
+use common::{lib, text};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn run(scenario: &str, env: &[(&str, &str)]) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fast_path_host");
+    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
+    let map = format!(
+        "-Wl,--version-script={}/tests/c/host/verbs_shim.map",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    // One binary per scenario: tests run in parallel (ETXTBSY otherwise).
+    let shim = common::build_host(
+        "verbs_shim.c",
+        &dir,
+        &format!("libverbs_shim_{scenario}.so"),
+        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
+    );
+    let prog = common::build_host(
+        "fast_hit.c",
+        &dir,
+        &format!("fast_hit_{scenario}"),
+        &[&flags[..], &["-libverbs", "-ldl"]].concat(),
+    );
+    let preload = format!("{} {}", lib().display(), shim.display());
+    let out = Command::new(&prog)
+        .arg(scenario)
+        .env("LD_PRELOAD", preload)
+        .env("MRCACHE_MONITOR", "patch")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{scenario}: {}", text(&out));
+}
+
+/// A provider that registers through the public API from inside our miss path: that
+/// registration and its deregistration both pass through to libibverbs (the guard's
+/// rule), neither is served by nor handed to the cache, and the cached entry survives.
+#[test]
+fn nested_registration_and_its_deregistration_pass_through() {
+    run("nested", &[]);
+}
+
+/// `MRCACHE_FORK=flush`: `_Fork()` (no atfork handlers) leaves the flush to the parent's
+/// next registration, which must not be a fast hit on the entry to flush.
+#[test]
+fn first_registration_after_fork_flushes_before_any_hit() {
+    run("fork_flush", &[("MRCACHE_FORK", "flush")]);
+}
