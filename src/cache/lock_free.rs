@@ -56,8 +56,17 @@ impl<R: Registrar> Cache<R> {
         let share = !self.limits.shadow;
         let hash = key_hash(req);
         self.fast.exact_candidates(hash, |id, slot| {
-            // Claimed first: while we hold a reference the slot cannot be reused, so the
-            // key compared next is the one of the entry we claimed.
+            // Another key's entry (a tag collision, or a slot reused since the word was
+            // read) is passed over untouched: a claim on it, however brief, would set its
+            // clock bit and refuse a concurrent hit on it the provider's pointer. This
+            // read holds no reference, so it only filters.
+            if !slot.has_key(req) {
+                return None;
+            }
+            #[cfg(test)]
+            super::stale_words::before_claim(id);
+            // Claimed, then compared again: while we hold a reference the slot cannot be
+            // reused, so the key compared next is the one of the entry we claimed.
             let flushed = slot.claim_hit(share)?;
             if flushed != 0 {
                 self.hits.add(hash as usize, flushed);
@@ -65,8 +74,8 @@ impl<R: Registrar> Cache<R> {
             if slot.has_key(req) {
                 return Some(slot.mr_ptr());
             }
-            // Another entry (a hash tag collision, or the slot was reused since the table
-            // word was read): give it back.
+            // Another entry (the slot was reused between the look and the claim): give it
+            // back.
             self.unclaim(id, slot);
             None
         })

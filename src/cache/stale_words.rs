@@ -4,7 +4,23 @@
 
 use super::state::{key_hash, mr_hash};
 use super::*;
+use std::cell::RefCell;
 use std::sync::Mutex;
+
+/// What `before_claim` runs.
+type Window = Box<dyn FnOnce(u32)>;
+
+thread_local! {
+    /// Run once, on this thread, between a lock-free lookup's first look at a slot and its
+    /// claim: what another thread might do in that window.
+    static BEFORE_CLAIM: RefCell<Option<Window>> = const { RefCell::new(None) };
+}
+
+pub(super) fn before_claim(id: u32) {
+    if let Some(f) = BEFORE_CLAIM.with(|h| h.borrow_mut().take()) {
+        f(id);
+    }
+}
 
 #[derive(Default)]
 struct Fake {
@@ -130,4 +146,64 @@ fn giving_back_a_claim_on_an_entry_that_died_meanwhile_deregisters_it() {
     cache.drain_pending();
     assert_eq!(*fake.deregistered.lock().unwrap(), vec![b_ptr]);
     assert_eq!(cache.snapshot().entries, 0);
+}
+
+/// A lookup of A meeting B's slot (a tag collision, or a word of a slot reused since) must
+/// leave B alone: a claim taken on B, even for a moment, sets B's clock bit (a never-hit
+/// entry then outlives the eviction hand), and while it stands a hit on B is refused the
+/// provider's pointer (a shadow instead) and an eviction or `rereg` of B fails.
+#[test]
+fn a_lookup_through_another_keys_word_leaves_that_entry_untouched() {
+    let fake = Fake::default();
+    let cache = Cache::new(&fake, LIMITS);
+    let (b, _) = idle_entry(&cache, 0x20_0000);
+    let slot = cache.fast.slots.get(b).unwrap();
+    // The eviction hand passes once: B's clock bit (set by its release) is cleared.
+    assert!(!slot.clock_evict());
+    let before = slot.load();
+    let a = req(0x10_0000);
+    cache
+        .fast
+        .exact
+        .insert(key_hash(&a), b, |i| cache.fast.slot_key_hash(i));
+    assert_eq!(cache.try_hit(&a), None);
+    assert_eq!(slot.load(), before, "a lookup of A changed B's state word");
+}
+
+/// The slot a lookup found holding its key is reused for another key before the claim: the
+/// claim lands on the other entry, and the comparison after it must notice.
+#[test]
+fn a_slot_reused_between_the_first_look_and_the_claim_hands_nothing_out() {
+    // Leaked: the hook outlives this frame's borrows.
+    let fake: &'static Fake = Box::leak(Box::new(Fake::default()));
+    let cache: &'static Cache<&'static Fake> = Box::leak(Box::new(Cache::new(fake, LIMITS)));
+    let a = req(0x10_0000);
+    let (a_slot, _) = idle_entry(cache, a.addr);
+    let b = req(0x20_0000);
+    let b_ptr = std::rc::Rc::new(std::cell::Cell::new(0));
+    let seen = b_ptr.clone();
+    BEFORE_CLAIM.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |id| {
+            assert_eq!(id, a_slot);
+            // Another thread: A is evicted, B is cached in A's slot, and left idle.
+            let gone = cache
+                .lock()
+                .evict_idle(&cache.fast, |e| e.req.addr == a.addr);
+            cache.deregister_all(&gone);
+            let (h, o) = cache.acquire(&b).unwrap();
+            assert_eq!(o, Outcome::Miss);
+            assert_eq!(cache.fast.by_mr(h), Some(a_slot), "B reuses A's slot");
+            assert_eq!(cache.release(h), Released::Kept);
+            seen.set(h);
+        }))
+    });
+    let got = cache.try_hit(&a);
+    assert_ne!(b_ptr.get(), 0, "the window was reached");
+    assert_eq!(got, None, "A was served B's registration");
+    let s = cache.fast.slots.get(a_slot).unwrap().load();
+    assert_eq!(
+        slots::refs(s),
+        0,
+        "B kept a reference from the failed claim"
+    );
 }
