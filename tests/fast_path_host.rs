@@ -54,3 +54,17 @@ fn nested_registration_and_its_deregistration_pass_through() {
 fn first_registration_after_fork_flushes_before_any_hit() {
     run("fork_flush", &[("MRCACHE_FORK", "flush")]);
 }
+
+/// `MRCACHE_MONITOR=patch`: our jump in libc's munmap overwritten between two hits on one
+/// thread; the registration after it must not be served from the cache.
+#[test]
+fn a_hit_after_our_jump_is_overwritten_is_not_served() {
+    run("patch_overwrite", &[]);
+}
+
+/// A second `ibv_dereg_mr` of an MR released on the fast path (and of one whose memory
+/// went away while held) returns EINVAL; the provider never sees it.
+#[test]
+fn a_second_deregistration_is_einval() {
+    run("double_dereg", &[]);
+}

@@ -5,13 +5,19 @@
  *                        our miss path passes through, never served from the cache
  *   fast_hit fork_flush  with MRCACHE_FORK=flush, the first registration after _Fork()
  *                        does not hit the idle entry the fork must flush
+ *   fast_hit patch_overwrite  our jump in libc's munmap replaced by another between two
+ *                        hits: the registration after it is not a hit (caching stops)
+ *   fast_hit double_dereg  a second ibv_dereg_mr of an MR released on the fast path, and
+ *                        of one whose memory went away, is EINVAL, never the provider's
  * exit 0: kept; 1: broken (printed); 3: set-up failed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -127,6 +133,56 @@ int main(int argc, char **argv) {
             cycle(b), cycle(b);
         }
         printf("fork_flush: flushed every time, registered again\n");
+        return 0;
+    }
+    if (!strcmp(argv[1], "patch_overwrite")) {
+        /* Our jump (ff 25, 0 displacement, then the hook's address) at munmap's entry or
+         * after its endbr64, replaced as another patcher would: here by a jump of another
+         * form to the same hook (movabs rax, hook; jmp rax), so a munmap call on any thread
+         * still works, and it stays. */
+        unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
+        static const unsigned char head[6] = {0xff, 0x25, 0, 0, 0, 0};
+        unsigned char *jump = NULL;
+        for (int at = 0; f && at <= 4 && !jump; at += 4)
+            if (!memcmp(f + at, head, 6)) jump = f + at;
+        if (!jump) {
+            printf("patch_overwrite: munmap is not patched here (the self-test reports it); skipped\n");
+            return 0;
+        }
+        uintptr_t page = (uintptr_t)jump & ~(uintptr_t)4095;
+        if (mprotect((void *)page, 8192, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        unsigned char other[12] = {0x48, 0xb8};
+        memcpy(other + 2, jump + 6, 8);
+        other[10] = 0xff, other[11] = 0xe0;
+        memcpy(jump, other, sizeof other);
+        __builtin___clear_cache((char *)jump, (char *)jump + sizeof other);
+        struct ibv_mr *after = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
+        if (after == cached) {
+            fprintf(stderr, "fast_hit: a hit after our munmap jump was overwritten: served blind\n");
+            return 1;
+        }
+        if (!after || ibv_dereg_mr(after)) return 3;
+        printf("patch_overwrite: noticed before the hit\n");
+        return 0;
+    }
+    if (!strcmp(argv[1], "double_dereg")) {
+        struct ibv_mr *mr = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
+        int first = ibv_dereg_mr(mr), second = ibv_dereg_mr(mr);
+        if (mr != cached || first != 0 || second != EINVAL || !is_live(cached)) {
+            fprintf(stderr, "fast_hit: reg+dereg+dereg of a cached MR: %s, %d, %d (live: %d)\n",
+                    mr == cached ? "hit" : "not a hit", first, second, is_live(cached));
+            return 1;
+        }
+        /* Held while its memory goes away, released (the provider deregisters it), then
+         * released again: the cache remembers it, the provider is not asked twice. */
+        mr = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
+        if (munmap(bufs, 4 * LEN)) return 3;
+        first = ibv_dereg_mr(mr), second = ibv_dereg_mr(mr);
+        if (first != 0 || second != EINVAL) {
+            fprintf(stderr, "fast_hit: dereg, dereg of an MR whose memory went away: %d, %d\n", first, second);
+            return 1;
+        }
+        printf("double_dereg: EINVAL, provider not asked\n");
         return 0;
     }
     return 2;
