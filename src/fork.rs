@@ -2,6 +2,7 @@
 //! Decided once, by the library when the cache is created and by `mrcache info` to show it.
 
 use crate::config::ForkMode;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 /// What this process does at fork.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +61,51 @@ pub fn tracking_in_env(get: impl Fn(&str) -> Option<String>) -> bool {
         .any(|k| get(k).is_some_and(|v| v != "0"))
 }
 
+/// Flushes of idle entries that `_Fork()` in the parent asked for, and those done. A
+/// caller that finds one outstanding flushes before it looks anything up, and the request
+/// stays outstanding until a flush that began after it has finished: a thread never skips
+/// its flush because another thread's flush is still deregistering.
+pub struct FlushRequests {
+    asked: AtomicU64,
+    done: AtomicU64,
+}
+
+impl FlushRequests {
+    pub const fn new() -> FlushRequests {
+        FlushRequests {
+            asked: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+        }
+    }
+
+    /// `_Fork()` returned in the parent (async-signal-safe: one atomic add).
+    pub fn ask(&self) {
+        self.asked.fetch_add(1, SeqCst);
+    }
+
+    /// The request a flush begun now answers, or None when none is outstanding.
+    pub fn outstanding(&self) -> Option<u64> {
+        let asked = self.asked.load(SeqCst);
+        (self.done.load(SeqCst) < asked).then_some(asked)
+    }
+
+    /// A flush begun when `outstanding` returned `ticket` has finished.
+    pub fn done(&self, ticket: u64) {
+        self.done.fetch_max(ticket, SeqCst);
+    }
+
+    /// In a fork child (async-signal-safe): nothing outstanding, its cache is replaced.
+    pub fn forget(&self) {
+        self.done.store(self.asked.load(SeqCst), SeqCst);
+    }
+}
+
+impl Default for FlushRequests {
+    fn default() -> FlushRequests {
+        FlushRequests::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,5 +125,35 @@ mod tests {
         assert!(!tracking_in_env(
             |k| (k == "RDMAV_FORK_SAFE").then(|| "0".into())
         ));
+    }
+
+    #[test]
+    fn a_flush_in_progress_does_not_let_another_caller_skip_its_own() {
+        let r = FlushRequests::new();
+        assert_eq!(r.outstanding(), None);
+        r.ask();
+        let a = r.outstanding().expect("a fork asked for a flush");
+        // Thread A is deregistering; thread B must not look anything up before flushing.
+        assert!(
+            r.outstanding().is_some(),
+            "a flush still running on another thread let this caller skip its own"
+        );
+        r.done(a);
+        assert_eq!(r.outstanding(), None);
+    }
+
+    #[test]
+    fn a_fork_during_a_flush_is_not_lost() {
+        let r = FlushRequests::new();
+        r.ask();
+        let a = r.outstanding().unwrap();
+        r.ask();
+        r.done(a);
+        assert!(
+            r.outstanding().is_some(),
+            "the second fork's flush was lost"
+        );
+        r.forget();
+        assert_eq!(r.outstanding(), None);
     }
 }

@@ -11,6 +11,7 @@ use crate::selftest::Coverage;
 use crate::trace;
 use mrcache::cache::Cache;
 use mrcache::config::{LogLevel, Monitor, StatsMode};
+use mrcache::fork::FlushRequests;
 use mrcache::stats::{Bypassed, Counter, Counters, Tally};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
@@ -63,9 +64,9 @@ pub fn get() -> Option<&'static Runtime> {
 /// call replaces the cache. 0: current; 1: replace at the next call; 2: being replaced.
 static RENEW: AtomicU8 = AtomicU8::new(0);
 static RENEWED: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
-/// Set by `_Fork()` in the parent when idle entries must go at fork: the next registration
-/// deregisters them before it looks anything up.
-static FLUSH_AFTER_FORK: AtomicBool = AtomicBool::new(false);
+/// Asked by `_Fork()` in the parent when idle entries must go at fork: every registration
+/// deregisters them (or sees another thread's flush finished) before it looks anything up.
+static FLUSHES: FlushRequests = FlushRequests::new();
 /// `_Fork()` calls begun and finished, twice each (odd while one is in progress): a lookup
 /// meanwhile passes through uncached, so no registration made during it survives it idle.
 static FORK_GEN: AtomicU64 = AtomicU64::new(0);
@@ -111,7 +112,7 @@ pub fn after_signal_safe_fork_parent() {
     if let Some(d) = RUNTIME.get().and_then(|r| r.fork.as_ref())
         && d.flush_idle
     {
-        FLUSH_AFTER_FORK.store(true, SeqCst);
+        FLUSHES.ask();
     }
     FORK_GEN.fetch_add(1, SeqCst);
     // Calls that saw the fork in progress did not arm; any that armed before it began was
@@ -130,7 +131,7 @@ pub fn after_signal_safe_fork_child() {
     if RUNTIME.get().is_some_and(|r| r.cache.is_some()) {
         RENEW.store(1, SeqCst);
     }
-    FLUSH_AFTER_FORK.store(false, Relaxed);
+    FLUSHES.forget();
     FORK_GEN.fetch_add(1, SeqCst);
     crate::fast::disarm();
     crate::guard::after_fork_child();
@@ -142,8 +143,11 @@ pub fn after_signal_safe_fork_child() {
 
 /// Idle entries a `_Fork()` asked to flush, before the next lookup.
 pub fn flush_after_fork(cache: &Cache<Provider>) {
-    if FLUSH_AFTER_FORK.load(Relaxed) && FLUSH_AFTER_FORK.swap(false, SeqCst) {
+    // Done only once the flush finished: a caller meanwhile flushes too, rather than look
+    // up an idle entry this flush has not reached yet.
+    if let Some(ticket) = FLUSHES.outstanding() {
         COUNTERS.add(Counter::ForkIdleDeregistered, cache.flush_all() as u64);
+        FLUSHES.done(ticket);
     }
 }
 
