@@ -43,9 +43,10 @@ impl<F: Copy> Entry<F> {
         {
             return None;
         }
-        let at = match crate::patch::chained(self.name()) {
-            Some(t) => t as *mut c_void,
-            None => {
+        let at = match crate::patch::site(self.name()) {
+            crate::patch::Site::Chained(t) => t as *mut c_void,
+            crate::patch::Site::Ours => return None,
+            crate::patch::Site::Other => {
                 let mut at = self.0.address();
                 if at.is_null() {
                     // Before our constructor (another library's constructor calls us): from
@@ -53,7 +54,7 @@ impl<F: Copy> Entry<F> {
                     at = crate::dlsym::libc_symbol(self.name());
                     self.0.store(at);
                 }
-                if at.is_null() || crate::patch::intact(self.name()) {
+                if at.is_null() {
                     return None;
                 }
                 at

@@ -13,8 +13,8 @@
 //! an optional `endbr64` that stays at the entry for CET's indirect branch tracking.
 //! Anything else is left alone; the self-test then reports that path as not covered.
 //!
-//! Another patcher (UCX, Open MPI, a profiler) can overwrite our jump later: `intact()`
-//! compares the bytes, and the runtime stops caching when they changed.
+//! Another patcher (UCX, Open MPI, a profiler) can overwrite our jump later: `site()`
+//! and the checks before each hit compare the bytes; the runtime stops caching when they changed.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{
@@ -235,19 +235,37 @@ fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
     }
 }
 
-/// The other patcher's hook our jump at libc's `name` replaced, if any.
-pub fn chained(name: &CStr) -> Option<usize> {
+/// What libc's entry of `name` holds, for a memory hook deciding where to forward.
+pub enum Site {
+    /// Our jump, which replaced the other patcher's hook at this address: call that hook.
+    Chained(usize),
+    /// Our own jump: calling the entry would come back to us.
+    Ours,
+    /// Never patched by us, or overwritten since: the entry is libc's (or another's).
+    Other,
+}
+
+/// One search of the patched sites for `name` (this runs on every unmap in the process).
+pub fn site(name: &CStr) -> Site {
     for i in 0..SITES {
-        if SITE_AT[i].load(Relaxed) == 0 {
-            return None;
+        let at = SITE_AT[i].load(Relaxed);
+        if at == 0 {
+            return Site::Other;
         }
         // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
-        if unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) } == name {
-            let t = SITE_CHAINED[i].load(Acquire);
-            return (t != 0).then_some(t);
+        if unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) } != name {
+            continue;
         }
+        let chained = SITE_CHAINED[i].load(Acquire);
+        return if chained != 0 {
+            Site::Chained(chained)
+        } else if site_intact(i, at) {
+            Site::Ours
+        } else {
+            Site::Other
+        };
     }
-    None
+    Site::Other
 }
 
 /// Write `code` at `site` (code pages made writable for the copy, then read+execute).
@@ -441,22 +459,6 @@ pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
 /// Why target `i` of `install` was not patched (None: patched, or never tried).
 pub fn refused(i: usize) -> Option<PatchError> {
     PatchError::from_code(REFUSED.get(i)?.load(Relaxed))
-}
-
-/// Whether libc's `name` holds our jump right now (false: never patched, or overwritten).
-pub fn intact(name: &CStr) -> bool {
-    for i in 0..SITES {
-        let at = SITE_AT[i].load(Relaxed);
-        if at == 0 {
-            return false;
-        }
-        // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
-        if unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) } != name {
-            continue;
-        }
-        return site_intact(i, at);
-    }
-    false
 }
 
 /// Eight bytes of code at `at` (any alignment), read as another thread may be writing
