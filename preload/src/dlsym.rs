@@ -373,16 +373,7 @@ fn self_span() -> (usize, usize) {
     if hi != 0 {
         return (SELF_LO.load(Relaxed), hi);
     }
-    let mut find = Find {
-        addr: self_span as *const () as usize,
-        lo: 0,
-        hi: 0,
-        want: None,
-        base: 0,
-        dynamic: std::ptr::null(),
-    };
-    // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is given.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut find as *mut Find as *mut c_void) };
+    let find = Find::run(self_span as *const () as usize, None);
     if find.hi != 0 {
         SELF_LO.store(find.lo, Relaxed);
         SELF_HI.store(find.hi, Release);
@@ -399,6 +390,24 @@ struct Find {
     want: Option<&'static [u8]>,
     base: usize,
     dynamic: *const Dyn,
+}
+
+impl Find {
+    /// Walk the loaded objects for the one containing `addr`, or the one named `want`.
+    fn run(addr: usize, want: Option<&'static [u8]>) -> Find {
+        let mut find = Find {
+            addr,
+            lo: 0,
+            hi: 0,
+            want,
+            base: 0,
+            dynamic: std::ptr::null(),
+        };
+        // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is
+        // given.
+        unsafe { libc::dl_iterate_phdr(Some(visit), &mut find as *mut Find as *mut c_void) };
+        find
+    }
 }
 
 unsafe extern "C" fn visit(
@@ -463,16 +472,7 @@ const DT_GNU_HASH: i64 = 0x6fff_fef5;
 /// library may have pointed that entry at its own function (UCX's reloc mode does, before
 /// our constructor when its hooks came first). None when not found.
 pub fn own_symbol(name: &CStr) -> Option<usize> {
-    let mut find = Find {
-        addr: own_symbol as *const () as usize,
-        lo: 0,
-        hi: 0,
-        want: None,
-        base: 0,
-        dynamic: std::ptr::null(),
-    };
-    // SAFETY: as in self_span.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut find as *mut Find as *mut c_void) };
+    let find = Find::run(own_symbol as *const () as usize, None);
     if find.dynamic.is_null() {
         return None;
     }
@@ -484,16 +484,7 @@ pub fn own_symbol(name: &CStr) -> Option<usize> {
 /// The address of `name` as libc.so.6 defines it, from its dynamic symbol table (any
 /// version: libc's two versions of `dlsym` and of `dlvsym` are one function each).
 pub fn libc_symbol(name: &CStr) -> *mut c_void {
-    let mut find = Find {
-        addr: 0,
-        lo: 0,
-        hi: 0,
-        want: Some(b"libc.so.6"),
-        base: 0,
-        dynamic: std::ptr::null(),
-    };
-    // SAFETY: as in self_span.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut find as *mut Find as *mut c_void) };
+    let find = Find::run(0, Some(b"libc.so.6"));
     if find.dynamic.is_null() {
         return std::ptr::null_mut();
     }

@@ -347,17 +347,21 @@ impl Slots {
 mod tests {
     use super::*;
 
-    #[test]
-    fn claims_and_releases() {
-        let s = Slot::default();
-        let r = Request {
+    fn request() -> Request {
+        Request {
             pd: 1,
             context: 2,
             addr: 0x1000,
             len: 0x1000,
             iova: 0x1000,
             access: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn claims_and_releases() {
+        let s = Slot::default();
+        let r = request();
         let mr = |ptr| Mr {
             ptr,
             via_wrapper: false,
@@ -395,14 +399,7 @@ mod tests {
     #[test]
     fn lock_free_release_checks_the_pointer() {
         let s = Slot::default();
-        let r = Request {
-            pd: 1,
-            context: 2,
-            addr: 0x1000,
-            len: 0x1000,
-            iova: 0x1000,
-            access: 1,
-        };
+        let r = request();
         s.reset(
             &r,
             Mr {
@@ -424,14 +421,7 @@ mod tests {
     #[test]
     fn lock_free_hits_are_counted_in_the_slot_and_flushed_when_full() {
         let s = Slot::default();
-        let r = Request {
-            pd: 1,
-            context: 2,
-            addr: 0x1000,
-            len: 0x1000,
-            iova: 0x1000,
-            access: 1,
-        };
+        let r = request();
         let mr = Mr {
             ptr: 0x40,
             via_wrapper: false,
