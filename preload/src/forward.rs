@@ -101,6 +101,7 @@ pub type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, 
 pub type ShmatFn = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
 pub type ShmdtFn = unsafe extern "C" fn(*const c_void) -> c_int;
 pub type BrkFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+pub type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
 
 // SAFETY (each): glibc's prototype; mremap is variadic, and on x86-64 its fifth argument
 // travels in its register either way.
@@ -111,6 +112,7 @@ pub static MMAP: Entry<MmapFn> = unsafe { Entry::new(c"mmap") };
 pub static SHMAT: Entry<ShmatFn> = unsafe { Entry::new(c"shmat") };
 pub static SHMDT: Entry<ShmdtFn> = unsafe { Entry::new(c"shmdt") };
 pub static BRK: Entry<BrkFn> = unsafe { Entry::new(c"brk") };
+pub static SBRK: Entry<SbrkFn> = unsafe { Entry::new(c"sbrk") };
 
 /// Find libc's entry points (constructor, before any patch of ours).
 pub fn resolve(libc_handle: *mut c_void) {
@@ -121,4 +123,5 @@ pub fn resolve(libc_handle: *mut c_void) {
     SHMAT.resolve_in(libc_handle);
     SHMDT.resolve_in(libc_handle);
     BRK.resolve_in(libc_handle);
+    SBRK.resolve_in(libc_handle);
 }

@@ -9,7 +9,7 @@ use crate::memory::{
 use crate::patch::{self, PatchTarget, Target};
 use crate::real;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
 /// libc's own handle (RTLD_NOLOAD), for its internal entry points.
 pub static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
@@ -55,8 +55,14 @@ fn env_is(name: &std::ffi::CStr, values: &[&[u8]]) -> Option<bool> {
 
 /// Constructor part: find libc's pieces and install the monitor `MRCACHE_MONITOR` names.
 /// Reads the environment with getenv only (no allocation), prints nothing: a bad value is
-/// reported at the first verbs call.
+/// reported at the first verbs call. Runs once: from our constructor, or earlier from
+/// `dlsym` when another library's constructor looks up a memory function before ours ran
+/// (UCX's bistro then patches what it is given: it must be given libc's entry).
 pub fn install() {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.swap(true, Relaxed) {
+        return;
+    }
     // SAFETY: RTLD_NOLOAD returns libc's handle (always loaded) without loading anything.
     let h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
     if h.is_null() {
@@ -65,7 +71,6 @@ pub fn install() {
     LIBC.store(h, Relaxed);
     crate::forward::resolve(h);
     CURBRK.store(real::address(h, c"__curbrk") as *mut *mut c_void, Relaxed);
-    real::SBRK.resolve_in(h);
     real::REALLOC.resolve();
     let next = real::REALLOC.address();
     GLIBC_REALLOC.store(
@@ -104,6 +109,8 @@ pub fn install() {
             PatchTarget::Mmap => mmap as *const () as usize,
             PatchTarget::Mremap => mremap as *const () as usize,
             PatchTarget::Shmdt => shmdt as *const () as usize,
+            PatchTarget::Sbrk => sbrk as *const () as usize,
+            PatchTarget::Shmat => shmat as *const () as usize,
         };
         own(t.name(), at)
     };

@@ -364,6 +364,13 @@ pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut())
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
+    move_break(addr)
+}
+
+/// The brk hook's body. Our own calls come here directly: a call to the exported `brk`
+/// goes through our GOT, which UCX's reloc mode points at its hook (a brk system call of
+/// its own, unseen by us).
+fn move_break(addr: *mut c_void) -> c_int {
     let t = t0();
     let mut curbrk = CURBRK.load(Relaxed);
     if curbrk.is_null() {
@@ -407,25 +414,65 @@ pub extern "C" fn brk(addr: *mut c_void) -> c_int {
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
-    // libc's, stored by the constructor; looked up here when called before it.
-    let Some(f) = real::SBRK.get() else {
-        set_errno(libc::ENOMEM);
-        return usize::MAX as *mut c_void;
-    };
     let t = t0();
-    let r = if incr < 0 {
-        count(UnmapSource::Sbrk);
-        // SAFETY: sbrk(0) only reads the break.
-        let cur = unsafe { f(0) } as usize;
-        let (start, len) = sbrk_shrink(cur, incr);
-        // SAFETY: libc's sbrk with the app's argument.
-        invalidating(start, len, || unsafe { f(incr) })
-    } else {
-        // SAFETY: as above.
-        unsafe { f(incr) }
+    let r = match forward::SBRK.target(incr as usize) {
+        Some(f) => {
+            // libc's sbrk (whose __brk we patched), or the hook another patcher put at its
+            // entry, which may issue the brk system call itself (UCX's bistro): report the
+            // shrink here.
+            // SAFETY: libc's sbrk entry, or the hook that replaced it, with the app's argument.
+            let call = || forward::SBRK.guarded(incr as usize, || unsafe { f(incr) });
+            if incr < 0 {
+                count(UnmapSource::Sbrk);
+                let (start, len) = sbrk_shrink(current_break(f), incr);
+                invalidating(start, len, call)
+            } else {
+                call()
+            }
+        }
+        // libc's sbrk holds our jump: glibc's sbrk over our brk, which reports a shrink.
+        None => own_sbrk(incr),
     };
     traced(Call::Sbrk, incr < 0, [incr as u64, 0, 0, 0, 0], r as i64, t);
     r
+}
+
+/// The program break: libc's `__curbrk`, else what `sbrk(0)` through `f` says.
+fn current_break(f: forward::SbrkFn) -> usize {
+    let curbrk = CURBRK.load(Relaxed);
+    // SAFETY: CURBRK is null or libc's exported __curbrk variable.
+    match unsafe { curbrk.as_ref() } {
+        Some(&b) if !b.is_null() => b as usize,
+        // SAFETY: sbrk(0) only reads the break.
+        _ => (unsafe { f(0) }) as usize,
+    }
+}
+
+/// glibc's sbrk: move the break by `incr` through `brk` and return the old one.
+fn own_sbrk(incr: isize) -> *mut c_void {
+    const FAILED: *mut c_void = usize::MAX as *mut c_void;
+    let curbrk = CURBRK.load(Relaxed);
+    if curbrk.is_null() {
+        set_errno(libc::ENOMEM);
+        return FAILED;
+    }
+    // SAFETY: libc's exported __curbrk variable (read and written as glibc's sbrk does).
+    let read = || unsafe { *curbrk as usize };
+    if read() == 0 && move_break(std::ptr::null_mut()) < 0 {
+        return FAILED;
+    }
+    let old = read();
+    if incr == 0 {
+        return old as *mut c_void;
+    }
+    let Some(new) = old.checked_add_signed(incr) else {
+        set_errno(libc::ENOMEM);
+        return FAILED;
+    };
+    if move_break(new as *mut c_void) < 0 {
+        return FAILED;
+    }
+    old as *mut c_void
 }
 
 /// Attached System V segments (address, size), so that shmdt knows how much goes away.

@@ -1,5 +1,5 @@
-//! The `patch` monitor: glibc calls its own `__munmap`, `__madvise`, `__brk` and `__mmap`
-//! from `free`, `malloc_trim`, arena shrinking (with `vm.overcommit_memory=2`, by
+//! The `patch` monitor: glibc calls its own `__munmap`, `__madvise`, `__brk`, `__sbrk` and
+//! `__mmap` from `free`, `malloc_trim`, arena shrinking (with `vm.overcommit_memory=2`, by
 //! `mmap(PROT_NONE, MAP_FIXED)`) and `sbrk`, past any symbol interposition. In glibc these
 //! internal entry points are the same code as the exported functions, so we overwrite the
 //! start of each with a jump to our hook, once, in the constructor, before the program has
@@ -47,7 +47,7 @@ impl PatchError {
         match self {
             PatchError::NotFound => "not found in libc",
             PatchError::Unexpected => {
-                "its first bytes are not a system call stub this version of mrcache knows"
+                "its first bytes are not a function start this version of mrcache knows"
             }
             PatchError::Mprotect => {
                 "making libc's code writable was refused (MemoryDenyWriteExecute, SELinux deny_execmem, PR_SET_MDWE or a seccomp filter)"
@@ -143,6 +143,12 @@ pub enum PatchTarget {
     /// resolves its "original" mremap and shmdt with `dlsym(RTLD_NEXT)`, past our symbols.
     Mremap,
     Shmdt,
+    /// glibc's malloc trims its heap through `__sbrk`, which calls `__brk` (patched); but
+    /// UCX's bistro replaces libc's sbrk with a hook that issues the brk system call itself.
+    /// Patched, that hook is chained to like the others.
+    Sbrk,
+    /// Only for the same reason as mremap and shmdt (the other patchers take it too).
+    Shmat,
 }
 
 static MUNMAP_STUB: [Prologue; 1] = [syscall_stub(0x0b)];
@@ -157,21 +163,49 @@ static MREMAP_START: [Prologue; 1] = [Prologue {
     any: 0,
 }];
 /// glibc's shmdt: `mov eax, 67; syscall; cmp rax, -4096; ja` (a pointer-returning stub).
-static SHMDT_STUB: [Prologue; 1] = [Prologue {
-    bytes: [
-        0xb8, 0x43, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x00, 0xf0, 0xff, 0xff, 0x77,
-    ],
-    any: 0,
-}];
+static SHMDT_STUB: [Prologue; 1] = [pointer_stub(0x43)];
+static SHMAT_STUB: [Prologue; 1] = [pointer_stub(0x1e)];
+
+/// A system call stub returning a pointer (`shmat`, `shmdt`): `mov eax, NR; syscall;
+/// cmp rax, -4096; ja` (glibc 2.36 and 2.41).
+const fn pointer_stub(nr: u8) -> Prologue {
+    Prologue {
+        bytes: [
+            0xb8, nr, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x00, 0xf0, 0xff, 0xff, 0x77,
+        ],
+        any: 0,
+    }
+}
+
+/// glibc's sbrk, an ordinary function (checked: no branch in it lands inside these bytes).
+static SBRK_START: [Prologue; 2] = [
+    // 2.36: push r12; mov r12, [rip + __curbrk@GOT]; cmp byte [rip + __libc_initial], 0
+    // (the jump ends inside that compare)
+    Prologue {
+        bytes: [
+            0x41, 0x54, 0x4c, 0x8b, 0x25, 0, 0, 0, 0, 0x80, 0x3d, 0, 0, 0,
+        ],
+        any: 0b11_1001_1110_0000,
+    },
+    // 2.41: cmp byte [rip + __libc_initial], 0; push r12; push rbp; push rbx; mov rbx, rdi
+    Prologue {
+        bytes: [
+            0x80, 0x3d, 0, 0, 0, 0, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb,
+        ],
+        any: 0b00_0000_0011_1100,
+    },
+];
 
 impl PatchTarget {
-    pub const ALL: [PatchTarget; 6] = [
+    pub const ALL: [PatchTarget; 8] = [
         PatchTarget::Munmap,
         PatchTarget::Madvise,
         PatchTarget::Brk,
         PatchTarget::Mmap,
         PatchTarget::Mremap,
         PatchTarget::Shmdt,
+        PatchTarget::Sbrk,
+        PatchTarget::Shmat,
     ];
 
     pub fn name(self) -> &'static CStr {
@@ -182,6 +216,8 @@ impl PatchTarget {
             PatchTarget::Mmap => c"mmap",
             PatchTarget::Mremap => c"mremap",
             PatchTarget::Shmdt => c"shmdt",
+            PatchTarget::Sbrk => c"sbrk",
+            PatchTarget::Shmat => c"shmat",
         }
     }
 
@@ -194,6 +230,8 @@ impl PatchTarget {
             PatchTarget::Mmap => &MMAP,
             PatchTarget::Mremap => &MREMAP_START,
             PatchTarget::Shmdt => &SHMDT_STUB,
+            PatchTarget::Sbrk => &SBRK_START,
+            PatchTarget::Shmat => &SHMAT_STUB,
         }
     }
 
@@ -204,9 +242,9 @@ impl PatchTarget {
 }
 
 /// Jumps we wrote: (address of the jump, hook), for `intact`. Written in the constructor
-/// (before threads), read anywhere. Six libc targets; the rest is room for the unit tests'
+/// (before threads), read anywhere. Eight libc targets; the rest is room for the unit tests'
 /// stubs (the constructor patches libc in the test binary too).
-const SITES: usize = 12;
+const SITES: usize = 16;
 static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
@@ -382,6 +420,27 @@ pub fn hook_taken_before_start() -> Option<&'static CStr> {
     None
 }
 
+/// For `dlsym`: libc's entry of `name` in place of `found` when `found` is our own exported
+/// hook of that name and libc's entry still leads to it (our jump, or our jump chained to
+/// another patcher's hook). Calling either reaches our hook; but a patcher that writes its
+/// jump over the function `dlsym` gave it (UCX's bistro) then writes over libc's entry,
+/// which we take back and chain to, and not over our hook, where nothing of ours would run.
+pub fn libc_entry_instead(name: &CStr, found: usize) -> Option<usize> {
+    let named = |slot: &AtomicUsize| {
+        // SAFETY: the name slots hold pointers of `&'static CStr`s stored with them.
+        (unsafe { CStr::from_ptr(slot.load(Relaxed) as *const _) }) == name
+    };
+    (0..HOOKS)
+        .take_while(|&i| HOOK_AT[i].load(Relaxed) != 0)
+        .find(|&i| HOOK_AT[i].load(Relaxed) == found && named(&HOOK_NAME[i]))?;
+    let i = (0..SITES)
+        .take_while(|&i| SITE_AT[i].load(Relaxed) != 0)
+        .find(|&i| named(&SITE_NAME[i]))?;
+    let at = SITE_AT[i].load(Relaxed);
+    (SITE_CHAINED[i].load(Acquire) != 0 || site_intact(i, at))
+        .then(|| at - SITE_ENDBR[i].load(Relaxed))
+}
+
 /// Why each target of `install` was not patched (a `PatchError` code, 0 = patched).
 static REFUSED: [AtomicU8; SITES] = [const { AtomicU8::new(0) }; SITES];
 
@@ -444,7 +503,7 @@ pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> 
     Err(PatchError::Unexpected)
 }
 
-/// Patch each of `targets` (at most 12); returns the bitmask of those patched. Constructor.
+/// Patch each of `targets` (at most 16); returns the bitmask of those patched. Constructor.
 pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
     let mut done = 0;
     for (i, t) in targets.iter().enumerate().take(SITES) {

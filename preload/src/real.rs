@@ -171,8 +171,6 @@ pub static DOFORK_RANGE: Symbol<RangeFn> =
 
 // libc's functions under our hooks (the next definition after ours, or libc's own).
 // SAFETY (each): glibc's prototype.
-pub static SBRK: Symbol<unsafe extern "C" fn(isize) -> *mut c_void> =
-    unsafe { Symbol::next(c"sbrk") };
 pub static REALLOC: Symbol<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void> =
     unsafe { Symbol::next(c"realloc") };
 pub static FORK: Symbol<unsafe extern "C" fn() -> libc::pid_t> = unsafe { Symbol::next(c"_Fork") };

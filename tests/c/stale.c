@@ -156,6 +156,48 @@ static int s_realloc(void) {
     return rc;
 }
 
+/* A block at the top of glibc's brk heap, freed: malloc trims the heap through libc's own
+ * __sbrk (which UCX's bistro replaces with a brk system call of its own), and the next
+ * block at that address is new memory. */
+static int s_heap_trim(void) {
+    mallopt(M_MMAP_THRESHOLD, 16 * MIB);
+    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+    mallopt(M_TOP_PAD, 0);
+    /* Room below the block for the small allocations made while it is registered (the
+     * provider's MR), which would otherwise sit above it and keep the heap from shrinking;
+     * the fence keeps that room from merging with the top. */
+    char *room = malloc(MIB);
+    CHECK(room && malloc(64), "malloc");
+    free(room);
+    size_t len = 4 * MIB;
+    char *p = NULL, *held[4] = {NULL};
+    uintptr_t base = 0;
+    size_t rlen = len - 2 * 4096;
+    /* A block from a free chunk inside the heap is not trimmed when freed: hold that chunk
+     * and take the next block, until one comes from the top. */
+    for (int i = 0; i <= 4; i++) {
+        CHECK(i < 4, "free() never trimmed the heap: no block came from its top");
+        p = malloc(len);
+        CHECK(p, "malloc %zu", len);
+        memset(p, 0x11, len);
+        base = ((uintptr_t)p & ~4095ul) + 4096;
+        warm((void *)base, rlen);
+        char *top = sbrk(0);
+        free(p);
+        if ((char *)sbrk(0) < top - MIB)
+            break;
+        held[i] = malloc(len);
+    }
+    char *q = malloc(len);
+    CHECK(q == p, "malloc after the trim returned %p, not %p", (void *)q, (void *)p);
+    memset(q, 0x22, len);
+    int rc = fresh((void *)base, rlen);
+    free(q);
+    for (int i = 0; i < 4; i++)
+        free(held[i]);
+    return rc;
+}
+
 static int s_sbrk(void) {
     /* Keep malloc off the break while we move it: a big free top chunk, never trimmed. */
     mallopt(M_MMAP_THRESHOLD, 64 * MIB);
@@ -363,6 +405,7 @@ static const struct {
     {"free_malloc", s_free_malloc},
     {"realloc", s_realloc},
     {"sbrk", s_sbrk},
+    {"heap_trim", s_heap_trim},
     {"shm", s_shm},
     {"thp", s_thp},
     {"hugetlb", s_hugetlb},

@@ -4,7 +4,10 @@
  * (the second must be a hit: caching is on), release it, make the memory go away, register
  * again. mrcache saw it when the provider registers anew; UCX saw it when its VM_UNMAPPED
  * handler got an event for the range.
- *   ucx_coexist munmap|madvise|madvise_free|mremap|mremap_shrink|mmap_fixed|shmdt|free|nested
+ *   ucx_coexist munmap|madvise|madvise_free|mremap|mremap_shrink|mmap_fixed|shmdt|free|
+ *               heap_trim|nested
+ * heap_trim: a buffer at the top of glibc's brk heap, freed: malloc trims the heap through
+ * libc's own sbrk (which UCX's bistro replaces with a brk system call of its own).
  * nested: a second buffer is unmapped from inside UCX's handler for the first (a hook
  * calling back into an interposed symbol); that second unmap must reach both.
  * Built with -DLATE, the program is not linked with UCX: it dlopens libucm_watch.so (and
@@ -72,14 +75,21 @@ static char *second;
 static size_t second_len;
 static void unmap_second(void) { munmap(second, second_len); }
 
+/* Fake MRs from a static pool: a heap allocation above a heap_trim buffer would keep
+ * free() from trimming the heap. */
 static int registrations;
+static struct {
+    struct ibv_mr mr;
+    char spare[64];
+} fake_mrs[64];
 static struct ibv_mr *fake_reg(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access) {
     (void)pd, (void)addr, (void)len, (void)iova, (void)access;
-    registrations++;
-    return calloc(1, sizeof(struct ibv_mr) + 64);
+    if (registrations == 64)
+        return NULL;
+    return &fake_mrs[registrations++].mr;
 }
 static int fake_dereg(struct ibv_mr *mr) {
-    free(mr);
+    (void)mr;
     return 0;
 }
 
@@ -116,6 +126,16 @@ int main(int argc, char **argv) {
         buf = shmat(shmid, NULL, 0);
     } else if (!strcmp(s, "free")) {
         len = 40 << 20; /* above glibc's mmap threshold: free() unmaps it inside libc */
+        buf = malloc(len);
+    } else if (!strcmp(s, "heap_trim")) {
+        /* From the brk heap (below the mmap threshold), trimmed as soon as it is freed. */
+        mallopt(M_MMAP_THRESHOLD, 16 << 20);
+        mallopt(M_TRIM_THRESHOLD, 128 << 10);
+        mallopt(M_TOP_PAD, 0);
+        /* mrcache's start-up allocations first, so that none lands above the buffer. */
+        char *scratch = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        reg_release(scratch, len);
+        reg_release(scratch, len);
         buf = malloc(len);
     } else {
         buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -166,7 +186,14 @@ int main(int argc, char **argv) {
         shmctl(shmid, IPC_RMID, NULL);
     } else if (!strcmp(s, "free"))
         free(buf);
-    else
+    else if (!strcmp(s, "heap_trim")) {
+        char *top = sbrk(0);
+        free(buf);
+        if ((char *)sbrk(0) >= top) {
+            printf("%s: free() did not trim the heap (skipped)\n", s);
+            return 9;
+        }
+    } else
         return 7;
     /* The same addresses again, without anything that unmaps (free: the fake provider
      * registers any range, and the block may already be reused). */
@@ -176,7 +203,7 @@ int main(int argc, char **argv) {
     }
     size_t kept = strcmp(s, "mremap_shrink") ? 0 : len / 2; /* what stayed mapped */
     if (strcmp(s, "madvise") && strcmp(s, "madvise_free") && strcmp(s, "free") &&
-        strcmp(s, "mmap_fixed") &&
+        strcmp(s, "heap_trim") && strcmp(s, "mmap_fixed") &&
         mmap(buf + kept, len - kept, PROT_READ | PROT_WRITE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) != buf + kept) {
         printf("%s: the range could not be mapped again (skipped)\n", s);
