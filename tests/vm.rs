@@ -204,6 +204,37 @@ fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
         .arg("-ldl");
         run(&mut cmd, &format!("compiling {}", src.display()))?;
     }
+    // Programs linked with UCX (tests/c/ucx/NAME.c -> $BIN/NAME): libucs after libc on the
+    // command line, and libucm after libc, as when libucs brings it.
+    for src in sorted_files(&cdir.join("ucx"), "c")? {
+        let out = bin.join(src.file_stem().unwrap_or_default());
+        let mut cmd = Command::new(&cc);
+        cmd.args([
+            "-O2",
+            "-g",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("-I")
+        .arg(&cdir)
+        .arg(&src)
+        .args(&lib)
+        .args([
+            "-libverbs",
+            "-lrdmacm",
+            "-ldl",
+            "-Wl,--no-as-needed",
+            "-lucs",
+            "-lc",
+            "-lucm",
+        ]);
+        run(&mut cmd, &format!("compiling {}", src.display()))?;
+    }
     // Test libraries (tests/c/so/NAME.c -> $BIN/libNAME.so), for cases that load them.
     for src in sorted_files(&cdir.join("so"), "c")? {
         let stem = src.file_stem().unwrap_or_default().to_string_lossy();

@@ -81,6 +81,7 @@ extern "C" fn route_dlsym(
     };
     let hooked = match hooked(name, None) {
         Some(h) if !from_us(caller) => h,
+        None if !from_us(caller) => return memory_entry(handle, name, caller, real, out),
         _ => return real as usize,
     };
     let found = if handle == libc::RTLD_NEXT {
@@ -100,6 +101,50 @@ extern "C" fn route_dlsym(
     };
     // SAFETY: out points to the entry point's stack slot.
     unsafe { *out = substitute(found, hooked) };
+    0
+}
+
+/// A lookup of one of libc's memory functions that our patch monitor took: libc's entry
+/// where the loader's answer would be our own hook (`patch::libc_entry_instead`). Returns
+/// as `route_dlsym` does; any other lookup goes to libc's `dlsym` untouched.
+fn memory_entry(
+    handle: *mut c_void,
+    name: *const c_char,
+    caller: usize,
+    real: DlsymFn,
+    out: *mut *mut c_void,
+) -> usize {
+    if name.is_null() {
+        return real as usize;
+    }
+    // SAFETY: dlsym's name argument is a NUL-terminated string.
+    let wanted = unsafe { CStr::from_ptr(name) };
+    let Some(target) = crate::patch::PatchTarget::ALL
+        .into_iter()
+        .find(|t| t.name() == wanted)
+    else {
+        return real as usize;
+    };
+    // Before our constructor (another library's constructor asks): patch libc now.
+    crate::load::install();
+    let found = if handle == libc::RTLD_NEXT {
+        // Only the program and the libraries preloaded before ours find ours next.
+        match own_symbol(target.name()) {
+            Some(ours) if crate::search::ours_comes_next(caller, target.name(), ours) => ours,
+            _ => return real as usize,
+        }
+    } else {
+        // SAFETY: libc's dlsym with the caller's handle and name; a handle or RTLD_DEFAULT
+        // answers the same for every caller in the base namespace (as in route_dlsym).
+        unsafe { real(handle, name) as usize }
+    };
+    let answer = match crate::patch::libc_entry_instead(target.name(), found) {
+        Some(entry) => entry,
+        None if handle == libc::RTLD_NEXT => return real as usize,
+        None => found,
+    };
+    // SAFETY: out points to the entry point's stack slot.
+    unsafe { *out = answer as *mut c_void };
     0
 }
 
@@ -350,7 +395,7 @@ unsafe extern "C" fn visit_after(
 ///
 /// # Safety
 /// `info` must be the loader's description of a loaded object.
-unsafe fn span(info: &libc::dl_phdr_info) -> (usize, usize) {
+pub unsafe fn span(info: &libc::dl_phdr_info) -> (usize, usize) {
     let base = info.dlpi_addr as usize;
     // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
     let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
@@ -477,7 +522,7 @@ pub fn own_symbol(name: &CStr) -> Option<usize> {
         return None;
     }
     // SAFETY: find.dynamic is our own mapped dynamic section, ended by DT_NULL.
-    let p = unsafe { lookup_gnu_hash(find.base, find.dynamic, name) } as usize;
+    let p = unsafe { lookup_gnu_hash(find.base, find.dynamic, name) }.unwrap_or(0);
     (p != 0).then_some(p)
 }
 
@@ -490,12 +535,28 @@ pub fn libc_symbol(name: &CStr) -> *mut c_void {
     }
     // SAFETY: find.dynamic is libc's mapped dynamic section, ended by DT_NULL; the tables it
     // points to are mapped for as long as libc is (the whole process).
-    unsafe { lookup_gnu_hash(find.base, find.dynamic, name) }
+    unsafe { lookup_gnu_hash(find.base, find.dynamic, name) }.unwrap_or(0) as *mut c_void
 }
 
+/// Whether the object `info` describes defines `name` (None: it has no GNU hash table).
+///
+/// # Safety
+/// `info` must be the loader's description of a loaded object.
+pub unsafe fn defines(info: &libc::dl_phdr_info, name: &CStr) -> Option<bool> {
+    let base = info.dlpi_addr as usize;
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let dynamic = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC)?;
+    let dynamic = base.wrapping_add(dynamic.p_vaddr as usize) as *const Dyn;
+    // SAFETY: the object's mapped dynamic section.
+    Some(unsafe { lookup_gnu_hash(base, dynamic, name) }? != 0)
+}
+
+/// The address of `name` in an object (0: not defined there; None: no GNU hash table).
+///
 /// # Safety
 /// `dynamic` must be a loaded object's dynamic section and `base` its load base.
-unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> *mut c_void {
+unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
     let (mut symtab, mut strtab, mut gnu_hash) = (0usize, 0usize, 0usize);
     let mut d = dynamic;
     // SAFETY (whole function): the caller's promise; every table read below lies inside
@@ -512,7 +573,7 @@ unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> *mut
             d = d.add(1);
         }
         if symtab == 0 || strtab == 0 || gnu_hash == 0 {
-            return std::ptr::null_mut();
+            return None;
         }
         // glibc relocates these entries in place on x86-64; a loader that does not leaves
         // them relative to the base, below it.
@@ -521,7 +582,7 @@ unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> *mut
         let header = gnu_hash as *const u32;
         let (nbuckets, symoffset, bloom_words) = (*header, *header.add(1), *header.add(2));
         if nbuckets == 0 {
-            return std::ptr::null_mut();
+            return Some(0);
         }
         let buckets = (gnu_hash + 16 + bloom_words as usize * 8) as *const u32;
         let chain = buckets.add(nbuckets as usize);
@@ -531,7 +592,7 @@ unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> *mut
             .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32));
         let mut i = *buckets.add((hash % nbuckets) as usize);
         if i < symoffset {
-            return std::ptr::null_mut();
+            return Some(0);
         }
         loop {
             let entry = *chain.add((i - symoffset) as usize);
@@ -542,10 +603,10 @@ unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> *mut
                 && CStr::from_ptr((strtab + sym.st_name as usize) as *const c_char).to_bytes()
                     == want
             {
-                return base.wrapping_add(sym.st_value as usize) as *mut c_void;
+                return Some(base.wrapping_add(sym.st_value as usize));
             }
             if entry & 1 != 0 {
-                return std::ptr::null_mut();
+                return Some(0);
             }
             i += 1;
         }

@@ -28,6 +28,7 @@ mod provider;
 mod real;
 mod report;
 mod runtime;
+mod search;
 mod selftest;
 mod sys;
 mod trace;

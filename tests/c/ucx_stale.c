@@ -23,6 +23,10 @@ static void on_unmap(ucm_event_type_t type, ucm_event_t *ev, void *arg) {
 }
 
 static void install_ucx_hooks(void) {
+#ifdef UCX_LINKED
+    ucs_status_t st = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, on_unmap, NULL);
+    CHECK(st == UCS_OK, "UCM would not install its memory hooks (status %d)", (int)st);
+#else
     /* libucm needs libucs's symbols; libucs depends on libucm (as when libucp loads them). */
     CHECK(dlopen("libucs.so.0", RTLD_NOW | RTLD_GLOBAL), "dlopen libucs.so.0: %s", dlerror());
     void *ucm = dlopen("libucm.so.0", RTLD_NOW | RTLD_GLOBAL);
@@ -33,6 +37,7 @@ static void install_ucx_hooks(void) {
     memcpy(&set_handler, &sym, sizeof sym);
     ucs_status_t st = set_handler(UCM_EVENT_VM_UNMAPPED, 0, on_unmap, NULL);
     CHECK(st == UCS_OK, "UCM would not install its memory hooks (status %d)", (int)st);
+#endif
 }
 
 /* Under the preload: registering an unchanged buffer again is a hit (the same lkey), so
