@@ -187,3 +187,37 @@ fn brk_prologue_ignores_the_got_displacement() {
     head[8] = 0x89;
     assert_eq!(site_offset(&[BRK], &head), None);
 }
+
+#[test]
+fn sbrk_prologues_match_glibc_236_and_241() {
+    // The first 18 bytes of sbrk in Debian 12's libc.so.6 (2.36-9+deb12u14) and Debian 13's
+    // (2.41-12+deb13u5), from objdump.
+    let v236 = [
+        0x41, 0x54, 0x4c, 0x8b, 0x25, 0xa7, 0x51, 0x0d, 0x00, 0x80, 0x3d, 0xbe, 0x42, 0x0e, 0x00,
+        0x00, 0x55, 0x53,
+    ];
+    let v241 = [
+        0x80, 0x3d, 0x82, 0x5e, 0x0e, 0x00, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb, 0x75,
+        0x28, 0x48, 0x85,
+    ];
+    let sbrk = PatchTarget::Sbrk.prologues();
+    assert_eq!(site_offset(sbrk, &v236), Some(0));
+    assert_eq!(site_offset(sbrk, &v241), Some(0));
+    // Displacements may differ; instructions may not.
+    let (mut a, mut b) = (v236, v241);
+    a[5] ^= 0xff;
+    b[3] ^= 0xff;
+    assert_eq!(site_offset(sbrk, &a), Some(0));
+    assert_eq!(site_offset(sbrk, &b), Some(0));
+    a[9] = 0x81;
+    b[7] = 0x40;
+    assert_eq!(site_offset(sbrk, &a), None);
+    assert_eq!(site_offset(sbrk, &b), None);
+    // shmat: the pointer-returning stub with its own system call number.
+    let shmat = [
+        0xb8, 0x1e, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x00, 0xf0, 0xff, 0xff, 0x77, 0x01, 0xc3,
+        0x48, 0x8b,
+    ];
+    assert_eq!(site_offset(PatchTarget::Shmat.prologues(), &shmat), Some(0));
+    assert_eq!(site_offset(PatchTarget::Shmdt.prologues(), &shmat), None);
+}
