@@ -88,6 +88,18 @@ fn brk_before_our_constructor_keeps_libc_break_in_step() {
     assert!(out.status.success());
 }
 
+/// A program that reads `__curbrk` holds its own copy of it (a copy relocation), which is
+/// the one libc's code keeps: our brk and sbrk must keep that one, not libc's original.
+#[test]
+fn sbrk_and_brk_keep_a_copied_curbrk_in_step() {
+    let prog = build("curbrk_copy", "curbrk_copy", &[]);
+    // Without libmrcache.so the program passes (the test itself is sound).
+    let plain = Command::new(&prog).output().unwrap();
+    assert!(plain.status.success(), "{}", text(&plain));
+    let (status, text) = run_preloaded(&prog, &[]);
+    assert_eq!(status, Some(0), "{text}");
+}
+
 /// `dlclose` of a plugin unloads a dependency only it used; a cached registration of the
 /// dependency's static buffer must go with it (and with the dependency closed directly).
 #[test]

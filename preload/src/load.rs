@@ -70,7 +70,12 @@ pub fn install() {
     }
     LIBC.store(h, Relaxed);
     crate::forward::resolve(h);
-    CURBRK.store(real::address(h, c"__curbrk") as *mut *mut c_void, Relaxed);
+    // The definition libc's own code uses (through its GOT): a program that reads
+    // __curbrk holds a copy of it (a copy relocation), found first; libc's original is not.
+    CURBRK.store(
+        real::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void,
+        Relaxed,
+    );
     real::REALLOC.resolve();
     let next = real::REALLOC.address();
     GLIBC_REALLOC.store(

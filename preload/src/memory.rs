@@ -359,7 +359,8 @@ fn mmapped_chunk(ptr: usize, prev_size: usize, size: usize) -> Option<(usize, us
     ))
 }
 
-/// libc's `__curbrk`, which its brk keeps; our brk must keep it too.
+/// libc's `__curbrk` (the program's copy if it has one: libc keeps that), which its brk
+/// keeps; our brk must keep it too.
 pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
