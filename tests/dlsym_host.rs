@@ -121,3 +121,13 @@ fn rtld_next_from_a_local_plugin_finds_its_libibverbs() {
     let text = plain_and_preloaded(&prog, &[plugin.as_os_str()]);
     assert!(text.contains("dlsym_local: ok (preload loaded)"), "{text}");
 }
+
+/// Our `dlsym` answers `RTLD_NEXT` lookups of libc's memory functions from the program
+/// itself (with libc's entry, for UCX's bistro): like libc's, a success must clear an error
+/// a failed lookup left pending, or `dlsym(); if (dlerror()) fail` idioms fail.
+#[test]
+fn a_memory_lookup_we_answer_clears_dlerror() {
+    let prog = build("dlsym_dlerror.c", "dlsym_dlerror", &["-ldl"]);
+    let text = plain_and_preloaded(&prog, &[]);
+    assert!(text.contains("dlsym_dlerror: ok"), "{text}");
+}

@@ -130,7 +130,13 @@ fn memory_entry(
     let found = if handle == libc::RTLD_NEXT {
         // Only the program and the libraries preloaded before ours find ours next.
         match own_symbol(target.name()) {
-            Some(ours) if crate::search::ours_comes_next(caller, target.name(), ours) => ours,
+            Some(ours) if crate::search::ours_comes_next(caller, target.name(), ours) => {
+                // Answered without libc's dlsym, whose success would clear an error a
+                // failed lookup left for dlerror(): one lookup that succeeds (ours) does.
+                // SAFETY: libc's dlsym with a pseudo-handle and the caller's name.
+                unsafe { real(libc::RTLD_DEFAULT, name) };
+                ours
+            }
             _ => return real as usize,
         }
     } else {
