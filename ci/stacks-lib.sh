@@ -19,6 +19,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # there (MRCACHE_STATS=json).
 begin() {
   CASE=$1
+  # A process that crashes leaves a core for gdb on the host (the guest runs the host's
+  # root: same binaries and libraries): $JOB/cores/core.PROGRAM.PID.
+  mkdir -p "$JOB/cores"; ulimit -c unlimited
+  echo "$JOB/cores/core.%e.%p" > /proc/sys/kernel/core_pattern
   rm -rf "$JOB/cases/$CASE"; mkdir -p "$JOB/cases/$CASE"; cd "$JOB/cases/$CASE" || exit 2
   export MRCACHE_STATS=json MRCACHE_STATS_FILE=$PWD/stats.%p.json
 }
