@@ -100,6 +100,24 @@ fn sbrk_and_brk_keep_a_copied_curbrk_in_step() {
     assert_eq!(status, Some(0), "{text}");
 }
 
+/// mrcache's drain thread (and, when tracing, its writer) has its malloc arena by the time
+/// the first registration returns, not at some later drain while the program reuses freed
+/// addresses (tests/c/host/arena_settled.c says why).
+#[test]
+fn our_threads_take_their_arena_before_the_first_registration_returns() {
+    let prog = build("arena_settled", "arena_settled", &["-libverbs"]);
+    for (log, want) in [(None, "1"), (Some("trace"), "2")] {
+        let mut cmd = Command::new(&prog);
+        cmd.arg(want).env("LD_PRELOAD", lib());
+        if let Some(level) = log {
+            cmd.env("MRCACHE_LOG", level)
+                .env("MRCACHE_LOG_FILE", "/dev/null");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "MRCACHE_LOG={log:?}: {}", text(&out));
+    }
+}
+
 /// `dlclose` of a plugin unloads a dependency only it used; a cached registration of the
 /// dependency's static buffer must go with it (and with the dependency closed directly).
 #[test]

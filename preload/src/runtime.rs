@@ -183,6 +183,33 @@ pub fn after_fork_child() {
     );
 }
 
+/// Start one of our threads and wait (at most 100 ms) until it has made its first
+/// allocation. glibc gives a thread its own malloc arena at its first allocation, a new
+/// 64 MiB reservation whose place the kernel picks then: made later, at the thread's first
+/// drain (right after the program freed a block), it could land where the program's next
+/// `malloc` would have reused the freed block's address. Made now, it is where it would be
+/// without us looking. The wait is bounded: a thread that cannot start (a loader lock the
+/// caller holds) only loses that guarantee.
+pub fn spawn_settled(name: &str, body: impl FnOnce() + Send + 'static) {
+    let settled = std::sync::Arc::new(AtomicBool::new(false));
+    let seen = settled.clone();
+    let started = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            std::hint::black_box(Box::new(0u64));
+            seen.store(true, Release);
+            drop(seen);
+            body()
+        });
+    if started.is_err() {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    while !settled.load(Acquire) && t0.elapsed() < std::time::Duration::from_millis(100) {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
 /// Deregisters idle entries whose memory went away even when the program makes no more
 /// verbs calls, so their pinned pages are given back. Started at the first registration
 /// (and again in a fork child).
@@ -191,22 +218,20 @@ pub fn ensure_drain_thread() {
     if DRAIN_RUNNING.load(Relaxed) || DRAIN_RUNNING.swap(true, Relaxed) {
         return;
     }
-    let _ = std::thread::Builder::new()
-        .name("mrcache-drain".into())
-        .spawn(|| {
-            loop {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                if let Some(rt) = RUNTIME.get()
-                    && let Some(cache) = cache()
-                {
-                    let _ = catch_unwind(AssertUnwindSafe(|| {
-                        if rt.monitor == Monitor::Patch {
-                            crate::init::check_patches(cache);
-                        }
-                        flush_after_fork(cache);
-                        cache.drain_pending()
-                    }));
-                }
+    spawn_settled("mrcache-drain", || {
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            if let Some(rt) = RUNTIME.get()
+                && let Some(cache) = cache()
+            {
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    if rt.monitor == Monitor::Patch {
+                        crate::init::check_patches(cache);
+                    }
+                    flush_after_fork(cache);
+                    cache.drain_pending()
+                }));
             }
-        });
+        }
+    });
 }

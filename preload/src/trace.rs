@@ -176,16 +176,14 @@ pub fn ensure_writer() {
     if !enabled() || WRITER_RUNNING.load(Relaxed) || WRITER_RUNNING.swap(true, Relaxed) {
         return;
     }
-    let _ = std::thread::Builder::new()
-        .name("mrcache-trace".into())
-        .spawn(|| {
-            loop {
-                let asked = FLUSH_ASKED.load(Acquire);
-                drain();
-                FLUSH_DONE.fetch_max(asked, Release);
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-        });
+    crate::runtime::spawn_settled("mrcache-trace", || {
+        loop {
+            let asked = FLUSH_ASKED.load(Acquire);
+            drain();
+            FLUSH_DONE.fetch_max(asked, Release);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    });
 }
 
 /// Exit flushes the writer has done: `flush_at_exit` asks, the writer answers after a drain.
