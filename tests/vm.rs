@@ -157,83 +157,55 @@ fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
     let lib: Vec<PathBuf> = sorted_files(&cdir.join("lib"), "c")?;
     std::fs::create_dir_all(bin).map_err(|e| e.to_string())?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    for src in sorted_files(&cdir, "c")? {
-        let out = bin.join(src.file_stem().unwrap_or_default());
-        let mut cmd = Command::new(&cc);
-        cmd.args([
-            "-O2",
-            "-g",
-            "-D_GNU_SOURCE",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&out)
-        .arg("-I")
-        .arg(&cdir)
-        .arg(&src)
-        .args(&lib)
-        .args(["-libverbs", "-lrdmacm", "-ldl"]);
-        run(&mut cmd, &format!("compiling {}", src.display()))?;
-    }
-    // NCCL-style programs (tests/c/dl/NAME.c -> $BIN/NAME): not linked with libibverbs;
-    // lib/dlverbs.h turns every verbs call into a pointer dlsym'd from a dlopen'd one.
-    for src in sorted_files(&cdir.join("dl"), "c")? {
-        let out = bin.join(src.file_stem().unwrap_or_default());
-        let mut cmd = Command::new(&cc);
-        cmd.args([
-            "-O2",
-            "-g",
-            "-D_GNU_SOURCE",
-            "-DMRCACHE_DLVERBS",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-            "-include",
-            "lib/dlverbs.h",
-            "-o",
-        ])
-        .arg(&out)
-        .arg("-I")
-        .arg(&cdir)
-        .arg(&src)
-        .args(&lib)
-        .arg("-ldl");
-        run(&mut cmd, &format!("compiling {}", src.display()))?;
-    }
-    // Programs linked with UCX (tests/c/ucx/NAME.c -> $BIN/NAME): libucs after libc on the
-    // command line, and libucm after libc, as when libucs brings it.
-    for src in sorted_files(&cdir.join("ucx"), "c")? {
-        let out = bin.join(src.file_stem().unwrap_or_default());
-        let mut cmd = Command::new(&cc);
-        cmd.args([
-            "-O2",
-            "-g",
-            "-D_GNU_SOURCE",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&out)
-        .arg("-I")
-        .arg(&cdir)
-        .arg(&src)
-        .args(&lib)
-        .args([
-            "-libverbs",
-            "-lrdmacm",
-            "-ldl",
-            "-Wl,--no-as-needed",
-            "-lucs",
-            "-lc",
-            "-lucm",
-        ]);
-        run(&mut cmd, &format!("compiling {}", src.display()))?;
+    // (directory, flags before the source, libraries after it)
+    let kinds: [(PathBuf, &[&str], &[&str]); 3] = [
+        (cdir.clone(), &[], &["-libverbs", "-lrdmacm", "-ldl"]),
+        // NCCL-style programs (tests/c/dl/NAME.c -> $BIN/NAME): not linked with libibverbs;
+        // lib/dlverbs.h turns every verbs call into a pointer dlsym'd from a dlopen'd one.
+        (
+            cdir.join("dl"),
+            &["-DMRCACHE_DLVERBS", "-include", "lib/dlverbs.h"],
+            &["-ldl"],
+        ),
+        // Programs linked with UCX (tests/c/ucx/NAME.c -> $BIN/NAME): libucs, then libc, then
+        // libucm, so that libucm comes after libc in the search order, as when libucs brings it.
+        (
+            cdir.join("ucx"),
+            &[],
+            &[
+                "-libverbs",
+                "-lrdmacm",
+                "-ldl",
+                "-Wl,--no-as-needed",
+                "-lucs",
+                "-lc",
+                "-lucm",
+            ],
+        ),
+    ];
+    for (dir, flags, libs) in kinds {
+        for src in sorted_files(&dir, "c")? {
+            let out = bin.join(src.file_stem().unwrap_or_default());
+            let mut cmd = Command::new(&cc);
+            cmd.args([
+                "-O2",
+                "-g",
+                "-D_GNU_SOURCE",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pthread",
+            ])
+            .args(flags)
+            .arg("-o")
+            .arg(&out)
+            .arg("-I")
+            .arg(&cdir)
+            .arg(&src)
+            .args(&lib)
+            .args(libs);
+            run(&mut cmd, &format!("compiling {}", src.display()))?;
+        }
     }
     // Test libraries (tests/c/so/NAME.c -> $BIN/libNAME.so), for cases that load them.
     for src in sorted_files(&cdir.join("so"), "c")? {
