@@ -118,6 +118,24 @@ fn our_threads_take_their_arena_before_the_first_registration_returns() {
     }
 }
 
+/// The same thread starts (and the registration returns) when the first registration is
+/// made in a library constructor, under the loader lock (tests/c/host/settled_in_ctor.c).
+#[test]
+fn our_thread_starts_when_the_first_registration_is_in_a_constructor() {
+    let ctor = build(
+        "settled_in_ctor",
+        "libsettled_in_ctor.so",
+        &["-shared", "-fPIC", "-libverbs"],
+    );
+    let prog = build("arena_settled", "arena_settled_dlopen", &["-libverbs"]);
+    let out = Command::new(&prog)
+        .args(["1", ctor.to_str().unwrap()])
+        .env("LD_PRELOAD", lib())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// `dlclose` of a plugin unloads a dependency only it used; a cached registration of the
 /// dependency's static buffer must go with it (and with the dependency closed directly).
 #[test]

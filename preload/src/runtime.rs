@@ -13,7 +13,9 @@ use mrcache::cache::Cache;
 use mrcache::config::{LogLevel, Monitor, StatsMode};
 use mrcache::fork::FlushRequests;
 use mrcache::stats::{Bypassed, Counter, Counters, Tally};
+use std::ffi::CStr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 pub struct Runtime {
@@ -188,26 +190,58 @@ pub fn after_fork_child() {
 /// 64 MiB reservation whose place the kernel picks then: made later, at the thread's first
 /// drain (right after the program freed a block), it could land where the program's next
 /// `malloc` would have reused the freed block's address. Made now, it is where it would be
-/// without us looking. The wait is bounded: a thread that cannot start (a loader lock the
-/// caller holds) only loses that guarantee.
-pub fn spawn_settled(name: &str, body: impl FnOnce() + Send + 'static) {
-    let settled = std::sync::Arc::new(AtomicBool::new(false));
-    let seen = settled.clone();
-    let started = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            std::hint::black_box(Box::new(0u64));
-            seen.store(true, Release);
-            drop(seen);
-            body()
-        });
-    if started.is_err() {
+/// without us looking. A bare pthread, not `std::thread`: std's start-up registers a
+/// thread-local destructor, which takes the loader lock, so a first registration made in a
+/// library constructor (under that lock) waited the whole 100 ms. The wait stays bounded:
+/// the new thread may simply not get a CPU for a while.
+pub fn spawn_settled(name: &'static CStr, body: fn()) {
+    let start = Arc::new(Start {
+        body,
+        settled: AtomicBool::new(false),
+    });
+    let arg = Arc::into_raw(start.clone()) as *mut libc::c_void;
+    // SAFETY: plain pthread calls on a local attr; `run` takes over `arg`'s reference
+    // when the thread starts, and we take it back when it does not.
+    let started = unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        // std::thread's default, so the address space looks as it did.
+        libc::pthread_attr_setstacksize(&mut attr, 2 << 20);
+        let mut thread: libc::pthread_t = 0;
+        let rc = libc::pthread_create(&mut thread, &attr, run, arg);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc == 0 {
+            libc::pthread_setname_np(thread, name.as_ptr());
+        } else {
+            drop(Arc::from_raw(arg as *const Start));
+        }
+        rc == 0
+    };
+    if !started {
         return;
     }
     let t0 = std::time::Instant::now();
-    while !settled.load(Acquire) && t0.elapsed() < std::time::Duration::from_millis(100) {
+    while !start.settled.load(Acquire) && t0.elapsed() < std::time::Duration::from_millis(100) {
         std::thread::sleep(std::time::Duration::from_micros(50));
     }
+}
+
+struct Start {
+    body: fn(),
+    settled: AtomicBool,
+}
+
+extern "C" fn run(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `arg` is the reference spawn_settled made with Arc::into_raw for this thread.
+    let start = unsafe { Arc::from_raw(arg as *const Start) };
+    std::hint::black_box(Box::new(0u64));
+    start.settled.store(true, Release);
+    let body = start.body;
+    drop(start);
+    // Nothing may unwind out of an extern "C" function.
+    let _ = catch_unwind(body);
+    std::ptr::null_mut()
 }
 
 /// Deregisters idle entries whose memory went away even when the program makes no more
@@ -218,7 +252,7 @@ pub fn ensure_drain_thread() {
     if DRAIN_RUNNING.load(Relaxed) || DRAIN_RUNNING.swap(true, Relaxed) {
         return;
     }
-    spawn_settled("mrcache-drain", || {
+    spawn_settled(c"mrcache-drain", || {
         loop {
             std::thread::sleep(std::time::Duration::from_millis(20));
             if let Some(rt) = RUNTIME.get()

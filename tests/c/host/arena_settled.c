@@ -4,8 +4,10 @@
  * program's next malloc would have reused (seen in the VM: stale.c's free_malloc got "not
  * the same pages"). Counts the arenas malloc_info lists before and right after the first
  * ibv_reg_mr (fake provider). With MRCACHE_LOG=trace the trace writer takes one too.
- *   arena_settled WANT   exit 0 when WANT more arenas exist right after the registration */
+ *   arena_settled WANT       exit 0 when WANT more arenas exist right after the registration
+ *   arena_settled 1 LIB      exit 0 when LIB's constructor saw the drain thread settle */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <malloc.h>
 #include <stdio.h>
@@ -32,6 +34,14 @@ static int arenas(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 3) {
+        void *lib = dlopen(argv[2], RTLD_NOW);
+        int *sleeping = lib ? dlsym(lib, "drain_sleeping") : NULL;
+        if (!sleeping)
+            return 4;
+        printf("drain thread in its sleep during the constructor: %d\n", *sleeping);
+        return *sleeping == 1 ? 0 : 1;
+    }
     if (argc != 2)
         return 2;
     static struct ibv_context ctx;
