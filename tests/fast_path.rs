@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 struct Fake {
     next: AtomicUsize,
     live: Mutex<Vec<usize>>,
+    /// The MR each shadow was last filled with: the cache reuses shadows across entries, so
+    /// two handles are the same registration only if their MRs are.
+    shadow_mr: Mutex<std::collections::HashMap<usize, usize>>,
     /// Deregistrations of an MR that was not live (a double deregistration).
     unknown_deregs: AtomicUsize,
 }
@@ -38,8 +41,20 @@ impl Registrar for &Fake {
     fn alloc_shadow(&self) -> Option<usize> {
         Some((1 << 40) + 64 * self.next.fetch_add(1, SeqCst))
     }
-    fn fill_shadow(&self, _: usize, _: Mr, _: usize, _: usize) -> bool {
+    fn fill_shadow(&self, shadow: usize, mr: Mr, _: usize, _: usize) -> bool {
+        self.shadow_mr.lock().unwrap().insert(shadow, mr.ptr);
         true
+    }
+}
+
+impl Fake {
+    /// The provider's MR behind a handle the cache gave out (read while it is held: a held
+    /// shadow is not refilled).
+    fn mr_of(&self, handle: usize) -> usize {
+        match self.shadow_mr.lock().unwrap().get(&handle) {
+            Some(&mr) => mr,
+            None => handle,
+        }
     }
 }
 
@@ -131,6 +146,31 @@ fn an_entry_in_use_when_invalidated_goes_at_its_release() {
     assert_eq!(cache.release(h), Released::DoubleRelease);
 }
 
+/// The cache reuses a released shadow `ibv_mr` for any entry, so the same handle after an
+/// invalidation is not by itself a stale hit: the test below compares the MRs behind the
+/// handles (it compared the handles, and failed once in CI under load).
+#[test]
+fn a_spare_shadow_comes_back_for_a_new_entry() {
+    let fake = Fake::default();
+    let cache = Cache::new(&fake, LIMITS);
+    let v = req(0x40_0000);
+    let (primary, _) = cache.acquire(&v).unwrap();
+    // The provider's pointer is held: a second holder gets a shadow.
+    let (old, _) = cache.acquire(&v).unwrap();
+    let old_mr = fake.mr_of(old);
+    assert_ne!(old, old_mr);
+    cache.release(old);
+    cache.invalidate_begin(v.addr, v.addr + v.len);
+    cache.invalidate_end();
+    cache.release(primary);
+    let (fresh, _) = cache.acquire(&v).unwrap();
+    let (x, _) = cache.acquire(&v).unwrap();
+    assert_eq!(x, old, "the spare shadow is handed out again");
+    assert_ne!(fake.mr_of(x), old_mr, "for the new registration");
+    cache.release(x);
+    cache.release(fresh);
+}
+
 /// Two threads hit the same buffer and private ones (draining the queue whenever they see
 /// it dirty) while this thread unmaps and re-registers the shared one: every lookup that
 /// starts after the unmap hook began must miss the old entry.
@@ -163,13 +203,16 @@ fn concurrent_hits_never_see_an_entry_after_its_unmap_began() {
         let _stop = Stop(&done);
         for _ in 0..5_000 {
             let (old, _) = cache.acquire(&victim).unwrap();
+            let old_mr = fake.mr_of(old);
             cache.release(old);
             cache.invalidate_begin(victim.addr, victim.addr + victim.len);
             cache.invalidate_end();
-            // Any lookup from here on: never `old` (the fake never reuses a pointer).
+            // Any lookup from here on: never `old`'s registration (the fake never reuses an
+            // MR pointer; the cache does reuse shadows, for other entries too).
             let (x, _) = cache.acquire(&victim).unwrap();
+            let x_mr = fake.mr_of(x);
             cache.release(x);
-            assert_ne!(x, old, "hit an entry whose unmap had begun");
+            assert_ne!(x_mr, old_mr, "hit an entry whose unmap had begun");
         }
     });
 }
