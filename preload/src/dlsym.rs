@@ -144,7 +144,7 @@ fn memory_entry(
         // answers the same for every caller in the base namespace (as in route_dlsym).
         unsafe { real(handle, name) as usize }
     };
-    let answer = match crate::patch::libc_entry_instead(target.name(), found) {
+    let answer = match crate::patch::libc_entry_instead(target, found) {
         Some(entry) => entry,
         None if handle == libc::RTLD_NEXT => return real as usize,
         None => found,

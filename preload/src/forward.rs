@@ -9,20 +9,21 @@
 //! Resolved in the constructor from libc's handle; read with one load. No allocation, no
 //! lock: these run inside allocators.
 
+use crate::patch::PatchTarget;
 use crate::real::Symbol;
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 
-/// libc's entry point of one memory call, typed `F`.
-pub struct Entry<F>(Symbol<F>);
+/// libc's entry point of one memory call (one the patch monitor may patch), typed `F`.
+pub struct Entry<F>(Symbol<F>, PatchTarget);
 
 impl<F: Copy> Entry<F> {
     /// # Safety
-    /// `F` must be glibc's prototype of `name` (a variadic one as its fixed-argument form
-    /// where the x86-64 calling convention passes the arguments alike).
-    const unsafe fn new(name: &'static CStr) -> Self {
+    /// `F` must be glibc's prototype of `target`'s function (a variadic one as its
+    /// fixed-argument form where the x86-64 calling convention passes the arguments alike).
+    const unsafe fn new(target: PatchTarget) -> Self {
         // SAFETY: the caller's contract.
-        Entry(unsafe { Symbol::next(name) })
+        Entry(unsafe { Symbol::next(target.name()) }, target)
     }
 
     fn name(&self) -> &'static CStr {
@@ -43,7 +44,7 @@ impl<F: Copy> Entry<F> {
         {
             return None;
         }
-        let at = match crate::patch::site(self.name()) {
+        let at = match crate::patch::site(self.1) {
             crate::patch::Site::Chained(t) => t as *mut c_void,
             crate::patch::Site::Ours => return None,
             crate::patch::Site::Other => {
@@ -105,14 +106,14 @@ pub type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
 
 // SAFETY (each): glibc's prototype; mremap is variadic, and on x86-64 its fifth argument
 // travels in its register either way.
-pub static MUNMAP: Entry<MunmapFn> = unsafe { Entry::new(c"munmap") };
-pub static MADVISE: Entry<MadviseFn> = unsafe { Entry::new(c"madvise") };
-pub static MREMAP: Entry<MremapFn> = unsafe { Entry::new(c"mremap") };
-pub static MMAP: Entry<MmapFn> = unsafe { Entry::new(c"mmap") };
-pub static SHMAT: Entry<ShmatFn> = unsafe { Entry::new(c"shmat") };
-pub static SHMDT: Entry<ShmdtFn> = unsafe { Entry::new(c"shmdt") };
-pub static BRK: Entry<BrkFn> = unsafe { Entry::new(c"brk") };
-pub static SBRK: Entry<SbrkFn> = unsafe { Entry::new(c"sbrk") };
+pub static MUNMAP: Entry<MunmapFn> = unsafe { Entry::new(PatchTarget::Munmap) };
+pub static MADVISE: Entry<MadviseFn> = unsafe { Entry::new(PatchTarget::Madvise) };
+pub static MREMAP: Entry<MremapFn> = unsafe { Entry::new(PatchTarget::Mremap) };
+pub static MMAP: Entry<MmapFn> = unsafe { Entry::new(PatchTarget::Mmap) };
+pub static SHMAT: Entry<ShmatFn> = unsafe { Entry::new(PatchTarget::Shmat) };
+pub static SHMDT: Entry<ShmdtFn> = unsafe { Entry::new(PatchTarget::Shmdt) };
+pub static BRK: Entry<BrkFn> = unsafe { Entry::new(PatchTarget::Brk) };
+pub static SBRK: Entry<SbrkFn> = unsafe { Entry::new(PatchTarget::Sbrk) };
 
 /// Find libc's entry points (constructor, before any patch of ours).
 pub fn resolve(libc_handle: *mut c_void) {

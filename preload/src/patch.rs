@@ -208,7 +208,7 @@ impl PatchTarget {
         PatchTarget::Shmat,
     ];
 
-    pub fn name(self) -> &'static CStr {
+    pub const fn name(self) -> &'static CStr {
         match self {
             PatchTarget::Munmap => c"munmap",
             PatchTarget::Madvise => c"madvise",
@@ -283,27 +283,30 @@ pub enum Site {
     Other,
 }
 
-/// One search of the patched sites for `name` (this runs on every unmap in the process).
-pub fn site(name: &CStr) -> Site {
-    for i in 0..SITES {
-        let at = SITE_AT[i].load(Relaxed);
-        if at == 0 {
-            return Site::Other;
-        }
-        // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
-        if unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) } != name {
-            continue;
-        }
-        let chained = SITE_CHAINED[i].load(Acquire);
-        return if chained != 0 {
-            Site::Chained(chained)
-        } else if site_intact(i, at) {
-            Site::Ours
-        } else {
-            Site::Other
-        };
+/// Each target's site (its index + 1; 0: not patched), set by `install`: a memory hook
+/// finds its site with one load, not a search by name (this runs on every unmap).
+static TARGET_SITE: [AtomicUsize; PatchTarget::ALL.len()] =
+    [const { AtomicUsize::new(0) }; PatchTarget::ALL.len()];
+
+/// The site `install` patched for `target`, with its address.
+fn site_of(target: PatchTarget) -> Option<(usize, usize)> {
+    let i = TARGET_SITE[target as usize].load(Relaxed).checked_sub(1)?;
+    Some((i, SITE_AT[i].load(Relaxed)))
+}
+
+/// What libc's entry of `target` holds now.
+pub fn site(target: PatchTarget) -> Site {
+    let Some((i, at)) = site_of(target) else {
+        return Site::Other;
+    };
+    let chained = SITE_CHAINED[i].load(Acquire);
+    if chained != 0 {
+        Site::Chained(chained)
+    } else if site_intact(i, at) {
+        Site::Ours
+    } else {
+        Site::Other
     }
-    Site::Other
 }
 
 /// Write `code` at `site` (code pages made writable for the copy, then read+execute).
@@ -425,18 +428,15 @@ pub fn hook_taken_before_start() -> Option<&'static CStr> {
 /// another patcher's hook). Calling either reaches our hook; but a patcher that writes its
 /// jump over the function `dlsym` gave it (UCX's bistro) then writes over libc's entry,
 /// which we take back and chain to, and not over our hook, where nothing of ours would run.
-pub fn libc_entry_instead(name: &CStr, found: usize) -> Option<usize> {
+pub fn libc_entry_instead(target: PatchTarget, found: usize) -> Option<usize> {
     let named = |slot: &AtomicUsize| {
         // SAFETY: the name slots hold pointers of `&'static CStr`s stored with them.
-        (unsafe { CStr::from_ptr(slot.load(Relaxed) as *const _) }) == name
+        (unsafe { CStr::from_ptr(slot.load(Relaxed) as *const _) }) == target.name()
     };
     (0..HOOKS)
         .take_while(|&i| HOOK_AT[i].load(Relaxed) != 0)
         .find(|&i| HOOK_AT[i].load(Relaxed) == found && named(&HOOK_NAME[i]))?;
-    let i = (0..SITES)
-        .take_while(|&i| SITE_AT[i].load(Relaxed) != 0)
-        .find(|&i| named(&SITE_NAME[i]))?;
-    let at = SITE_AT[i].load(Relaxed);
+    let (i, at) = site_of(target)?;
     (SITE_CHAINED[i].load(Acquire) != 0 || site_intact(i, at))
         .then(|| at - SITE_ENDBR[i].load(Relaxed))
 }
@@ -503,12 +503,20 @@ pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> 
     Err(PatchError::Unexpected)
 }
 
-/// Patch each of `targets` (at most 16); returns the bitmask of those patched. Constructor.
+/// Patch each of `targets` (`PatchTarget::ALL`'s, in its order); returns the bitmask of
+/// those patched. Constructor.
 pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
     let mut done = 0;
-    for (i, t) in targets.iter().enumerate().take(SITES) {
+    for (i, t) in targets.iter().enumerate().take(TARGET_SITE.len()) {
         match patch(libc_handle, t) {
-            Ok(()) => done |= 1 << i,
+            Ok(()) => {
+                done |= 1 << i;
+                // The site patch_at just filled is the last one in use.
+                let used = (0..SITES)
+                    .take_while(|&s| SITE_AT[s].load(Relaxed) != 0)
+                    .count();
+                TARGET_SITE[i].store(used, Relaxed);
+            }
             Err(e) => REFUSED[i].store(e as u8, Relaxed),
         }
     }
