@@ -65,6 +65,12 @@ const LIMITS: Limits = Limits {
     remote_superset: false,
 };
 
+/// Shadows off: holders share the provider's pointer.
+const SHARED: Limits = Limits {
+    shadow: false,
+    ..LIMITS
+};
+
 fn req(addr: usize) -> Request {
     Request {
         pd: 0x10,
@@ -224,13 +230,7 @@ fn concurrent_hits_never_see_an_entry_after_its_unmap_began() {
 #[test]
 fn racing_releases_of_a_shared_pointer_count_each_holding_once() {
     let fake = Fake::default();
-    let cache = Cache::new(
-        &fake,
-        Limits {
-            shadow: false,
-            ..LIMITS
-        },
-    );
+    let cache = Cache::new(&fake, SHARED);
     for i in 0..2_000usize {
         let r = req(0x100_0000 + (i % 8) * 0x10_0000);
         let (h, _) = cache.acquire(&r).unwrap();
@@ -405,13 +405,7 @@ fn hits_while_slots_are_reused_get_their_own_registration() {
 #[test]
 fn every_lock_free_hit_is_counted() {
     let fake = Fake::default();
-    let cache = Cache::new(
-        &fake,
-        Limits {
-            shadow: false,
-            ..LIMITS
-        },
-    );
+    let cache = Cache::new(&fake, SHARED);
     let r = req(0x10_0000);
     let (h, _) = cache.acquire(&r).unwrap();
     cache.release(h);
