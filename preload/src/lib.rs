@@ -12,6 +12,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod budget;
+mod cross_modify;
 mod dl;
 mod dlsym;
 mod fast;

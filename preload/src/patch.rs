@@ -2,12 +2,14 @@
 //! `__mmap` from `free`, `malloc_trim`, arena shrinking (with `vm.overcommit_memory=2`, by
 //! `mmap(PROT_NONE, MAP_FIXED)`) and `sbrk`, past any symbol interposition. In glibc these
 //! internal entry points are the same code as the exported functions, so we overwrite the
-//! start of each with a jump to our hook, once, in the constructor, before the program has
-//! threads, and never undo it (libfabric's crashes came from patching and un-patching while
-//! other threads ran the code).
+//! first instruction of each with a 5-byte jump to our hook, once, in the constructor, and
+//! never undo it (libfabric's crashes came from patching and un-patching while other
+//! threads ran the code). Other threads may already run them then (a library's constructor
+//! started them): `cross_modify` says how the jump is written so that none of them can
+//! execute a partly written instruction or return from the kernel into one.
 //!
 //! Our hooks make the system call themselves and never return into libc's function, so the
-//! overwritten instructions need no relocation, provided nothing branches into the bytes we
+//! overwritten instruction needs no relocation, provided nothing branches into the bytes we
 //! overwrite. We only patch a function whose first bytes are a prologue we recognise byte
 //! for byte (each checked by disassembling that glibc: no branch lands inside them), after
 //! an optional `endbr64` that stays at the entry for CET's indirect branch tracking.
@@ -16,17 +18,21 @@
 //! Another patcher (UCX, Open MPI, a profiler) can overwrite our jump later: `site()`
 //! and the checks before each hit compare the bytes; the runtime stops caching when they changed.
 
-use std::ffi::{CStr, c_int, c_void};
+use crate::cross_modify::{self, JMP_LEN};
+use std::ffi::{CStr, c_void};
 use std::sync::atomic::{
-    AtomicU8, AtomicUsize,
+    AtomicU8, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
 /// A recognised function start: `bytes`, where positions in `any` (a bit mask) are
-/// displacements that may differ between builds and are overwritten, never executed.
+/// displacements that may differ between builds. `first`: the length of its first
+/// instruction, which our jump replaces (while other threads run, only one of at least
+/// `JMP_LEN` bytes can be).
 pub struct Prologue {
-    pub bytes: [u8; JUMP_LEN],
+    pub bytes: [u8; MATCH_LEN],
     pub any: u16,
+    pub first: u8,
 }
 
 pub struct Target {
@@ -40,6 +46,9 @@ pub enum PatchError {
     NotFound = 1,
     Unexpected = 2,
     Mprotect = 3,
+    Busy = 4,
+    NoSync = 5,
+    Far = 6,
 }
 
 impl PatchError {
@@ -52,6 +61,13 @@ impl PatchError {
             PatchError::Mprotect => {
                 "making libc's code writable was refused (MemoryDenyWriteExecute, SELinux deny_execmem, PR_SET_MDWE or a seccomp filter)"
             }
+            PatchError::Busy => {
+                "other threads were already running, and its first instruction cannot be replaced by a jump in one atomic write (shorter than the jump, or across an aligned 16-byte block): a thread could run a half-written instruction"
+            }
+            PatchError::NoSync => {
+                "other threads were already running, and membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE) is unavailable (Linux < 4.16 or a seccomp filter) to make them all run the new code"
+            }
+            PatchError::Far => "no page for a jump target could be mapped within 2 GiB of it",
         }
     }
 
@@ -60,21 +76,28 @@ impl PatchError {
             1 => Some(PatchError::NotFound),
             2 => Some(PatchError::Unexpected),
             3 => Some(PatchError::Mprotect),
+            4 => Some(PatchError::Busy),
+            5 => Some(PatchError::NoSync),
+            6 => Some(PatchError::Far),
             _ => None,
         }
     }
 }
 
-/// `jmp qword [rip+0]` followed by the 8-byte hook address. Not the `movabs r11; jmp r11`
-/// that libfabric's memhooks takes for its own patch (it would then refuse to start).
-pub const JUMP_LEN: usize = 14;
+/// How many bytes of a function start are compared with a `Prologue`, and read of another
+/// patcher's jump.
+pub const MATCH_LEN: usize = 14;
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
-fn jump(hook: usize) -> [u8; JUMP_LEN] {
-    let mut code = [0u8; JUMP_LEN];
-    code[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
-    code[6..].copy_from_slice(&(hook as u64).to_le_bytes());
-    code
+/// Our jump at `site` to `hook`: `jmp rel32` (not the `movabs r11; jmp r11` that
+/// libfabric's memhooks takes for its own patch: it would then refuse to start), through a
+/// trampoline when the hook is out of its reach.
+fn jump_to(site: usize, hook: usize) -> Result<[u8; JMP_LEN], PatchError> {
+    if let Some(j) = cross_modify::jmp_rel32(site, hook) {
+        return Ok(j);
+    }
+    let t = cross_modify::trampoline(site, hook).ok_or(PatchError::Far)?;
+    cross_modify::jmp_rel32(site, t).ok_or(PatchError::Far)
 }
 
 fn matches(p: &Prologue, code: &[u8]) -> bool {
@@ -85,13 +108,25 @@ fn matches(p: &Prologue, code: &[u8]) -> bool {
         .all(|(i, (want, got))| p.any & (1 << i) != 0 || want == got)
 }
 
-/// Where our jump starts in a function that begins with `code`, if it is one we know.
-pub fn site_offset(prologues: &[Prologue], code: &[u8; ENDBR64.len() + JUMP_LEN]) -> Option<usize> {
+/// Where our jump starts in a function that begins with `code`, and the prologue there, if
+/// it is one we know.
+fn known_start<'p>(
+    prologues: &'p [Prologue],
+    code: &[u8; ENDBR64.len() + MATCH_LEN],
+) -> Option<(usize, &'p Prologue)> {
     let skip = if code[..4] == ENDBR64 { 4 } else { 0 };
     prologues
         .iter()
-        .any(|p| matches(p, &code[skip..skip + JUMP_LEN]))
-        .then_some(skip)
+        .find(|p| matches(p, &code[skip..skip + MATCH_LEN]))
+        .map(|p| (skip, p))
+}
+
+/// Where our jump starts in a function that begins with `code`, if it is one we know.
+pub fn site_offset(
+    prologues: &[Prologue],
+    code: &[u8; ENDBR64.len() + MATCH_LEN],
+) -> Option<usize> {
+    known_start(prologues, code).map(|(skip, _)| skip)
 }
 
 /// The prologue of a glibc system call stub returning an int (`munmap`, `madvise`):
@@ -102,6 +137,7 @@ pub const fn syscall_stub(nr: u8) -> Prologue {
             0xb8, nr, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73,
         ],
         any: 0,
+        first: 5,
     }
 }
 
@@ -111,6 +147,7 @@ pub const BRK: Prologue = Prologue {
         0xb8, 0x0c, 0, 0, 0, 0x0f, 0x05, 0x48, 0x8b, 0x15, 0, 0, 0, 0,
     ],
     any: 0b11_1100_0000_0000,
+    first: 5,
 };
 
 /// glibc's `mmap`, which checks the offset's alignment before the system call.
@@ -121,6 +158,7 @@ pub const MMAP: [Prologue; 2] = [
             0x41, 0x89, 0xca, 0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x14, 0xb8, 0x09,
         ],
         any: 0,
+        first: 3,
     },
     // 2.41: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx; mov rbx, rdi (2 of 3)
     Prologue {
@@ -128,6 +166,7 @@ pub const MMAP: [Prologue; 2] = [
             0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48,
         ],
         any: 0,
+        first: 7,
     },
 ];
 
@@ -161,6 +200,7 @@ static MREMAP_START: [Prologue; 1] = [Prologue {
         0x48, 0x83, 0xec, 0x58, 0x4c, 0x89, 0x44, 0x24, 0x40, 0x64, 0x48, 0x8b, 0x04, 0x25,
     ],
     any: 0,
+    first: 4,
 }];
 /// glibc's shmdt: `mov eax, 67; syscall; cmp rax, -4096; ja` (a pointer-returning stub).
 static SHMDT_STUB: [Prologue; 1] = [pointer_stub(0x43)];
@@ -174,6 +214,7 @@ const fn pointer_stub(nr: u8) -> Prologue {
             0xb8, nr, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x00, 0xf0, 0xff, 0xff, 0x77,
         ],
         any: 0,
+        first: 5,
     }
 }
 
@@ -186,6 +227,7 @@ static SBRK_START: [Prologue; 2] = [
             0x41, 0x54, 0x4c, 0x8b, 0x25, 0, 0, 0, 0, 0x80, 0x3d, 0, 0, 0,
         ],
         any: 0b11_1001_1110_0000,
+        first: 2,
     },
     // 2.41: cmp byte [rip + __libc_initial], 0; push r12; push rbp; push rbx; mov rbx, rdi
     Prologue {
@@ -193,6 +235,7 @@ static SBRK_START: [Prologue; 2] = [
             0x80, 0x3d, 0, 0, 0, 0, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb,
         ],
         any: 0b00_0000_0011_1100,
+        first: 7,
     },
 ];
 
@@ -241,12 +284,14 @@ impl PatchTarget {
     }
 }
 
-/// Jumps we wrote: (address of the jump, hook), for `intact`. Written in the constructor
+/// Jumps we wrote: (address of the jump, hook, its 5 bytes), for `intact`. Written in the constructor
 /// (before threads), read anywhere. Eight libc targets; the rest is room for the unit tests'
 /// stubs (the constructor patches libc in the test binary too).
 const SITES: usize = 16;
 static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// Our jump's bytes at the site, little-endian in the low five bytes.
+static SITE_CODE: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
 static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 /// How many bytes of endbr64 we kept before the jump (checked too: a patcher may write its
 /// own short jump over them).
@@ -269,6 +314,17 @@ fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
         [0xff, 0x25, 0, 0, 0, 0, r @ ..] if r.len() >= 8 => {
             Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
         }
+        _ => None,
+    }
+}
+
+/// The length of the first instruction of a jump `foreign_target` decodes: the only
+/// instruction boundary in the bytes our jump replaces.
+fn foreign_first_len(code: &[u8]) -> Option<usize> {
+    match code {
+        [0xe9, ..] => Some(5),
+        [0x49, 0xbb, ..] => Some(10),
+        [0xff, 0x25, ..] => Some(6),
         _ => None,
     }
 }
@@ -309,39 +365,13 @@ pub fn site(target: PatchTarget) -> Site {
     }
 }
 
-/// Write `code` at `site` (code pages made writable for the copy, then read+execute).
-///
-/// # Safety
-/// `site` is the entry of a libc function we patch; no thread may be executing the bytes
-/// being replaced.
-unsafe fn write_code(site: *mut u8, code: &[u8]) -> Result<(), PatchError> {
-    let (start, end) = crate::sys::page_span(site as usize, code.len());
-    let mprotect = |prot: c_int| {
-        crate::sys::syscall6(
-            libc::SYS_mprotect,
-            start,
-            end - start,
-            prot as usize,
-            0,
-            0,
-            0,
-        )
-    };
-    if mprotect(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) != 0 {
-        return Err(PatchError::Mprotect);
-    }
-    // SAFETY: the caller's promise; the pages are writable now (raw syscalls: libc's
-    // mprotect could itself be hooked), and get read+execute back below.
-    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), site, code.len()) };
-    mprotect(libc::PROT_READ | libc::PROT_EXEC);
-    Ok(())
-}
-
 /// Another patcher wrote its jump over one of ours (it installed after our constructor):
 /// put ours back and chain to its hook, so both see every call from here on. Only safe
 /// before anything is cached (what went through its hook alone in between is not known):
-/// the runtime calls it once, before the self-test and the cache. Returns false when an
-/// overwrite is not a jump we know (the caller then fails closed).
+/// the runtime calls it once, before the self-test and the cache. Threads may be running
+/// through the other patcher's jump meanwhile: ours replaces its first instruction only
+/// (`cross_modify`). Returns false when an overwrite is not a jump we know, or could not be
+/// replaced safely (the caller then fails closed).
 pub fn adopt_overwritten() -> bool {
     let mut all = true;
     for i in 0..SITES {
@@ -349,24 +379,31 @@ pub fn adopt_overwritten() -> bool {
         if at == 0 {
             break;
         }
-        let hook = SITE_HOOK[i].load(Relaxed);
-        let want = jump(hook);
-        let mut have = [0u8; JUMP_LEN];
+        let ours = SITE_CODE[i].load(Relaxed).to_le_bytes();
+        let ours: [u8; JMP_LEN] = std::array::from_fn(|k| ours[k]);
+        let mut have = [0u8; MATCH_LEN];
         for (k, b) in have.iter_mut().enumerate() {
             // SAFETY: patched libc code, never unmapped; volatile: another thread writes.
             *b = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
         }
-        if have == want {
+        if have[..JMP_LEN] == ours {
             continue;
         }
         // Our jump's first bytes only: a patcher that overwrote kept endbr64 is not handled.
-        match foreign_target(at, &have) {
-            Some(t) if SITE_ENDBR[i].load(Relaxed) == 0 && t != hook => {
+        let hook = SITE_HOOK[i].load(Relaxed);
+        match (foreign_target(at, &have), foreign_first_len(&have)) {
+            (Some(t), Some(len))
+                if SITE_ENDBR[i].load(Relaxed) == 0
+                    && t != hook
+                    && cross_modify::trampoline_hook(t) != Some(hook) =>
+            {
                 crate::dl::pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
-                // SAFETY: our own patch site; the other patcher's jump is replaced by ours,
-                // whose hook now calls its target.
-                all &= unsafe { write_code(at as *mut u8, &want) }.is_ok();
+                let old = std::array::from_fn(|k| have[k]);
+                // SAFETY: our own patch site in libc's code; the other patcher's first
+                // instruction is replaced by our jump, whose hook now calls its target.
+                all &=
+                    unsafe { cross_modify::replace_entry(at as *mut u8, old, ours, len) }.is_ok();
             }
             _ => all = false,
         }
@@ -459,11 +496,11 @@ pub fn patch(libc_handle: *mut c_void, target: &Target) -> Result<(), PatchError
 /// starts with one of `target.prologues`.
 ///
 /// # Safety
-/// `f` points at the entry of a function at least 18 bytes long that no thread runs now
-/// and that is never executed past the patched bytes afterwards (the hook replaces it).
+/// `f` points at the entry of a function at least 18 bytes long that is never executed past
+/// its first instruction afterwards (the hook replaces it). Other threads may run it.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
-    let mut head = [0u8; ENDBR64.len() + JUMP_LEN];
+    let mut head = [0u8; ENDBR64.len() + MATCH_LEN];
     // SAFETY: the caller guarantees f has at least that many readable bytes.
     unsafe { std::ptr::copy_nonoverlapping(f, head.as_mut_ptr(), head.len()) };
     // An entry another patcher already took (its constructor ran first): take it over
@@ -471,24 +508,37 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     let foreign = match site_offset(target.prologues, &head) {
         Some(_) => None,
         None => match foreign_target(f as usize, &head) {
-            Some(t) if t != target.hook => Some(t),
+            Some(t)
+                if t != target.hook && cross_modify::trampoline_hook(t) != Some(target.hook) =>
+            {
+                Some(t)
+            }
             _ => return Err(PatchError::Unexpected),
         },
     };
     if let Some(t) = foreign {
         crate::dl::pin_object_of(t);
     }
-    let skip = site_offset(target.prologues, &head).unwrap_or(0);
+    let (skip, first) = match known_start(target.prologues, &head) {
+        Some((skip, p)) => (skip, p.first as usize),
+        None => (0, foreign_first_len(&head).ok_or(PatchError::Unexpected)?),
+    };
     // SAFETY: inside the function (checked above).
     let site = unsafe { f.add(skip) };
-    // SAFETY: the caller's promise: the entry of a function nobody runs yet.
-    unsafe { write_code(site, &jump(target.hook)) }?;
+    let code = jump_to(site as usize, target.hook)?;
+    let old = std::array::from_fn(|k| head[skip + k]);
+    // SAFETY: the entry of a function whose first instruction is `first` bytes long; the
+    // jump leads to its hook, which replaces it.
+    unsafe { cross_modify::replace_entry(site, old, code, first) }?;
+    let mut word = [0u8; 8];
+    word[..JMP_LEN].copy_from_slice(&code);
     for i in 0..SITES {
         if SITE_AT[i]
             .compare_exchange(0, site as usize, Relaxed, Relaxed)
             .is_ok()
         {
             SITE_HOOK[i].store(target.hook, Relaxed);
+            SITE_CODE[i].store(u64::from_le_bytes(word), Relaxed);
             SITE_NAME[i].store(target.name.as_ptr() as usize, Relaxed);
             SITE_ENDBR[i].store(skip, Relaxed);
             SITE_CHAINED[i].store(foreign.unwrap_or(0), Release);
@@ -559,14 +609,11 @@ fn load8(at: usize) -> u64 {
 }
 
 /// Whether site `i` (patched at `at`) still holds our jump, and the endbr64 kept before
-/// it. Three loads: the jump as two overlapping words (`jmp [rip+0]` with the hook's first
-/// two bytes, then the hook's address) and the endbr64.
+/// it. Two loads: the jump (with the three bytes after it, masked off) and the endbr64.
 fn site_intact(i: usize, at: usize) -> bool {
-    let hook = SITE_HOOK[i].load(Relaxed) as u64;
-    let head = u64::from_le_bytes([0xff, 0x25, 0, 0, 0, 0, 0, 0]) | hook << 48;
+    const MASK: u64 = (1 << (8 * JMP_LEN)) - 1;
     let endbr_kept = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len();
-    load8(at) == head
-        && load8(at + 6) == hook
+    load8(at) & MASK == SITE_CODE[i].load(Relaxed)
         && (!endbr_kept || load8(at - 4) as u32 == u32::from_le_bytes(ENDBR64))
 }
 

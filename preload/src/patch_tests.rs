@@ -121,7 +121,7 @@ fn a_change_to_any_byte_of_the_site_is_noticed() {
     unsafe {
         let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
         assert_eq!(libc::mprotect(f as *mut c_void, 4096, rwx), 0);
-        for k in 0..ENDBR64.len() + JUMP_LEN {
+        for k in 0..ENDBR64.len() + JMP_LEN {
             *f.add(k) ^= 0x40;
             assert!(
                 !site_intact(i, f as usize + 4),
@@ -152,24 +152,26 @@ fn unknown_prologue_is_refused_untouched() {
 #[test]
 fn the_jump_is_not_libfabrics_signature() {
     // libfabric's memhooks takes 49 bb at 0 and 41 ff e3 at 10 as its own patch.
-    let j = jump(0x1122_3344_5566_7788);
-    assert!(!(j[0] == 0x49 && j[1] == 0xbb && j[10..13] == [0x41, 0xff, 0xe3]));
+    let j = jump_to(0x1000_0000, 0x1122_3344).unwrap();
+    assert_eq!(j[0], 0xe9, "a jmp rel32");
 }
 
 #[test]
 fn other_patchers_jumps_are_decoded() {
     // UCX 1.13's bistro: jmp rel32, here backwards.
-    let mut code = [0u8; JUMP_LEN];
+    let mut code = [0u8; MATCH_LEN];
     code[..5].copy_from_slice(&[0xe9, 0xfb, 0xff, 0xff, 0xff]);
     assert_eq!(foreign_target(0x1000, &code), Some(0x1000));
     // libfabric's memhooks: movabs r11, imm64; jmp r11.
-    let mut code = [0u8; JUMP_LEN];
+    let mut code = [0u8; MATCH_LEN];
     code[..2].copy_from_slice(&[0x49, 0xbb]);
     code[2..10].copy_from_slice(&0x7f00_1234_5678u64.to_le_bytes());
     code[10..13].copy_from_slice(&[0x41, 0xff, 0xe3]);
     assert_eq!(foreign_target(0, &code), Some(0x7f00_1234_5678));
     // Our own form decodes to our hook (the caller then sees it is ours).
-    assert_eq!(foreign_target(0, &jump(0xabcd)), Some(0xabcd));
+    let mut ours = [0u8; MATCH_LEN];
+    ours[..JMP_LEN].copy_from_slice(&jump_to(0, 0xabcd).unwrap());
+    assert_eq!(foreign_target(0, &ours), Some(0xabcd));
     // A function's own code is not a jump.
     let stub = syscall_stub(0x0b);
     assert_eq!(foreign_target(0, &stub.bytes), None);
@@ -220,4 +222,143 @@ fn sbrk_prologues_match_glibc_236_and_241() {
     ];
     assert_eq!(site_offset(PatchTarget::Shmat.prologues(), &shmat), Some(0));
     assert_eq!(site_offset(PatchTarget::Shmdt.prologues(), &shmat), None);
+}
+
+static FOREIGN_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn foreign_hook(_addr: *mut c_void, _len: usize) -> c_int {
+    FOREIGN_CALLS.fetch_add(1, Relaxed);
+    0
+}
+
+/// getpid's stub in glibc's form: `mov eax, 39; syscall; cmp rax, -4095; jae +1; ret`.
+const GETPID_STUB: [u8; 16] = [
+    0xb8, 0x27, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0x01, 0xc3,
+];
+static GETPID: [Prologue; 1] = [syscall_stub(0x27)];
+
+/// `pages` fresh read+write pages within `jmp rel32` reach of `near`.
+fn pages_near(near: usize, pages: usize) -> *mut u8 {
+    for k in 1..64usize {
+        let hint = (near & !4095) + k * (16 << 20);
+        // SAFETY: a fresh anonymous mapping where nothing is mapped (NOREPLACE).
+        let p = unsafe {
+            libc::mmap(
+                hint as *mut c_void,
+                pages * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p != libc::MAP_FAILED {
+            assert!(cross_modify::jmp_rel32(p as usize + pages * 4096, near).is_some());
+            return p as *mut u8;
+        }
+    }
+    panic!("no pages near {near:#x}");
+}
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Review-3 G2: libfabric's memhooks jump (`movabs r11, hook; jmp r11`) sits over one of our
+/// sites while two threads call through it in a loop (some preempted between its two
+/// instructions, to resume at `jmp r11`); `adopt_overwritten` takes the site back. Each
+/// round uses a fresh copy of the function. Every call must land in the other patcher's
+/// hook or ours; a torn write or one over the `jmp r11` boundary kills the test process
+/// (SIGSEGV/SIGILL).
+#[test]
+fn taking_a_jump_back_never_breaks_the_threads_running_it() {
+    let _writes = SITE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+    let hook = test_hook as *const () as usize;
+    let mut code = [0xccu8; 16];
+    code[..2].copy_from_slice(&[0x49, 0xbb]);
+    code[2..10].copy_from_slice(&(foreign_hook as *const () as u64).to_le_bytes());
+    code[10..13].copy_from_slice(&[0x41, 0xff, 0xe3]);
+    let rounds = 1500;
+    let region = pages_near(hook, rounds);
+    // A site of our own for the test, as patch_at would have made it.
+    let first = region as usize;
+    let target = Target {
+        name: c"test_adopt",
+        prologues: &GETPID,
+        hook,
+    };
+    // SAFETY: our own fresh page, made a getpid stub first.
+    unsafe {
+        std::ptr::copy_nonoverlapping(GETPID_STUB.as_ptr(), region, GETPID_STUB.len());
+        assert_eq!(
+            libc::mprotect(
+                first as *mut c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_EXEC
+            ),
+            0
+        );
+        assert_eq!(patch_at(region, &target), Ok(()));
+    }
+    let i = (0..SITES)
+        .find(|&i| SITE_AT[i].load(Relaxed) == first)
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    let at = CURRENT.load(Acquire);
+                    if at != 0 {
+                        // SAFETY: a jump to a hook of this prototype.
+                        let call: extern "C" fn(*mut c_void, usize) -> c_int =
+                            unsafe { std::mem::transmute(at) };
+                        call(std::ptr::null_mut(), 1);
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    for r in 1..rounds {
+        let f = region as usize + r * 4096;
+        // SAFETY: a fresh page of ours: the other patcher's jump, then read+execute.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), f as *mut u8, code.len());
+            let rx = libc::PROT_READ | libc::PROT_EXEC;
+            assert_eq!(libc::mprotect(f as *mut c_void, 4096, rx), 0);
+        }
+        let seen = FOREIGN_CALLS.load(Relaxed);
+        CURRENT.store(f, Release);
+        while FOREIGN_CALLS.load(Relaxed) < seen + 20 {
+            std::hint::spin_loop();
+        }
+        let ours = jump_to(f, hook).unwrap();
+        let mut word = [0u8; 8];
+        word[..JMP_LEN].copy_from_slice(&ours);
+        SITE_CHAINED[i].store(0, Relaxed);
+        SITE_CODE[i].store(u64::from_le_bytes(word), Relaxed);
+        SITE_AT[i].store(f, Release);
+        assert!(adopt_overwritten(), "a jump we know was not taken back");
+        assert_eq!(
+            SITE_CHAINED[i].load(Relaxed),
+            foreign_hook as *const () as usize
+        );
+        let seen = CALLS.load(Relaxed);
+        while CALLS.load(Relaxed) < seen + 20 {
+            std::hint::spin_loop();
+        }
+    }
+    stop.store(true, Relaxed);
+    let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(calls > rounds as u64 * 20);
+    // Leave the first page as the site: a patch of ours, no chain (other tests read sites).
+    SITE_AT[i].store(first, Release);
+    let ours = jump_to(first, hook).unwrap();
+    let mut word = [0u8; 8];
+    word[..JMP_LEN].copy_from_slice(&ours);
+    SITE_CODE[i].store(u64::from_le_bytes(word), Relaxed);
+    SITE_CHAINED[i].store(0, Relaxed);
+    assert!(site_intact(i, first));
 }

@@ -1,0 +1,435 @@
+//! Rewriting the first instruction of a function that other threads may be running
+//! (cross-modifying code, Intel SDM vol. 3, 9.1.3; AMD APM vol. 2, 7.6.1).
+//!
+//! A thread can be anywhere in libc's `munmap` when we patch it: about to fetch its first
+//! instruction, preempted between two instructions (it resumes at that boundary), or inside
+//! the system call (it returns to the instruction after `syscall`). So a patch may change
+//! only bytes of instructions that start where the patch starts: we replace exactly the
+//! first instruction (5 bytes or longer: `mov eax, NR` in the system call stubs) with a
+//! 5-byte `jmp rel32`, and leave every later byte, hence every later instruction boundary
+//! and the return address of a thread in the kernel, as it was. The 5 bytes are written by
+//! one locked compare-and-swap of the aligned 8- or 16-byte block that holds them (unchanged
+//! bytes written back with their own values), so no core ever holds part of the old and
+//! part of the new instruction in its cache: a fetch reads the line before or after the
+//! store. A core may still run the old instruction from its pipeline or prefetch, which is
+//! whole and valid (the function as libc wrote it); `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`
+//! then makes every thread of the process execute a serialising instruction before it
+//! returns to user space, so once it returns no thread can run the old instruction again,
+//! and the caller may rely on every later call reaching the hook.
+//!
+//! Where these conditions fail while other threads exist (a first instruction shorter than
+//! the jump, a block the write would straddle, no SYNC_CORE membarrier), nothing is written
+//! and the caller fails closed. A process with no other thread cannot race: those sites are
+//! written with all signals blocked (a handler could run the function mid-write).
+//!
+//! A hook more than 2 GiB from the site is reached through a trampoline (`jmp [rip+0]`,
+//! 8-byte address) in a page mapped within reach; the trampoline is written before the jump
+//! that leads to it, so no thread can see it half written.
+
+use crate::patch::PatchError;
+use crate::sys::{PAGE, page_down, syscall6};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+/// The length of our jump: `jmp rel32`.
+pub const JMP_LEN: usize = 5;
+
+/// `jmp rel32` at `site` to `to`, when `to` is within reach.
+pub fn jmp_rel32(site: usize, to: usize) -> Option<[u8; JMP_LEN]> {
+    let rel = (to as i64).wrapping_sub(site as i64 + JMP_LEN as i64);
+    let rel = i32::try_from(rel).ok()?;
+    let r = rel.to_le_bytes();
+    Some([0xe9, r[0], r[1], r[2], r[3]])
+}
+
+/// Whether this process has no thread but the caller's (`/proc/self/stat`, field 20). Read
+/// with raw system calls into a stack buffer: this runs in the constructor, and from `dlsym`
+/// in another library's constructor. Unreadable: assume other threads.
+pub fn single_threaded() -> bool {
+    let mut buf = [0u8; 1024];
+    let path = c"/proc/self/stat";
+    let fd = syscall6(
+        libc::SYS_openat,
+        libc::AT_FDCWD as usize,
+        path.as_ptr() as usize,
+        (libc::O_RDONLY | libc::O_CLOEXEC) as usize,
+        0,
+        0,
+        0,
+    );
+    if fd < 0 {
+        return false;
+    }
+    let n = syscall6(
+        libc::SYS_read,
+        fd as usize,
+        buf.as_mut_ptr() as usize,
+        buf.len(),
+        0,
+        0,
+        0,
+    );
+    syscall6(libc::SYS_close, fd as usize, 0, 0, 0, 0, 0);
+    let Ok(n) = usize::try_from(n) else {
+        return false;
+    };
+    threads_in_stat(&buf[..n]) == Some(1)
+}
+
+/// The thread count in a `/proc/PID/stat` line: field 20, the 18th after the command name
+/// (which is in parentheses and may itself hold spaces and parentheses).
+pub fn threads_in_stat(stat: &[u8]) -> Option<u64> {
+    let after = stat.iter().rposition(|&b| b == b')')? + 1;
+    let field = stat[after..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(17)?;
+    std::str::from_utf8(field).ok()?.trim().parse().ok()
+}
+
+const MEMBARRIER_CMD_QUERY: usize = 0;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: usize = 1 << 5;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: usize = 1 << 6;
+
+fn membarrier(cmd: usize) -> isize {
+    syscall6(libc::SYS_membarrier, cmd, 0, 0, 0, 0, 0)
+}
+
+/// Registered for SYNC_CORE membarriers (Linux 4.16+), once per process.
+fn sync_core_ready() -> bool {
+    static READY: AtomicBool = AtomicBool::new(false);
+    if READY.load(Relaxed) {
+        return true;
+    }
+    let q = membarrier(MEMBARRIER_CMD_QUERY);
+    let ok = q >= 0
+        && q as usize & MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE != 0
+        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;
+    READY.store(ok, Relaxed);
+    ok
+}
+
+fn mprotect(start: usize, len: usize, prot: libc::c_int) -> bool {
+    syscall6(libc::SYS_mprotect, start, len, prot as usize, 0, 0, 0) == 0
+}
+
+const RWX: libc::c_int = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+const RX: libc::c_int = libc::PROT_READ | libc::PROT_EXEC;
+
+/// Replace the `JMP_LEN` bytes at `site`, which must still read `old`, with `new`.
+/// `first_len` is the length of the instruction starting at `site` (the only instruction
+/// boundary the write may cover while other threads run).
+///
+/// # Safety
+/// `site` is in a mapped code page (libc's, or one of ours) and `new` is code that any
+/// thread may run from `site` on, in place of the instruction there.
+pub unsafe fn replace_entry(
+    site: *mut u8,
+    old: [u8; JMP_LEN],
+    new: [u8; JMP_LEN],
+    first_len: usize,
+) -> Result<(), PatchError> {
+    let at = site as usize;
+    let alone = single_threaded();
+    let block = if at % 8 <= 8 - JMP_LEN {
+        Block::Eight(at & !7)
+    } else if at % 16 <= 16 - JMP_LEN {
+        Block::Sixteen(at & !15)
+    } else {
+        Block::Straddles
+    };
+    if !alone {
+        if first_len < JMP_LEN || block == Block::Straddles {
+            return Err(PatchError::Busy);
+        }
+        if !sync_core_ready() {
+            return Err(PatchError::NoSync);
+        }
+    }
+    let (start, end) = (page_down(at), page_down(at + 15) + PAGE);
+    if !mprotect(start, end - start, RWX) {
+        return Err(PatchError::Mprotect);
+    }
+    // SAFETY: the pages are writable now; the caller's contract for what is written.
+    let r = unsafe {
+        match block {
+            Block::Eight(b) => swap8(b, at - b, old, new),
+            Block::Sixteen(b) => swap16(b, at - b, old, new),
+            Block::Straddles => write_alone(site, old, new),
+        }
+    };
+    mprotect(start, end - start, RX);
+    if !alone {
+        membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
+    }
+    r
+}
+
+#[derive(PartialEq, Eq, Clone, Copy)]
+enum Block {
+    Eight(usize),
+    Sixteen(usize),
+    Straddles,
+}
+
+fn splice(word: &mut [u8], off: usize, old: [u8; JMP_LEN], new: [u8; JMP_LEN]) -> bool {
+    if word[off..off + JMP_LEN] != old {
+        return false;
+    }
+    word[off..off + JMP_LEN].copy_from_slice(&new);
+    true
+}
+
+/// One locked compare-and-swap of the aligned 8 bytes at `block`.
+///
+/// # Safety
+/// `block` is 8-aligned, mapped and writable.
+unsafe fn swap8(
+    block: usize,
+    off: usize,
+    old: [u8; JMP_LEN],
+    new: [u8; JMP_LEN],
+) -> Result<(), PatchError> {
+    // SAFETY: aligned, mapped, writable (the caller); other cores may only read it as code,
+    // or write it with their own atomic (another patcher): a CAS either way.
+    let word = unsafe { &*(block as *const AtomicU64) };
+    let now = word.load(Acquire);
+    let mut bytes = now.to_le_bytes();
+    if !splice(&mut bytes, off, old, new) {
+        return Err(PatchError::Unexpected);
+    }
+    word.compare_exchange(now, u64::from_le_bytes(bytes), Release, Relaxed)
+        .map(drop)
+        .map_err(|_| PatchError::Unexpected)
+}
+
+/// One `lock cmpxchg16b` of the aligned 16 bytes at `block`.
+///
+/// # Safety
+/// `block` is 16-aligned, mapped and writable.
+#[cfg(target_arch = "x86_64")]
+unsafe fn swap16(
+    block: usize,
+    off: usize,
+    old: [u8; JMP_LEN],
+    new: [u8; JMP_LEN],
+) -> Result<(), PatchError> {
+    if !std::arch::is_x86_feature_detected!("cmpxchg16b") {
+        return Err(PatchError::Busy);
+    }
+    // SAFETY: mapped and readable (the caller); a torn read only fails the CAS below.
+    let (lo, hi) = unsafe {
+        (
+            std::ptr::read_volatile(block as *const u64),
+            std::ptr::read_volatile((block + 8) as *const u64),
+        )
+    };
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&lo.to_le_bytes());
+    bytes[8..].copy_from_slice(&hi.to_le_bytes());
+    if !splice(&mut bytes, off, old, new) {
+        return Err(PatchError::Unexpected);
+    }
+    let new_lo = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
+    let new_hi = u64::from_le_bytes(bytes[8..].try_into().unwrap_or_default());
+    let (seen_lo, seen_hi): (u64, u64);
+    // SAFETY: `block` is 16-aligned, mapped and writable; rbx (reserved by the compiler)
+    // is swapped in and out around the instruction.
+    unsafe {
+        std::arch::asm!(
+            "xchg {lo}, rbx",
+            "lock cmpxchg16b xmmword ptr [{p}]",
+            "mov rbx, {lo}",
+            p = in(reg) block,
+            lo = inout(reg) new_lo => _,
+            in("rcx") new_hi,
+            inout("rax") lo => seen_lo,
+            inout("rdx") hi => seen_hi,
+            options(nostack),
+        )
+    };
+    if (seen_lo, seen_hi) == (lo, hi) {
+        Ok(())
+    } else {
+        Err(PatchError::Unexpected)
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn swap16(_: usize, _: usize, _: [u8; JMP_LEN], _: [u8; JMP_LEN]) -> Result<(), PatchError> {
+    Err(PatchError::Unexpected)
+}
+
+/// A plain copy, for a process with no other thread, with every signal blocked (a handler
+/// must not run the half-written function).
+///
+/// # Safety
+/// `site..site + JMP_LEN` is mapped and writable.
+unsafe fn write_alone(
+    site: *mut u8,
+    old: [u8; JMP_LEN],
+    new: [u8; JMP_LEN],
+) -> Result<(), PatchError> {
+    let all: u64 = !0;
+    let mut was: u64 = 0;
+    let mask = |how: libc::c_int, set: *const u64, old: *mut u64| {
+        syscall6(
+            libc::SYS_rt_sigprocmask,
+            how as usize,
+            set as usize,
+            old as usize,
+            8,
+            0,
+            0,
+        )
+    };
+    mask(libc::SIG_BLOCK, &all, &mut was);
+    let mut now = [0u8; JMP_LEN];
+    // SAFETY: the caller's contract; no other thread, no signal handler can run it now.
+    let r = unsafe {
+        std::ptr::copy_nonoverlapping(site, now.as_mut_ptr(), JMP_LEN);
+        if now == old {
+            std::ptr::copy_nonoverlapping(new.as_ptr(), site, JMP_LEN);
+            Ok(())
+        } else {
+            Err(PatchError::Unexpected)
+        }
+    };
+    mask(libc::SIG_SETMASK, &was, std::ptr::null_mut());
+    r
+}
+
+/// Trampoline pages: (base, slots used). A slot is 16 bytes: `jmp [rip+0]` and the hook.
+const PAGES: usize = 4;
+const SLOT: usize = 16;
+static PAGE_BASE: [AtomicUsize; PAGES] = [const { AtomicUsize::new(0) }; PAGES];
+static PAGE_USED: [AtomicUsize; PAGES] = [const { AtomicUsize::new(0) }; PAGES];
+/// Held while a slot is taken (the constructor, and unit tests on several threads).
+static TAKING: AtomicBool = AtomicBool::new(false);
+
+/// Within `jmp rel32` reach of `site`, with a slot's length to spare.
+fn reaches(site: usize, to: usize) -> bool {
+    jmp_rel32(site, to).is_some() && jmp_rel32(site, to + SLOT).is_some()
+}
+
+/// A trampoline to `hook` that a `jmp rel32` at `site` reaches, written and executable.
+pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
+    while TAKING
+        .compare_exchange_weak(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        std::hint::spin_loop();
+    }
+    let slot = take_slot(site, hook);
+    TAKING.store(false, Release);
+    slot
+}
+
+fn take_slot(site: usize, hook: usize) -> Option<usize> {
+    let page = (0..PAGES).find(|&p| {
+        let base = PAGE_BASE[p].load(Relaxed);
+        base == 0 || (reaches(site, base) && PAGE_USED[p].load(Relaxed) < PAGE / SLOT)
+    })?;
+    if PAGE_BASE[page].load(Relaxed) == 0 {
+        PAGE_BASE[page].store(map_near(site)?, Relaxed);
+    }
+    let base = PAGE_BASE[page].load(Relaxed);
+    let slot = base + PAGE_USED[page].load(Relaxed) * SLOT;
+    let mut code = [0xccu8; SLOT];
+    code[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    code[6..14].copy_from_slice(&(hook as u64).to_le_bytes());
+    // Other slots of the page may be running: it stays executable while written.
+    if !mprotect(base, PAGE, RWX) {
+        return None;
+    }
+    // SAFETY: a slot of our own page, writable now, that no jump leads to yet.
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, SLOT) };
+    mprotect(base, PAGE, RX);
+    PAGE_USED[page].fetch_add(1, Relaxed);
+    Some(slot)
+}
+
+/// The hook that `at`, if one of our trampolines, leads to.
+pub fn trampoline_hook(at: usize) -> Option<usize> {
+    (0..PAGES).find_map(|p| {
+        let base = PAGE_BASE[p].load(Relaxed);
+        let used = PAGE_USED[p].load(Relaxed);
+        (base != 0 && at >= base && at < base + used * SLOT && (at - base) % SLOT == 0).then(|| {
+            // SAFETY: a written slot of our own trampoline page: its address field.
+            unsafe { std::ptr::read_volatile((at + 6) as *const u64) as usize }
+        })
+    })
+}
+
+/// A fresh page within reach of `site`: tried at hints 16 MiB apart on either side
+/// (MAP_FIXED_NOREPLACE; an older kernel takes it as a hint, checked).
+fn map_near(site: usize) -> Option<usize> {
+    const STEP: usize = 16 << 20;
+    for k in 1..=120usize {
+        let off = (k + 1) / 2 * STEP;
+        let hint = if k % 2 == 1 {
+            page_down(site).checked_sub(off)
+        } else {
+            page_down(site).checked_add(off)
+        };
+        let Some(hint) = hint.filter(|&h| h >= 1 << 20) else {
+            continue;
+        };
+        let p = syscall6(
+            libc::SYS_mmap,
+            hint,
+            PAGE,
+            (libc::PROT_READ | libc::PROT_WRITE) as usize,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as usize,
+            usize::MAX, // fd -1
+            0,
+        );
+        if p < 0 {
+            continue;
+        }
+        let p = p as usize;
+        if reaches(site, p) {
+            return Some(p);
+        }
+        syscall6(libc::SYS_munmap, p, PAGE, 0, 0, 0, 0);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_count_is_read_past_the_command_name() {
+        let line = b"1234 (a) b (c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 7 0 1\n";
+        // state is the first field after ')'; num_threads the 18th.
+        assert_eq!(threads_in_stat(line), Some(7));
+        assert_eq!(threads_in_stat(b"1 (x) S"), None);
+        assert!(!single_threaded(), "the test harness runs threads");
+    }
+
+    #[test]
+    fn rel32_reach() {
+        assert_eq!(jmp_rel32(0x1000, 0x1005), Some([0xe9, 0, 0, 0, 0]));
+        assert_eq!(
+            jmp_rel32(0x1005, 0x1000),
+            Some([0xe9, 0xf6, 0xff, 0xff, 0xff])
+        );
+        assert_eq!(jmp_rel32(0, 0x1_0000_0000), None);
+        assert!(jmp_rel32(0x1_0000_0000, 0x1_0000_0000 + 0x7fff_0000).is_some());
+    }
+
+    #[test]
+    fn a_trampoline_is_within_reach_and_leads_to_its_hook() {
+        let site = a_trampoline_is_within_reach_and_leads_to_its_hook as *const () as usize;
+        let t = trampoline(site, 0x1122_3344_5566_7788).expect("a trampoline page");
+        assert!(jmp_rel32(site, t).is_some());
+        // SAFETY: our own trampoline slot, readable.
+        let code = unsafe { std::slice::from_raw_parts(t as *const u8, 14) };
+        assert_eq!(&code[..6], &[0xff, 0x25, 0, 0, 0, 0]);
+        assert_eq!(&code[6..], &0x1122_3344_5566_7788u64.to_le_bytes());
+    }
+}
