@@ -362,3 +362,64 @@ fn taking_a_jump_back_never_breaks_the_threads_running_it() {
     SITE_CHAINED[i].store(0, Relaxed);
     assert!(site_intact(i, first));
 }
+
+/// Review-3 G1: our jump written over a system call stub while two threads call it in a
+/// loop (inside its `syscall` much of the time, to return to the instruction after it),
+/// each round on a fresh copy of the stub. A write over any later instruction boundary, or
+/// one a thread can see half done, kills the test process (SIGSEGV/SIGILL).
+#[test]
+fn patching_a_function_threads_are_running_never_breaks_them() {
+    let hook = test_hook as *const () as usize;
+    let rounds = 3000;
+    let region = pages_near(hook, rounds);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    static RUNNING: AtomicUsize = AtomicUsize::new(0);
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    let at = RUNNING.load(Acquire);
+                    if at != 0 {
+                        // SAFETY: the getpid stub, or our jump to a hook of this prototype.
+                        let call: extern "C" fn(*mut c_void, usize) -> c_int =
+                            unsafe { std::mem::transmute(at) };
+                        call(std::ptr::null_mut(), 1);
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    for r in 0..rounds {
+        let f = region as usize + r * 4096;
+        // SAFETY: a fresh page of ours: the stub, then read+execute.
+        unsafe {
+            std::ptr::copy_nonoverlapping(GETPID_STUB.as_ptr(), f as *mut u8, GETPID_STUB.len());
+            let rx = libc::PROT_READ | libc::PROT_EXEC;
+            assert_eq!(libc::mprotect(f as *mut c_void, 4096, rx), 0);
+        }
+        RUNNING.store(f, Release);
+        // Let the threads into the stub (a few hundred system calls).
+        for _ in 0..20_000 {
+            std::hint::spin_loop();
+        }
+        let jump = jump_to(f, hook).unwrap();
+        let old = std::array::from_fn(|k| GETPID_STUB[k]);
+        // SAFETY: the stub's entry; its first instruction (`mov eax, 39`) is 5 bytes, and the
+        // jump leads to a function of its prototype.
+        assert_eq!(
+            unsafe { cross_modify::replace_entry(f as *mut u8, old, jump, 5) },
+            Ok(())
+        );
+        let seen = CALLS.load(Relaxed);
+        while CALLS.load(Relaxed) < seen + 10 {
+            std::hint::spin_loop();
+        }
+    }
+    stop.store(true, Relaxed);
+    let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(calls > rounds as u64 * 10);
+}

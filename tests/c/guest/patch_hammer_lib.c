@@ -3,7 +3,9 @@
  * LTTng-UST, C++ static threads and thread pools). Each thread loops on one of the libc
  * calls whose entry mrcache patches, through libc's own entry point (found with dlsym in
  * libc's handle, so the thread runs exactly the bytes being patched). The program's main
- * lets them run on, then stops and joins them (hammer_stop). Built into libpatch_hammer.so. */
+ * lets them run on, then stops and joins them (hammer_stop). With HAMMER_LATE set, main
+ * starts them (hammer_begin) instead. HAMMER_ONLY=NAME runs one call's thread only.
+ * Built into libpatch_hammer.so. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <elf.h>
@@ -22,7 +24,7 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-#define BIG (4ul << 20)
+#define BIG (256ul << 10)
 enum { MUNMAP, MADVISE, MMAP, MREMAP, BRK, SBRK, SHM, CALLS };
 static const char *names[CALLS] = {"munmap", "madvise", "mmap", "mremap", "brk", "sbrk", "shmat"};
 static void *entry[CALLS + 1];
@@ -73,7 +75,7 @@ static void *hammer(void *arg) {
             if (p == MAP_FAILED) abort();
             break;
         }
-        case BRK: br(sb(0)); break; /* the break where it is */
+        case BRK: br(NULL); break; /* asks only (a brk to where it was races malloc) */
         case SBRK: sb(0); break;
         case SHM: {
             void *p = sa(shm, NULL, 0);
@@ -128,7 +130,8 @@ static void *libc_symbol(const char *name) {
     return NULL;
 }
 
-__attribute__((constructor)) static void hammer_start(void) {
+/* Starts the threads (from the constructor, or from main with HAMMER_LATE set). */
+void hammer_begin(void) {
     dl_iterate_phdr(find_libc, NULL);
     for (int i = 0; i < CALLS; i++)
         if (!(entry[i] = libc_symbol(names[i]))) abort();
@@ -141,6 +144,10 @@ __attribute__((constructor)) static void hammer_start(void) {
     int want = 0;
     for (int i = 0; i < CALLS; i++) want += !only || !*only || !strcmp(only, names[i]);
     while (atomic_load(&running) < want) sched_yield();
+}
+
+__attribute__((constructor)) static void hammer_start(void) {
+    if (!getenv("HAMMER_LATE")) hammer_begin();
 }
 
 /* Lets the threads go on for `more` more rounds each (past the constructors), then stops
