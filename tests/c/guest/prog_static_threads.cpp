@@ -5,8 +5,9 @@
 // at exit. What it prints depends only on the work, never on timing: each worker's
 // checksum over a fixed number of rounds; rounds done beyond those (while waiting for main
 // to finish) are checked but not counted; destructors run in reverse order, so the
-// workers print 2, 1, 0. Exit status 0, or 1 with a line naming the check
-// that failed.
+// workers print 2, 1, 0. Exit status 0, or 1 with a line naming the check that failed.
+// Built with -DGUEST_LIBRARY -shared it is a library whose constructors start the
+// threads, and guest_main (called by prog_static_threads_main.c) replaces main.
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -164,7 +165,13 @@ Worker w2(2);
 
 }  // namespace
 
+#ifdef GUEST_LIBRARY
+// Built as libprog_static_threads.so, a DT_NEEDED library of prog_static_threads_main.c:
+// its static threads then start in a library constructor, before libmrcache.so's.
+extern "C" int guest_main() {
+#else
 int main() {
+#endif
     // main's own work, alongside the workers.
     uint64_t h = 0;
     for (int r = 0; r < kRounds; r++)
