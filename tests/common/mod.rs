@@ -41,3 +41,29 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Every logging and statistics knob on, pointing into `dir`: a process that never makes a
+/// verbs call must still print nothing and write nothing there.
+pub fn noisy_env(dir: &Path) -> Vec<(String, String)> {
+    vec![
+        ("MRCACHE_LOG".into(), "trace".into()),
+        (
+            "MRCACHE_LOG_FILE".into(),
+            dir.join("log.%p").display().to_string(),
+        ),
+        ("MRCACHE_STATS".into(), "json".into()),
+        (
+            "MRCACHE_STATS_FILE".into(),
+            dir.join("stats.%p").display().to_string(),
+        ),
+    ]
+}
+
+/// A fresh, empty directory under the target directory, unique to this test process.
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
