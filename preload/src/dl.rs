@@ -102,7 +102,7 @@ fn footprint(handle: *mut c_void) -> Option<Search> {
         n: 0,
     };
     // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is given.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut search as *mut Search as *mut c_void) };
+    unsafe { crate::dlsym::iterate_phdr(visit, &mut search as *mut Search as *mut c_void) };
     search.found.then_some(search)
 }
 

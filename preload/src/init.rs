@@ -60,6 +60,14 @@ pub fn set_up() -> Runtime {
         if config.monitor != Monitor::None && !missed.is_empty() {
             blind = Some(blind_spots(config.monitor, &missed));
         }
+        if config.monitor != Monitor::None
+            && blind.is_none()
+            && let Some(name) = crate::dlsym::sanitizer_allocator()
+        {
+            blind = Some(format!(
+                "the monitor does not see: memory {name}'s allocator releases (the sanitizer's runtime unmaps it with its own system calls, past libc and mrcache's hooks)"
+            ));
+        }
         coverage = Some(c);
         let mut verify = config.verify_pfn;
         if verify && !pagemap_shows_frames() {

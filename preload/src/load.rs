@@ -11,7 +11,10 @@ use crate::real;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
-/// libc's own handle (RTLD_NOLOAD), for its internal entry points.
+/// libc's own handle, for its internal entry points: its `struct link_map`, from the
+/// loader's list (`dlsym::libc_handle`, not `dlopen`, which a sanitizer intercepts).
+/// Look symbols up in it with `real::address`/`real::function` only: libc's `dlsym` does
+/// not take a link_map `dlopen` did not prepare.
 pub static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Which of libc's entry points were patched: `PatchTarget::bit`s.
@@ -63,8 +66,9 @@ pub fn install() {
     if STARTED.swap(true, Relaxed) {
         return;
     }
-    // SAFETY: RTLD_NOLOAD returns libc's handle (always loaded) without loading anything.
-    let h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    // May run inside a sanitizer's set-up (its dlsym of a memory function): nothing here
+    // calls what it intercepts (no dlopen, dl_iterate_phdr, malloc or pthread_*).
+    let h = crate::dlsym::libc_handle();
     if h.is_null() {
         return;
     }

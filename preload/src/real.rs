@@ -100,8 +100,12 @@ impl<F: Copy> Symbol<F> {
 }
 
 /// `dlsym(handle, name)`: the one place a symbol's address is looked up (a variable's, or a
-/// function's to compare).
+/// function's to compare). libc's handle (`load::LIBC`, its link_map) is answered from
+/// libc's own symbol table: libc's `dlsym` cannot take it, and the table needs no call.
 pub fn address(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    if !handle.is_null() && handle == crate::dlsym::libc_handle() {
+        return crate::dlsym::libc_symbol(name);
+    }
     // SAFETY: dlsym with a valid handle (or pseudo-handle) and a NUL-terminated name.
     unsafe { libc::dlsym(handle, name.as_ptr()) }
 }

@@ -27,7 +27,7 @@ pub fn ours_comes_next(caller: usize, name: &'static CStr, ours: usize) -> bool 
         answer: None,
     };
     // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is given.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut walk as *mut Walk as *mut c_void) };
+    unsafe { crate::dlsym::iterate_phdr(visit, &mut walk as *mut Walk as *mut c_void) };
     walk.answer == Some(true)
 }
 
