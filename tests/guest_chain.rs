@@ -134,8 +134,14 @@ fn two_interposers_around_mrcache_count_the_same_calls() {
     let alone = (counts(&out, "first"), counts(&out, "second"));
     let ours = lib();
     for (order, preload) in [
-        ("mrcache, first, second", [ours.as_path(), a.as_path(), b.as_path()]),
-        ("first, second, mrcache", [a.as_path(), b.as_path(), ours.as_path()]),
+        (
+            "mrcache, first, second",
+            [ours.as_path(), a.as_path(), b.as_path()],
+        ),
+        (
+            "first, second, mrcache",
+            [a.as_path(), b.as_path(), ours.as_path()],
+        ),
     ] {
         let (rc, out) = run(&prog, &[], &preload, &[]);
         assert_eq!(rc, 0, "{order}: {out}");
@@ -166,9 +172,15 @@ fn libmemusage_counts_the_same_mmaps_and_munmaps_with_mrcache_before_or_after_it
     let (rc, out) = run(&prog, &[], &[memusage], &env);
     assert_eq!(rc, 0, "{out}");
     let alone = summary(&out);
-    assert_eq!(alone.len(), 5, "libmemusage's mmap summary expected:\n{out}");
+    assert_eq!(
+        alone.len(),
+        5,
+        "libmemusage's mmap summary expected:\n{out}"
+    );
     assert!(
-        alone.iter().any(|l| l.trim_start().starts_with("munmap|") && l.contains(" 10 ")),
+        alone
+            .iter()
+            .any(|l| l.trim_start().starts_with("munmap|") && l.contains(" 10 ")),
         "{alone:?}"
     );
     let ours = lib();

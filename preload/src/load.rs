@@ -63,6 +63,7 @@ pub fn install() {
     if STARTED.swap(true, Relaxed) {
         return;
     }
+    crate::forward::resolve_next();
     // SAFETY: RTLD_NOLOAD returns libc's handle (always loaded) without loading anything.
     let h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
     if h.is_null() {
@@ -122,7 +123,7 @@ pub fn install() {
     let targets = PatchTarget::ALL.map(|t| Target {
         name: t.name(),
         prologues: t.prologues(),
-        hook: hook(t),
+        hook: crate::memory::from_libc(t).unwrap_or_else(|| hook(t)),
     });
     PATCHED.store(patch::install(h, &targets), Relaxed);
 }
