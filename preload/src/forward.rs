@@ -88,6 +88,7 @@ impl<F: Copy> Entry<F> {
     /// next interposer (a call through our symbol); else the other patcher's hook our jump
     /// took libc's entry from; else libc's entry point, unless it holds our own jump.
     /// None: issue the system call.
+    #[inline(always)]
     pub fn target(&self, key: usize, via: Via) -> Option<To<F>> {
         // The same call again from inside one we forwarded (the other library's hook calls
         // the function it found with dlsym(RTLD_NEXT): libc's entry, our jump, us; or our
@@ -95,13 +96,15 @@ impl<F: Copy> Entry<F> {
         // other patcher's hook), the system call now. Any other call made in there (its
         // handler releasing memory) is forwarded like one from the program, or the other
         // library would not see it.
-        let Ok(f) = FORWARDING.try_with(Cell::get) else {
+        let Ok((inside, k)) = FORWARDING.try_with(Cell::get) else {
             return None;
         };
-        if f == (self.tag() | LIBC, key) {
+        // The stage of this very call we are inside, if any.
+        let back = (k == key && inside & !NEXT == self.tag()).then_some(inside & NEXT);
+        if back == Some(LIBC) {
             return None;
         }
-        if via == Via::Symbol && f != (self.tag() | NEXT, key) {
+        if via == Via::Symbol && back.is_none() {
             let next = self.next.load(Acquire);
             if !next.is_null() {
                 return Some(To {
@@ -143,6 +146,7 @@ impl<F: Copy> Entry<F> {
 
     /// Run `call` with the function of `to` (the forwarded call whose first argument is
     /// `key`), marking the thread as inside it.
+    #[inline(always)]
     pub fn run<T>(&self, key: usize, to: To<F>, call: impl FnOnce(F) -> T) -> T {
         let outer = FORWARDING.try_with(|f| f.replace((self.tag() | to.stage, key)));
         let r = call(to.f);

@@ -45,10 +45,11 @@ fn count(source: UnmapSource) {
 }
 
 /// `count`, unless this is the call we forwarded to the next interposer coming back (the
-/// outer call counted it).
+/// outer call counted it). The thread-local is read only when there is something to count.
+#[inline(always)]
 fn count_once<F: Copy>(entry: &forward::Entry<F>, key: usize, source: UnmapSource) {
-    if !entry.returning(key) {
-        count(source);
+    if QUEUE.is_active() && !entry.returning(key) {
+        REPORTED.add(source as usize, 1);
     }
 }
 
@@ -71,7 +72,7 @@ fn traced(call: Call, invalidated: bool, args: [u64; 5], result: i64, t0: u64) {
 }
 
 /// `invalidating` when `cond` holds (the caller counted it), else just the call.
-#[inline]
+#[inline(always)]
 fn invalidating_if<T>(cond: bool, addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
     if cond {
         invalidating(addr, len, f)
@@ -81,7 +82,7 @@ fn invalidating_if<T>(cond: bool, addr: usize, len: usize, f: impl FnOnce() -> T
 }
 
 /// Run `f` (the syscall) with `[addr, addr + len)` reported as going away.
-#[inline]
+#[inline(always)]
 fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
     if !REPORTING.load(Relaxed) {
         return f();
