@@ -1,21 +1,62 @@
-//! Where a memory hook sends a call after reporting it. Another library may hook the same
-//! calls by patching libc's entry points (UCX's bistro mode, libfabric's memhooks, Open
-//! MPI's patcher), and our exported symbols take the program's calls before libc's entry
-//! ever runs: issuing the system call ourselves would hide every such call from it (UCX's
-//! start-up test then finds none of its events and gives up). So a hook calls libc's entry
-//! point, whatever sits there now, unless it is our own jump (then the hook issues the
-//! system call itself, as the jump brought it here already).
+//! Where a memory hook sends a call after reporting it.
 //!
-//! Resolved in the constructor from libc's handle; read with one load. No allocation, no
-//! lock: these run inside allocators.
+//! A call that reached our exported symbol (the program's, or any library's, through its
+//! PLT) goes to the next definition of the name in the search order when that is another
+//! interposer (a profiler, libmemusage, a leak checker listed after us in LD_PRELOAD, the
+//! order `mrcache run` builds), as it would without us; the interposer's own call of the
+//! function it found with `dlsym(RTLD_NEXT)` then reaches libc's entry, our jump, and comes
+//! back here as the same call, which goes on as below. A call that came through our jump
+//! at libc's entry (libc's own: free, malloc_trim; or a pointer to libc's entry) never went
+//! to an interposer without us and does not now.
+//!
+//! Another library may hook the same calls by patching libc's entry points (UCX's bistro
+//! mode, libfabric's memhooks, Open MPI's patcher), and our exported symbols take the
+//! program's calls before libc's entry ever runs: issuing the system call ourselves would
+//! hide every such call from it (UCX's start-up test then finds none of its events and gives
+//! up). So a hook then calls libc's entry point, whatever sits there now, unless it is our
+//! own jump (then the hook issues the system call itself, as the jump brought it here
+//! already).
+//!
+//! Resolved in the constructor (libc's entries from libc's handle, the next definitions
+//! with libc's `dlsym(RTLD_NEXT)` called from here); read with one load each. No
+//! allocation, no lock: these run inside allocators. Before the constructor a call through
+//! our symbol goes to libc's entry, as one through our jump does.
 
 use crate::patch::PatchTarget;
 use crate::real::Symbol;
 use std::cell::Cell;
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
 
-/// libc's entry point of one memory call (one the patch monitor may patch), typed `F`.
-pub struct Entry<F>(Symbol<F>, PatchTarget);
+/// How a call reached the hook.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// Our exported symbol: the next interposer in the search order gets it.
+    Symbol,
+    /// Our jump at libc's entry: libc's own call (or one through a pointer to libc's
+    /// entry), which no interposer would have seen.
+    Libc,
+}
+
+/// Where a call is forwarded, and the stage of the chain that is (for FORWARDING).
+#[derive(Clone, Copy)]
+pub struct To<F> {
+    f: F,
+    stage: usize,
+}
+
+/// FORWARDING stages, in the low bit of an entry's (aligned) address.
+const NEXT: usize = 1;
+const LIBC: usize = 0;
+
+/// libc's entry point of one memory call (one the patch monitor may patch), typed `F`, and
+/// the next definition of its name after ours when that is not libc's.
+pub struct Entry<F> {
+    libc: Symbol<F>,
+    target: PatchTarget,
+    /// Another interposer's definition, found next after ours (null: none, or not yet).
+    next: AtomicPtr<c_void>,
+}
 
 impl<F: Copy> Entry<F> {
     /// # Safety
@@ -23,37 +64,65 @@ impl<F: Copy> Entry<F> {
     /// fixed-argument form where the x86-64 calling convention passes the arguments alike).
     const unsafe fn new(target: PatchTarget) -> Self {
         // SAFETY: the caller's contract.
-        Entry(unsafe { Symbol::next(target.name()) }, target)
+        unsafe { Self::named(target, target.name()) }
+    }
+
+    /// The entry exported as `name`, an alias of `target`'s function in libc (mmap64).
+    ///
+    /// # Safety
+    /// As `new`, for `name`.
+    const unsafe fn named(target: PatchTarget, name: &'static CStr) -> Self {
+        Entry {
+            // SAFETY: the caller's contract.
+            libc: unsafe { Symbol::next(name) },
+            target,
+            next: AtomicPtr::new(std::ptr::null_mut()),
+        }
     }
 
     fn name(&self) -> &'static CStr {
-        self.0.name()
+        self.libc.name()
     }
 
-    /// Where to send the call whose first argument is `key`: the other patcher's hook our
-    /// jump took libc's entry from; else libc's entry point, unless it holds our own jump.
+    /// Where to send the call whose first argument is `key`, which reached us `via`: the
+    /// next interposer (a call through our symbol); else the other patcher's hook our jump
+    /// took libc's entry from; else libc's entry point, unless it holds our own jump.
     /// None: issue the system call.
-    pub fn target(&self, key: usize) -> Option<F> {
-        // The same call again from inside the one we forwarded (the other library's hook
-        // calls the function it found with dlsym(RTLD_NEXT), which is ours): the system call
-        // now. Any other call made in there (its handler releasing memory) is forwarded like
-        // one from the program, or the other library would not see it.
-        if FORWARDING
-            .try_with(Cell::get)
-            .map_or(true, |f| f == (self.tag(), key))
-        {
+    #[inline(always)]
+    pub fn target(&self, key: usize, via: Via) -> Option<To<F>> {
+        // The same call again from inside one we forwarded (the other library's hook calls
+        // the function it found with dlsym(RTLD_NEXT): libc's entry, our jump, us; or our
+        // symbol): from the next interposer, on to libc's entry; from libc's entry (the
+        // other patcher's hook), the system call now. Any other call made in there (its
+        // handler releasing memory) is forwarded like one from the program, or the other
+        // library would not see it.
+        let Ok((inside, k)) = FORWARDING.try_with(Cell::get) else {
+            return None;
+        };
+        // The stage of this very call we are inside, if any.
+        let back = (k == key && inside & !NEXT == self.tag()).then_some(inside & NEXT);
+        if back == Some(LIBC) {
             return None;
         }
-        let at = match crate::patch::site(self.1) {
+        if via == Via::Symbol && back.is_none() {
+            let next = self.next.load(Acquire);
+            if !next.is_null() {
+                return Some(To {
+                    f: Self::typed(next),
+                    stage: NEXT,
+                });
+            }
+        }
+        let at = match crate::patch::site(self.target) {
             crate::patch::Site::Chained(t) => t as *mut c_void,
             crate::patch::Site::Ours => return None,
             crate::patch::Site::Other => {
-                let mut at = self.0.address();
+                let mut at = self.libc.address();
                 if at.is_null() {
                     // Before our constructor (another library's constructor calls us): from
                     // libc's symbol table, without dlsym or allocation.
                     at = crate::dlsym::libc_symbol(self.name());
-                    self.0.store(at);
+                    self.libc.store(at);
                 }
                 if at.is_null() {
                     return None;
@@ -61,36 +130,64 @@ impl<F: Copy> Entry<F> {
                 at
             }
         };
-        const { assert!(size_of::<F>() == size_of::<*mut c_void>()) };
-        // SAFETY: F is a function pointer type (same size, checked above) with the entry's
-        // prototype (new's contract); `at` is libc's entry or the hook that replaced it,
-        // which takes the same arguments.
-        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&at) })
+        Some(To {
+            f: Self::typed(at),
+            stage: LIBC,
+        })
     }
 
-    /// Run `call` (the forwarded call whose first argument is `key`), marking the thread as
-    /// inside it.
-    pub fn guarded<T>(&self, key: usize, call: impl FnOnce() -> T) -> T {
-        let outer = FORWARDING.try_with(|f| f.replace((self.tag(), key)));
-        let r = call();
+    fn typed(at: *mut c_void) -> F {
+        const { assert!(size_of::<F>() == size_of::<*mut c_void>()) };
+        // SAFETY: F is a function pointer type (same size, checked above) with the entry's
+        // prototype (new's contract); `at` is libc's entry, the hook that replaced it, or
+        // the next definition of the same name, which all take the same arguments.
+        unsafe { std::mem::transmute_copy::<*mut c_void, F>(&at) }
+    }
+
+    /// Run `call` with the function of `to` (the forwarded call whose first argument is
+    /// `key`), marking the thread as inside it.
+    #[inline(always)]
+    pub fn run<T>(&self, key: usize, to: To<F>, call: impl FnOnce(F) -> T) -> T {
+        let outer = FORWARDING.try_with(|f| f.replace((self.tag() | to.stage, key)));
+        let r = call(to.f);
         if let Ok(outer) = outer {
             let _ = FORWARDING.try_with(|f| f.set(outer));
         }
         r
     }
 
-    /// Which entry this is (its address), for FORWARDING.
+    /// Whether this thread is inside the call `key` of this entry that it forwarded to the
+    /// next interposer: the call coming back, whose range the outer call reported already.
+    pub fn returning(&self, key: usize) -> bool {
+        FORWARDING.try_with(Cell::get).ok() == Some((self.tag() | NEXT, key))
+    }
+
+    /// Which entry this is (its address, aligned: the low bit holds the stage).
     fn tag(&self) -> usize {
         self as *const Self as usize
     }
 
     fn resolve_in(&self, libc_handle: *mut c_void) {
-        self.0.resolve_in(libc_handle);
+        self.libc.resolve_in(libc_handle);
+    }
+
+    /// Find the next definition after ours with `dlsym`, libc's (called from here: RTLD_NEXT
+    /// starts after libmrcache.so), and keep it when it is not libc's entry.
+    fn resolve_next(&self, dlsym: DlsymFn) {
+        // SAFETY: libc's dlsym with a pseudo-handle and a NUL-terminated name.
+        let next = unsafe { dlsym(libc::RTLD_NEXT, self.name().as_ptr()) };
+        let libc = crate::dlsym::libc_symbol(self.name());
+        if !next.is_null() && !libc.is_null() && next != libc {
+            self.next.store(next, Release);
+        }
     }
 }
 
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
 thread_local! {
-    /// The call a hook of this thread is forwarding: (entry, first argument); (0, 0): none.
+    /// The call a hook of this thread is forwarding: (entry | stage, first argument);
+    /// (0, 0): none.
     static FORWARDING: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
@@ -110,6 +207,8 @@ pub static MUNMAP: Entry<MunmapFn> = unsafe { Entry::new(PatchTarget::Munmap) };
 pub static MADVISE: Entry<MadviseFn> = unsafe { Entry::new(PatchTarget::Madvise) };
 pub static MREMAP: Entry<MremapFn> = unsafe { Entry::new(PatchTarget::Mremap) };
 pub static MMAP: Entry<MmapFn> = unsafe { Entry::new(PatchTarget::Mmap) };
+/// libc's mmap64 is its mmap; an interposer may define either.
+pub static MMAP64: Entry<MmapFn> = unsafe { Entry::named(PatchTarget::Mmap, c"mmap64") };
 pub static SHMAT: Entry<ShmatFn> = unsafe { Entry::new(PatchTarget::Shmat) };
 pub static SHMDT: Entry<ShmdtFn> = unsafe { Entry::new(PatchTarget::Shmdt) };
 pub static BRK: Entry<BrkFn> = unsafe { Entry::new(PatchTarget::Brk) };
@@ -121,8 +220,31 @@ pub fn resolve(libc_handle: *mut c_void) {
     MADVISE.resolve_in(libc_handle);
     MREMAP.resolve_in(libc_handle);
     MMAP.resolve_in(libc_handle);
+    MMAP64.resolve_in(libc_handle);
     SHMAT.resolve_in(libc_handle);
     SHMDT.resolve_in(libc_handle);
     BRK.resolve_in(libc_handle);
     SBRK.resolve_in(libc_handle);
+}
+
+/// Find the next definitions after ours (constructor, or earlier from `dlsym` when another
+/// library's constructor looks up a memory function: before anything else `install` does,
+/// which may stop early).
+pub fn resolve_next() {
+    // libc's own dlsym, not ours (whose routing is for other callers).
+    let dlsym = crate::dlsym::libc_symbol(c"dlsym");
+    if dlsym.is_null() {
+        return;
+    }
+    // SAFETY: libc's dlsym has this prototype.
+    let dlsym = unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(dlsym) };
+    MUNMAP.resolve_next(dlsym);
+    MADVISE.resolve_next(dlsym);
+    MREMAP.resolve_next(dlsym);
+    MMAP.resolve_next(dlsym);
+    MMAP64.resolve_next(dlsym);
+    SHMAT.resolve_next(dlsym);
+    SHMDT.resolve_next(dlsym);
+    BRK.resolve_next(dlsym);
+    SBRK.resolve_next(dlsym);
 }

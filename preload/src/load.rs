@@ -66,6 +66,7 @@ pub fn install() {
     if STARTED.swap(true, Relaxed) {
         return;
     }
+    crate::forward::resolve_next();
     // May run inside a sanitizer's set-up (its dlsym of a memory function): nothing here
     // calls what it intercepts (no dlopen, dl_iterate_phdr, malloc or pthread_*).
     let h = crate::dlsym::libc_handle();
@@ -126,7 +127,7 @@ pub fn install() {
     let targets = PatchTarget::ALL.map(|t| Target {
         name: t.name(),
         prologues: t.prologues(),
-        hook: hook(t),
+        hook: crate::memory::from_libc(t).unwrap_or_else(|| hook(t)),
     });
     PATCHED.store(patch::install(h, &targets), Relaxed);
 }

@@ -1,16 +1,20 @@
 //! Memory hooks: every way a process can make a virtual range stop being backed by the
 //! pages it had. Each hook reports the range to the `InvalidationQueue` *before* the
-//! kernel changes the mapping, then forwards the call to libc's entry point (or the hook
-//! another patcher put there, so it sees the call too), or issues the syscall itself where
-//! that entry holds our own jump or the call is the forwarded one coming back
-//! (`forward.rs`).
+//! kernel changes the mapping, then forwards the call: one that reached our exported
+//! symbol to the next interposer after us, if there is one; else to libc's entry point (or
+//! the hook another patcher put there, so it sees the call too), or issues the syscall
+//! itself where that entry holds our own jump or the call is the forwarded one coming back
+//! (`forward.rs`). Each hook has two doors: the exported symbol (`Via::Symbol`) and the
+//! function our jump at libc's entry leads to (`*_from_libc`, `Via::Libc`: libc's own
+//! calls, which no interposer sees).
 //!
 //! Hooks run in every thread of every process the library is preloaded into, before our
 //! constructor (jemalloc calls madvise during its own initialisation) and inside
 //! allocators: they take no lock, allocate nothing, print nothing, and when no cache
 //! exists they only bump two counters around the syscall.
 
-use crate::forward;
+use crate::forward::{self, Via};
+use crate::patch::PatchTarget;
 use crate::real;
 use crate::sys::{PAGE, errno, page_span, set_errno, syscall6};
 use crate::trace;
@@ -40,6 +44,15 @@ fn count(source: UnmapSource) {
     }
 }
 
+/// `count`, unless this is the call we forwarded to the next interposer coming back (the
+/// outer call counted it). The thread-local is read only when there is something to count.
+#[inline(always)]
+fn count_once<F: Copy>(entry: &forward::Entry<F>, key: usize, source: UnmapSource) {
+    if QUEUE.is_active() && !entry.returning(key) {
+        REPORTED.add(source as usize, 1);
+    }
+}
+
 /// Start time for a trace record, or 0 when not tracing (the common case: one load).
 #[inline]
 fn t0() -> u64 {
@@ -58,17 +71,10 @@ fn traced(call: Call, invalidated: bool, args: [u64; 5], result: i64, t0: u64) {
     }
 }
 
-/// `invalidating` when `cond` holds (counted under `source`), else just the call.
-#[inline]
-fn invalidating_if<T>(
-    cond: bool,
-    source: UnmapSource,
-    addr: usize,
-    len: usize,
-    f: impl FnOnce() -> T,
-) -> T {
+/// `invalidating` when `cond` holds (the caller counted it), else just the call.
+#[inline(always)]
+fn invalidating_if<T>(cond: bool, addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
     if cond {
-        count(source);
         invalidating(addr, len, f)
     } else {
         f()
@@ -76,7 +82,7 @@ fn invalidating_if<T>(
 }
 
 /// Run `f` (the syscall) with `[addr, addr + len)` reported as going away.
-#[inline]
+#[inline(always)]
 fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
     if !REPORTING.load(Relaxed) {
         return f();
@@ -114,14 +120,23 @@ pub fn open_here() -> u64 {
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    munmap_via(Via::Symbol, addr, len)
+}
+
+extern "C" fn munmap_from_libc(addr: *mut c_void, len: usize) -> c_int {
+    munmap_via(Via::Libc, addr, len)
+}
+
+#[inline(always)]
+fn munmap_via(via: Via, addr: *mut c_void, len: usize) -> c_int {
     let t = t0();
-    count(UnmapSource::Munmap);
-    let r = invalidating(addr as usize, len, || {
-        match forward::MUNMAP.target(addr as usize) {
-            // SAFETY: libc's munmap entry (or the hook another patcher put there).
-            Some(f) => forward::MUNMAP.guarded(addr as usize, || unsafe { f(addr, len) }),
-            None => syscall6(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int,
-        }
+    let e = &forward::MUNMAP;
+    count_once(e, addr as usize, UnmapSource::Munmap);
+    let r = invalidating(addr as usize, len, || match e.target(addr as usize, via) {
+        // SAFETY: the next munmap, libc's munmap entry, or the hook another patcher put
+        // there.
+        Some(to) => e.run(addr as usize, to, |f| unsafe { f(addr, len) }),
+        None => syscall6(libc::SYS_munmap, addr as usize, len, 0, 0, 0, 0) as c_int,
     });
     traced(
         Call::Munmap,
@@ -147,10 +162,21 @@ fn zaps(advice: c_int) -> bool {
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    madvise_via(Via::Symbol, addr, len, advice)
+}
+
+extern "C" fn madvise_from_libc(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    madvise_via(Via::Libc, addr, len, advice)
+}
+
+#[inline(always)]
+fn madvise_via(via: Via, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     let t = t0();
-    let call = || match forward::MADVISE.target(addr as usize) {
-        // SAFETY: libc's madvise entry (or the hook another patcher put there).
-        Some(f) => forward::MADVISE.guarded(addr as usize, || unsafe { f(addr, len, advice) }),
+    let e = &forward::MADVISE;
+    let call = || match e.target(addr as usize, via) {
+        // SAFETY: the next madvise, libc's madvise entry, or the hook another patcher put
+        // there.
+        Some(to) => e.run(addr as usize, to, |f| unsafe { f(addr, len, advice) }),
         None => syscall6(
             libc::SYS_madvise,
             addr as usize,
@@ -162,7 +188,10 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
         ) as c_int,
     };
     let zap = zaps(advice);
-    let r = invalidating_if(zap, UnmapSource::Madvise, addr as usize, len, call);
+    if zap {
+        count_once(e, addr as usize, UnmapSource::Madvise);
+    }
+    let r = invalidating_if(zap, addr as usize, len, call);
     traced(
         Call::Madvise,
         zap,
@@ -176,15 +205,18 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // POSIX_MADV_DONTNEED is a no-op in glibc; only the Linux advice values zap pages.
-    // Returns the error number instead of setting errno.
+    // Returns the error number and leaves errno as it was, as glibc's does. glibc's calls
+    // the system call itself, never an interposer's madvise: so does ours (libc's door).
     if advice == libc::POSIX_MADV_DONTNEED {
         return 0;
     }
-    if madvise(addr, len, advice) == 0 {
-        0
-    } else {
-        errno()
+    let saved = errno();
+    if madvise_via(Via::Libc, addr, len, advice) == 0 {
+        return 0;
     }
+    let e = errno();
+    set_errno(saved);
+    e
 }
 
 /// `process_madvise` on the process's own pidfd takes any advice on recent kernels, and a
@@ -237,12 +269,36 @@ pub extern "C" fn mremap(
     flags: c_int,
     new_addr: *mut c_void,
 ) -> *mut c_void {
+    mremap_via(Via::Symbol, old, old_len, new_len, flags, new_addr)
+}
+
+extern "C" fn mremap_from_libc(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    mremap_via(Via::Libc, old, old_len, new_len, flags, new_addr)
+}
+
+#[inline(always)]
+fn mremap_via(
+    via: Via,
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     let t = t0();
-    count(UnmapSource::Mremap);
-    let call = || match forward::MREMAP.target(old as usize) {
-        // SAFETY: libc's mremap entry (variadic; on x86-64 the fifth argument travels in
-        // its register either way), or the hook another patcher put there.
-        Some(f) => forward::MREMAP.guarded(old as usize, || unsafe {
+    let e = &forward::MREMAP;
+    count_once(e, old as usize, UnmapSource::Mremap);
+    let call = || match e.target(old as usize, via) {
+        // SAFETY: the next mremap, or libc's mremap entry (variadic; on x86-64 the fifth
+        // argument travels in its register either way), or the hook another patcher put
+        // there.
+        Some(to) => e.run(old as usize, to, |f| unsafe {
             f(old, old_len, new_len, flags, new_addr)
         }),
         None => syscall6(
@@ -281,14 +337,41 @@ pub extern "C" fn mmap(
     fd: c_int,
     off: i64,
 ) -> *mut c_void {
+    mmap_via(&forward::MMAP, Via::Symbol, addr, len, prot, flags, fd, off)
+}
+
+extern "C" fn mmap_from_libc(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
+    mmap_via(&forward::MMAP, Via::Libc, addr, len, prot, flags, fd, off)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn mmap_via(
+    e: &forward::Entry<forward::MmapFn>,
+    via: Via,
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
     if off & (PAGE as i64 - 1) != 0 {
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     }
     let t = t0();
-    let call = || match forward::MMAP.target(addr as usize) {
-        // SAFETY: libc's mmap entry (or the hook another patcher put there).
-        Some(f) => forward::MMAP.guarded(addr as usize, || unsafe {
+    let call = || match e.target(addr as usize, via) {
+        // SAFETY: the next mmap (or mmap64), libc's mmap entry, or the hook another patcher
+        // put there.
+        Some(to) => e.run(addr as usize, to, |f| unsafe {
             f(addr, len, prot, flags, fd, off)
         }),
         None => syscall6(
@@ -308,7 +391,10 @@ pub extern "C" fn mmap(
     } else {
         len
     };
-    let r = invalidating_if(fixed, UnmapSource::MmapFixed, addr as usize, len, call);
+    if fixed {
+        count_once(e, addr as usize, UnmapSource::MmapFixed);
+    }
+    let r = invalidating_if(fixed, addr as usize, len, call);
     traced(
         Call::Mmap,
         fixed,
@@ -365,13 +451,17 @@ pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut())
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
-    move_break(addr)
+    move_break(Via::Symbol, addr)
 }
 
-/// The brk hook's body. Our own calls come here directly: a call to the exported `brk`
-/// goes through our GOT, which UCX's reloc mode points at its hook (a brk system call of
-/// its own, unseen by us).
-fn move_break(addr: *mut c_void) -> c_int {
+extern "C" fn brk_from_libc(addr: *mut c_void) -> c_int {
+    move_break(Via::Libc, addr)
+}
+
+/// The brk hook's body. Our own calls come here directly (as libc's: glibc's sbrk calls its
+/// internal brk): a call to the exported `brk` goes through our GOT, which UCX's reloc mode
+/// points at its hook (a brk system call of its own, unseen by us).
+fn move_break(via: Via, addr: *mut c_void) -> c_int {
     let t = t0();
     let mut curbrk = CURBRK.load(Relaxed);
     if curbrk.is_null() {
@@ -389,16 +479,20 @@ fn move_break(addr: *mut c_void) -> c_int {
     let given_back = brk_shrink(addr as usize, cur);
     let shrink = given_back.is_some();
     let (start, len) = given_back.unwrap_or((0, 0));
-    if let Some(f) = forward::BRK.target(addr as usize) {
-        // libc's brk (or another patcher's hook there) keeps __curbrk itself.
-        // SAFETY: libc's brk entry, or the hook another patcher put there.
-        let call = || forward::BRK.guarded(addr as usize, || unsafe { f(addr) });
-        let r = invalidating_if(shrink, UnmapSource::Brk, start, len, call);
+    let e = &forward::BRK;
+    if shrink {
+        count_once(e, addr as usize, UnmapSource::Brk);
+    }
+    if let Some(to) = e.target(addr as usize, via) {
+        // The next brk, or libc's (or another patcher's hook there), keeps __curbrk itself.
+        // SAFETY: the next brk, libc's brk entry, or the hook another patcher put there.
+        let call = || e.run(addr as usize, to, |f| unsafe { f(addr) });
+        let r = invalidating_if(shrink, start, len, call);
         traced(Call::Brk, shrink, [addr as u64, 0, 0, 0, 0], r as i64, t);
         return r;
     }
     let call = || syscall6(libc::SYS_brk, addr as usize, 0, 0, 0, 0, 0) as usize;
-    let got = invalidating_if(shrink, UnmapSource::Brk, start, len, call);
+    let got = invalidating_if(shrink, start, len, call);
     if !curbrk.is_null() {
         // SAFETY: as above; libc's own brk stores the kernel's answer the same way.
         unsafe { *curbrk = got as *mut c_void };
@@ -415,20 +509,32 @@ fn move_break(addr: *mut c_void) -> c_int {
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
+    sbrk_via(Via::Symbol, incr)
+}
+
+extern "C" fn sbrk_from_libc(incr: isize) -> *mut c_void {
+    sbrk_via(Via::Libc, incr)
+}
+
+fn sbrk_via(via: Via, incr: isize) -> *mut c_void {
     let t = t0();
-    let r = match forward::SBRK.target(incr as usize) {
-        Some(f) => {
-            // libc's sbrk (whose __brk we patched), or the hook another patcher put at its
-            // entry, which may issue the brk system call itself (UCX's bistro): report the
-            // shrink here.
-            // SAFETY: libc's sbrk entry, or the hook that replaced it, with the app's argument.
-            let call = || forward::SBRK.guarded(incr as usize, || unsafe { f(incr) });
+    let e = &forward::SBRK;
+    let r = match e.target(incr as usize, via) {
+        Some(to) => {
+            // The next sbrk, or libc's (whose __brk we patched), or the hook another patcher
+            // put at its entry, which may issue the brk system call itself (UCX's bistro):
+            // report the shrink here.
             if incr < 0 {
-                count(UnmapSource::Sbrk);
-                let (start, len) = sbrk_shrink(current_break(f), incr);
-                invalidating(start, len, call)
+                count_once(e, incr as usize, UnmapSource::Sbrk);
+                let (start, len) = sbrk_shrink(current_break(e, to), incr);
+                // SAFETY: the next sbrk, libc's sbrk entry, or the hook that replaced it,
+                // with the app's argument.
+                invalidating(start, len, || {
+                    e.run(incr as usize, to, |f| unsafe { f(incr) })
+                })
             } else {
-                call()
+                // SAFETY: as above.
+                e.run(incr as usize, to, |f| unsafe { f(incr) })
             }
         }
         // libc's sbrk holds our jump: glibc's sbrk over our brk, which reports a shrink.
@@ -438,14 +544,14 @@ pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
     r
 }
 
-/// The program break: libc's `__curbrk`, else what `sbrk(0)` through `f` says.
-fn current_break(f: forward::SbrkFn) -> usize {
+/// The program break: libc's `__curbrk`, else what `sbrk(0)` through `to` says.
+fn current_break(e: &forward::Entry<forward::SbrkFn>, to: forward::To<forward::SbrkFn>) -> usize {
     let curbrk = CURBRK.load(Relaxed);
     // SAFETY: CURBRK is null or libc's exported __curbrk variable.
     match unsafe { curbrk.as_ref() } {
         Some(&b) if !b.is_null() => b as usize,
         // SAFETY: sbrk(0) only reads the break.
-        _ => (unsafe { f(0) }) as usize,
+        _ => e.run(0, to, |f| unsafe { f(0) }) as usize,
     }
 }
 
@@ -459,7 +565,7 @@ fn own_sbrk(incr: isize) -> *mut c_void {
     }
     // SAFETY: libc's exported __curbrk variable (read and written as glibc's sbrk does).
     let read = || unsafe { *curbrk as usize };
-    if read() == 0 && move_break(std::ptr::null_mut()) < 0 {
+    if read() == 0 && move_break(Via::Libc, std::ptr::null_mut()) < 0 {
         return FAILED;
     }
     let old = read();
@@ -470,7 +576,7 @@ fn own_sbrk(incr: isize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return FAILED;
     };
-    if move_break(new as *mut c_void) < 0 {
+    if move_break(Via::Libc, new as *mut c_void) < 0 {
         return FAILED;
     }
     old as *mut c_void
@@ -495,11 +601,20 @@ fn shm_size(id: c_int) -> usize {
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    shmat_via(Via::Symbol, id, addr, flags)
+}
+
+extern "C" fn shmat_from_libc(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    shmat_via(Via::Libc, id, addr, flags)
+}
+
+fn shmat_via(via: Via, id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
     let t = t0();
     let size = shm_size(id);
-    let call = || match forward::SHMAT.target(id as usize) {
-        // SAFETY: libc's shmat entry (or the hook another patcher put there).
-        Some(f) => forward::SHMAT.guarded(id as usize, || unsafe { f(id, addr, flags) }),
+    let e = &forward::SHMAT;
+    let call = || match e.target(id as usize, via) {
+        // SAFETY: the next shmat, libc's shmat entry, or the hook another patcher put there.
+        Some(to) => e.run(id as usize, to, |f| unsafe { f(id, addr, flags) }),
         None => syscall6(
             libc::SYS_shmat,
             id as usize,
@@ -511,8 +626,12 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
         ) as *mut c_void,
     };
     let remap = flags & SHM_REMAP != 0 && !addr.is_null();
-    let p = invalidating_if(remap, UnmapSource::ShmatRemap, addr as usize, size, call);
-    if p as isize != -1 && size > 0 {
+    if remap {
+        count_once(e, id as usize, UnmapSource::ShmatRemap);
+    }
+    let p = invalidating_if(remap, addr as usize, size, call);
+    // The call coming back from the next interposer: the outer call records the segment.
+    if p as isize != -1 && size > 0 && !e.returning(id as usize) {
         for (a, s) in &SHM {
             if a.compare_exchange(0, p as usize, AcqRel, Relaxed).is_ok() {
                 s.store(size, Release);
@@ -532,7 +651,25 @@ pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
+    shmdt_via(Via::Symbol, addr)
+}
+
+extern "C" fn shmdt_from_libc(addr: *const c_void) -> c_int {
+    shmdt_via(Via::Libc, addr)
+}
+
+fn shmdt_via(via: Via, addr: *const c_void) -> c_int {
     let t = t0();
+    let e = &forward::SHMDT;
+    if e.returning(addr as usize) {
+        // The call coming back from the next interposer: the outer call took the segment's
+        // size from the table and reports its range around this call.
+        return match e.target(addr as usize, via) {
+            // SAFETY: libc's shmdt entry, or the hook another patcher put there.
+            Some(to) => e.run(addr as usize, to, |f| unsafe { f(addr) }),
+            None => syscall6(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int,
+        };
+    }
     let mut size = 0;
     for (a, s) in &SHM {
         if a.load(Acquire) == addr as usize {
@@ -551,12 +688,10 @@ pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
     } else {
         usize::MAX - addr as usize
     };
-    let r = invalidating(addr as usize, len, || {
-        match forward::SHMDT.target(addr as usize) {
-            // SAFETY: libc's shmdt entry (or the hook another patcher put there).
-            Some(f) => forward::SHMDT.guarded(addr as usize, || unsafe { f(addr) }),
-            None => syscall6(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int,
-        }
+    let r = invalidating(addr as usize, len, || match e.target(addr as usize, via) {
+        // SAFETY: the next shmdt, libc's shmdt entry, or the hook another patcher put there.
+        Some(to) => e.run(addr as usize, to, |f| unsafe { f(addr) }),
+        None => syscall6(libc::SYS_shmdt, addr as usize, 0, 0, 0, 0, 0) as c_int,
     });
     traced(Call::Shmdt, true, [addr as u64, 0, 0, 0, 0], r as i64, t);
     r
@@ -608,7 +743,31 @@ pub extern "C" fn mmap64(
     fd: c_int,
     off: i64,
 ) -> *mut c_void {
-    mmap(addr, len, prot, flags, fd, off)
+    mmap_via(
+        &forward::MMAP64,
+        Via::Symbol,
+        addr,
+        len,
+        prot,
+        flags,
+        fd,
+        off,
+    )
+}
+
+/// Where our jump at libc's entry of `target` leads: the hook's door for libc's own calls,
+/// which are never sent to an interposer (they never reached one without us).
+pub fn from_libc(target: PatchTarget) -> Option<usize> {
+    Some(match target {
+        PatchTarget::Munmap => munmap_from_libc as *const () as usize,
+        PatchTarget::Madvise => madvise_from_libc as *const () as usize,
+        PatchTarget::Brk => brk_from_libc as *const () as usize,
+        PatchTarget::Mmap => mmap_from_libc as *const () as usize,
+        PatchTarget::Mremap => mremap_from_libc as *const () as usize,
+        PatchTarget::Shmdt => shmdt_from_libc as *const () as usize,
+        PatchTarget::Sbrk => sbrk_from_libc as *const () as usize,
+        PatchTarget::Shmat => shmat_from_libc as *const () as usize,
+    })
 }
 
 #[cfg(test)]

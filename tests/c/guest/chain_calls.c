@@ -1,0 +1,50 @@
+/* Makes each memory call an interposer may define a known number of times (ROUNDS), plus
+ * calls libc makes inside itself (free of an mmapped chunk, malloc_trim), which never go to
+ * an interposer. Prints "chain_calls: done" and exits 0; any failing call exits 1. */
+#define _GNU_SOURCE
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ipc.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
+#include <unistd.h>
+
+#define ROUNDS 5
+#define FAIL(what) do { fprintf(stderr, "chain_calls: %s failed\n", what); return 1; } while (0)
+
+extern void *mmap64(void *, size_t, int, int, int, off_t);
+
+int main(void) {
+    const size_t page = 4096;
+    for (int i = 0; i < ROUNDS; i++) {
+        char *p = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) FAIL("mmap");
+        memset(p, 1, 2 * page);
+        if (madvise(p, page, MADV_DONTNEED)) FAIL("madvise");
+        char *q = mremap(p, 2 * page, 4 * page, MREMAP_MAYMOVE);
+        if (q == MAP_FAILED) FAIL("mremap");
+        if (munmap(q, 4 * page)) FAIL("munmap");
+        char *r = mmap64(NULL, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (r == MAP_FAILED || munmap(r, page)) FAIL("mmap64");
+
+        void *cur = sbrk(0);
+        if (cur == (void *)-1 || brk(cur)) FAIL("brk");
+
+        int id = shmget(IPC_PRIVATE, page, IPC_CREAT | 0600);
+        if (id < 0) FAIL("shmget");
+        void *s = shmat(id, NULL, 0);
+        shmctl(id, IPC_RMID, NULL);
+        if (s == (void *)-1 || shmdt(s)) FAIL("shmat/shmdt");
+
+        /* libc's own: an mmapped chunk freed, the heap trimmed. */
+        char *big = malloc(1 << 20);
+        if (!big) FAIL("malloc");
+        memset(big, 2, 1 << 20);
+        free(big);
+        malloc_trim(0);
+    }
+    printf("chain_calls: done\n");
+    return 0;
+}
