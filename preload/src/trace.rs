@@ -79,7 +79,8 @@ fn reopen_in_child() {
         Some(fd) if old >= 0 => {
             // SAFETY: plain descriptor calls on our own descriptors.
             unsafe {
-                libc::dup2(fd, old);
+                // dup3, not dup2: the descriptor stays close-on-exec, as std opened it.
+                libc::dup3(fd, old, libc::O_CLOEXEC);
                 libc::close(fd);
             }
         }
