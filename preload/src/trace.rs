@@ -68,7 +68,7 @@ pub fn set_log_file(pattern: Option<&str>) {
 }
 
 /// In a fork child: its own log file when the name has %p. The new file takes the old
-/// descriptor's number (`dup2`), so a line being written meanwhile goes to one or the
+/// descriptor's number (`dup3`), so a line being written meanwhile goes to one or the
 /// other, never to a descriptor closed or reused under it.
 fn reopen_in_child() {
     let Some(p) = PATTERN.get().filter(|p| p.contains("%p")) else {
