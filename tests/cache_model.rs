@@ -513,13 +513,15 @@ fn fork_child_forgets_everything_without_deregistering() {
     let (ha, _) = cache.acquire(&a).unwrap();
     cache.release(ha);
     let (hb, _) = cache.acquire(&b).unwrap();
-    let (guard, in_use) = cache.fork_prepare();
+    let in_use = cache.fork_ranges();
     assert_eq!(
         in_use,
         vec![(b.addr, b.len)],
         "only entries in use need DONTFORK"
     );
-    guard.child(0);
+    // The child replaces the inherited cache (never touched again: its lock may be held by
+    // a thread the child does not have).
+    let cache = cache.renewed(&hca);
     assert_eq!(
         hca.live.lock().unwrap().len(),
         2,
@@ -534,6 +536,26 @@ fn fork_child_forgets_everything_without_deregistering() {
     let (h, o) = cache.acquire(&a).unwrap();
     assert_eq!(o, Outcome::Miss, "the child registers its own");
     cache.release(h);
+}
+
+#[test]
+fn a_fork_childs_cache_keeps_the_parents_settings() {
+    let hca = FakeHca::new(1000);
+    let parent = cache_of(&hca, 8).with_remote(mrcache::config::RemoteMode::Bypass);
+    let child = parent.renewed(&hca);
+    assert_eq!(child.remote(), mrcache::config::RemoteMode::Bypass);
+    assert_eq!(child.limits().max_entries, 8);
+    assert_eq!(child.caching_stopped(), None);
+    parent.stop_caching("test: blind monitor");
+    let child = parent.renewed(&hca);
+    assert_eq!(
+        child.caching_stopped(),
+        Some("test: blind monitor"),
+        "a parent that stopped caching must not have a child that caches"
+    );
+    let (h, o) = child.acquire(&request(0, 0, 2, LOCAL_WRITE)).unwrap();
+    assert_eq!(o, Outcome::Uncached);
+    child.release(h);
 }
 
 #[test]

@@ -15,7 +15,6 @@
 
 use crate::real;
 use crate::runtime;
-use mrcache::cache::ForkGuard;
 use mrcache::config::ForkMode;
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -40,19 +39,13 @@ pub fn decide(mode: ForkMode) -> Decision {
     mrcache::fork::decide(mode, copy_on_fork(), tracking)
 }
 
-/// The cache lock and the ranges marked DONTFORK, from prepare to parent/child.
-type Held = (
-    ForkGuard<'static>,
-    Vec<(usize, usize)>,
-    crate::trace::ForkSink,
-);
-
 thread_local! {
-    /// The same thread runs all three handlers.
-    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    /// The ranges marked DONTFORK, from prepare to parent/child (the same thread runs all
+    /// three handlers; forks on other threads have their own). Some: a fork began here.
+    static HELD: RefCell<Option<Vec<(usize, usize)>>> = const { RefCell::new(None) };
 }
 
-fn for_ranges(sym: &real::Symbol<real::RangeFn>, ranges: &[(usize, usize)]) {
+pub(crate) fn for_ranges(sym: &real::Symbol<real::RangeFn>, ranges: &[(usize, usize)]) {
     if ranges.is_empty() {
         return;
     }
@@ -63,53 +56,50 @@ fn for_ranges(sym: &real::Symbol<real::RangeFn>, ranges: &[(usize, usize)]) {
     }
 }
 
+/// No lock is held from here to the parent or child handler: the program's own handlers
+/// run between (its prepare after ours, its parent and child before ours: ours are
+/// registered at the first verbs call) and may make verbs calls, or wait for a thread that
+/// makes one. The fork is marked in progress instead: registrations meanwhile pass
+/// through uncached, releases work as ever.
 pub extern "C" fn prepare() {
-    // Run twice for one fork (handlers registered twice by any path), the second would
-    // block on the cache lock the first holds.
+    // Run twice for one fork (handlers registered twice by any path): once is enough.
     if HELD.try_with(|h| h.borrow().is_some()).unwrap_or(true) {
         return;
     }
-    let Some((cache, decision)) = runtime::fork_state() else {
+    if runtime::get().is_none() {
         return;
-    };
-    // Apply pending unmaps first: an entry in use whose memory went away is dead, and its
-    // range (now maybe other memory) must not be marked DONTFORK.
-    cache.drain_pending();
-    let flushed = if decision.flush_idle {
-        cache.flush_all()
-    } else {
-        0
-    };
-    let (guard, ranges) = cache.fork_prepare();
-    let ranges = if decision.dontfork_in_use {
-        ranges
-    } else {
-        Vec::new()
-    };
-    for_ranges(&real::DONTFORK_RANGE, &ranges);
-    runtime::note_fork(flushed, ranges.len());
-    // Last: nothing may log while the sink is held.
-    let sink = crate::trace::prepare_fork();
-    let _ = HELD.try_with(|h| *h.borrow_mut() = Some((guard, ranges, sink)));
+    }
+    runtime::begin_fork();
+    let mut ranges = Vec::new();
+    if let Some((cache, decision)) = runtime::fork_state() {
+        // Apply pending unmaps first: an entry in use whose memory went away is dead, and
+        // its range (now maybe other memory) must not be marked DONTFORK.
+        cache.drain_pending();
+        let flushed = if decision.flush_idle {
+            cache.flush_all()
+        } else {
+            0
+        };
+        if decision.dontfork_in_use {
+            ranges = cache.fork_ranges();
+        }
+        for_ranges(&real::DONTFORK_RANGE, &ranges);
+        runtime::note_fork(flushed, ranges.len());
+    }
+    let _ = HELD.try_with(|h| *h.borrow_mut() = Some(ranges));
 }
 
 pub extern "C" fn parent() {
-    if let Some((guard, ranges, sink)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
-        sink.parent();
+    if let Some(ranges) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
         for_ranges(&real::DOFORK_RANGE, &ranges);
-        guard.parent();
+        runtime::after_fork_parent();
     }
 }
 
 pub extern "C" fn child() {
-    if let Some((guard, ranges, sink)) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
-        sink.child();
-        // The child has no mapping there; libibverbs ignores the DOFORK error but its
-        // reference counts (inherited) come back into balance.
-        for_ranges(&real::DOFORK_RANGE, &ranges);
-        guard.child(crate::memory::open_here());
-        runtime::after_fork_child();
-    }
+    let ranges = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten();
+    runtime::fork_child_ranges(ranges.unwrap_or_default());
+    runtime::fork_child();
 }
 
 /// `_Fork()` skips the atfork handlers, and is async-signal-safe: it may run in a signal
@@ -134,7 +124,7 @@ pub extern "C" fn _Fork() -> libc::pid_t {
     if pid == 0 {
         runtime::after_signal_safe_fork_child();
     } else {
-        runtime::after_signal_safe_fork_parent();
+        runtime::after_fork_parent();
     }
     pid
 }

@@ -1,6 +1,6 @@
 //! The process-wide state behind the hooks: the runtime (set up by `init` at the first verbs
 //! call, never in the constructor, so a process that never touches verbs reads no
-//! configuration, prints nothing and starts nothing), the cache a `_Fork` child replaces,
+//! configuration, prints nothing and starts nothing), the cache a fork child replaces,
 //! the fork bookkeeping, the background drain, and the shell's counters.
 
 use crate::fork;
@@ -16,7 +16,7 @@ use mrcache::stats::{Bypassed, Counter, Counters, Tally};
 use std::ffi::CStr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 pub struct Runtime {
     pub cache: Option<Cache<Provider>>,
@@ -61,34 +61,67 @@ pub fn get() -> Option<&'static Runtime> {
     RUNTIME.get()
 }
 
-/// A child of `_Fork()` (which may run in a signal handler, so it cannot lock or allocate)
-/// still has the parent's cache, whose lock a parent thread may hold forever: its first
-/// call replaces the cache. 0: current; 1: replace at the next call; 2: being replaced.
+/// A fork child still has the parent's cache, whose lock a parent thread may have held at
+/// the fork (and holds forever in the child): the child's first call replaces the cache.
+/// 0: current; 1: replace at the next call; 2: being replaced.
 static RENEW: AtomicU8 = AtomicU8::new(0);
 static RENEWED: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
-/// Asked by `_Fork()` in the parent when idle entries must go at fork: every registration
+/// The cache the last renewal replaced (in a fork child: the parent's), asked without its
+/// lock whether a handle the child deregisters is one of the parent's.
+static INHERITED: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
+/// Asked by a fork in the parent when idle entries must go at fork: every registration
 /// deregisters them (or sees another thread's flush finished) before it looks anything up.
 static FLUSHES: FlushRequests = FlushRequests::new();
-/// `_Fork()` calls begun and finished, twice each (odd while one is in progress): a lookup
-/// meanwhile passes through uncached, so no registration made during it survives it idle.
-static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+/// Forks in progress in this process (`fork()` from its prepare handler to its parent
+/// handler, `_Fork()` around the real call; forks on several threads may overlap): a
+/// lookup meanwhile passes through uncached, so no registration made during one survives
+/// it idle. A child inherits the count: its first call (or our child handler, whichever
+/// comes first) sees it set in a process that is not `FORKER`, and resets.
+static FORKING: AtomicU64 = AtomicU64::new(0);
+/// The process whose forks `FORKING` counts.
+static FORKER: AtomicI32 = AtomicI32::new(0);
+/// The process the child reset was done for (once per child, whoever comes first: the
+/// program's own child handlers run before ours and may make verbs calls).
+static RESET_FOR: AtomicI32 = AtomicI32::new(0);
+/// The ranges our prepare handler marked DONTFORK, in a `fork()` child: unmarked at the
+/// child's first call (libibverbs' range lock may be held by a thread the child does not
+/// have; a child that never calls verbs must not wait for it).
+static CHILD_DOFORK: AtomicPtr<Vec<(usize, usize)>> = AtomicPtr::new(std::ptr::null_mut());
 /// Process-wide registrations made once per address space (inherited by fork children).
 pub static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
 pub static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
 
-/// The cache, once set up (and not off); None also while a `_Fork` child's first call on
+fn getpid() -> i32 {
+    // SAFETY: no preconditions; async-signal-safe.
+    unsafe { libc::getpid() }
+}
+
+/// The cache, once set up (and not off); None also while a fork child's first call on
 /// another thread is replacing it.
 pub fn cache() -> Option<&'static Cache<Provider>> {
     let first = RUNTIME.get()?.cache.as_ref()?;
+    if FORKING.load(SeqCst) != 0 && FORKER.load(SeqCst) != getpid() {
+        // A fork child before our child handler ran (in one of the program's own).
+        fork_child();
+    }
     if RENEW.load(Acquire) != 0 {
         match RENEW.compare_exchange(1, 2, AcqRel, Acquire) {
             Ok(_) => {
-                let fresh = Cache::with_queue(
-                    Provider::new(first.registrar().verify),
-                    first.limits(),
-                    &QUEUE,
-                );
+                let p = RENEWED.load(Acquire);
+                // SAFETY: a non-null RENEWED is a leaked Box, never freed.
+                let current = if p.is_null() { first } else { unsafe { &*p } };
+                let fresh = current.renewed(Provider::new(current.registrar().verify));
+                INHERITED.store(current as *const _ as *mut _, Release);
                 RENEWED.store(Box::leak(Box::new(fresh)), Release);
+                crate::window::after_fork_child();
+                let dofork = CHILD_DOFORK.swap(std::ptr::null_mut(), AcqRel);
+                if !dofork.is_null() {
+                    // SAFETY: made by Box::into_raw in `fork_child_ranges`, taken once.
+                    let ranges = unsafe { Box::from_raw(dofork) };
+                    // The child has no mapping there; libibverbs ignores the DOFORK error
+                    // but its reference counts (inherited) come back into balance.
+                    fork::for_ranges(&crate::real::DOFORK_RANGE, &ranges);
+                }
                 RENEW.store(0, Release);
             }
             Err(0) => {}
@@ -100,50 +133,75 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
     Some(if p.is_null() { first } else { unsafe { &*p } })
 }
 
-/// `_Fork()`, before the real call, in the forking process: only atomic stores (it may run
-/// in a signal handler that interrupted a thread holding the cache lock or the allocator's).
-pub fn before_signal_safe_fork() {
-    FORK_GEN.fetch_add(1, SeqCst);
+/// In a fork child: whether `mr`, which the child's own cache does not know, is a handle
+/// the parent's cache handed out. Its `ibv_dereg_mr` then succeeds without the provider:
+/// the child discards the parent's registrations without deregistering them (in the
+/// kernel they are the parent's, and shared with the parent's other users).
+pub fn inherited_handle(mr: usize) -> bool {
+    let p = INHERITED.load(Acquire);
+    // SAFETY: a non-null INHERITED is the runtime's cache or a leaked renewal, never freed.
+    !p.is_null() && unsafe { &*p }.handed_out(mr) == Some(true)
+}
+
+/// A fork begins (`fork()`'s prepare handler, `_Fork()` before the real call): only atomic
+/// stores (`_Fork` may run in a signal handler that interrupted a thread holding the cache
+/// lock or the allocator's).
+pub fn begin_fork() {
+    FORKER.store(getpid(), SeqCst);
+    FORKING.fetch_add(1, SeqCst);
     crate::fast::disarm();
+}
+
+/// `_Fork()`, before the real call.
+pub fn before_signal_safe_fork() {
+    begin_fork();
     COUNTERS.add(Counter::Forks, 1);
 }
 
-/// `_Fork()` returned in the parent: idle entries (the ones cached before it and during it)
-/// are flushed before the next lookup, when the policy says so. Only atomic stores.
-pub fn after_signal_safe_fork_parent() {
+/// A fork returned in the parent (`fork()`'s parent handler, `_Fork()`): idle entries (the
+/// ones cached before it and during it) are flushed before the next lookup, when the policy
+/// says so. Only atomic stores.
+pub fn after_fork_parent() {
     if let Some(d) = RUNTIME.get().and_then(|r| r.fork.as_ref())
         && d.flush_idle
     {
         FLUSHES.ask();
     }
-    FORK_GEN.fetch_add(1, SeqCst);
+    FORKING.fetch_sub(1, SeqCst);
     // Calls that saw the fork in progress did not arm; any that armed before it began was
     // disarmed then. Again, after the flag: the flush comes before the next hit.
     crate::fast::disarm();
 }
 
-/// Whether a `_Fork()` is in progress in this process (a lookup then passes through).
+/// Whether a fork is in progress in this process (a lookup then passes through).
 pub fn forking() -> bool {
-    FORK_GEN.load(SeqCst) % 2 == 1
+    FORKING.load(SeqCst) != 0
 }
 
-/// `_Fork()` in the child: only atomic stores. The parent's cache is dropped at the next
-/// call (see `cache`); the drain and trace threads are gone.
-pub fn after_signal_safe_fork_child() {
+/// In a fork child, once (whoever comes first): only atomic stores, so `_Fork()` may call
+/// it in a signal handler. The parent's cache is replaced at the next call (see `cache`);
+/// the drain and trace threads are gone. Returns whether it reset now.
+pub fn after_signal_safe_fork_child() -> bool {
+    let me = getpid();
+    if RESET_FOR.swap(me, SeqCst) == me {
+        return false;
+    }
     if RUNTIME.get().is_some_and(|r| r.cache.is_some()) {
         RENEW.store(1, SeqCst);
     }
     FLUSHES.forget();
-    FORK_GEN.fetch_add(1, SeqCst);
+    FORKER.store(me, SeqCst);
+    FORKING.store(0, SeqCst);
     crate::fast::disarm();
     crate::guard::after_fork_child();
     DRAIN_RUNNING.store(false, Relaxed);
     trace::writer_gone();
     // Other threads' hooks may have been mid-push at the fork: they are gone.
     QUEUE.reset_after_fork(memory::open_here());
+    true
 }
 
-/// Idle entries a `_Fork()` asked to flush, before the next lookup.
+/// Idle entries a fork asked to flush, before the next lookup.
 pub fn flush_after_fork(cache: &Cache<Provider>) {
     // Done only once the flush finished: a caller meanwhile flushes too, rather than look
     // up an idle entry this flush has not reached yet.
@@ -173,12 +231,26 @@ pub fn note_fork(flushed: usize, dontforked: usize) {
     }
 }
 
-/// In a fork child: the drain thread is gone (only the forking thread survives).
-pub fn after_fork_child() {
-    crate::fast::disarm();
-    crate::guard::after_fork_child();
-    DRAIN_RUNNING.store(false, Relaxed);
-    crate::window::after_fork_child();
+/// The ranges a `fork()` child inherited marked DONTFORK: unmarked at its first call.
+pub fn fork_child_ranges(ranges: Vec<(usize, usize)>) {
+    if ranges.is_empty() {
+        return;
+    }
+    let old = CHILD_DOFORK.swap(Box::into_raw(Box::new(ranges)), AcqRel);
+    if !old.is_null() {
+        // SAFETY: made by Box::into_raw above; swapped out, so ours alone.
+        drop(unsafe { Box::from_raw(old) });
+    }
+}
+
+/// In a `fork()` child (our child handler, or the child's first call if one of the
+/// program's child handlers makes it first): the reset, and what may allocate (the
+/// child's own log file, a trace writer).
+pub fn fork_child() {
+    if RUNTIME.get().is_none() || !after_signal_safe_fork_child() {
+        return;
+    }
+    trace::after_fork_child();
     log(
         LogLevel::Info,
         format_args!("fork child: cache emptied (the parent's registrations are not usable here)"),

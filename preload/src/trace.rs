@@ -11,24 +11,19 @@ use mrcache::config::LogLevel;
 use mrcache::log::{LogFormat, Logger};
 use mrcache::stats::expand_path;
 use mrcache::trace::{Call, Outcome, Record, TraceRing, format};
-use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 
 static RING: AtomicPtr<TraceRing> = AtomicPtr::new(std::ptr::null_mut());
 static T0: AtomicU64 = AtomicU64::new(0);
 static WRITER_RUNNING: AtomicBool = AtomicBool::new(false);
 
-/// The open log file (None: stderr) and the pattern it came from.
-struct Sink {
-    pattern: Option<String>,
-    file: Option<std::fs::File>,
-}
-
-static SINK: Mutex<Sink> = Mutex::new(Sink {
-    pattern: None,
-    file: None,
-});
+/// The log file's descriptor (-1: stderr) and the pattern it came from. No lock: a line is
+/// one `write(2)` (O_APPEND, so lines from several threads and processes do not
+/// interleave), and a fork child never inherits a lock of the sink's held by a thread it
+/// does not have (its logging, its exit summary would wait forever).
+static LOG_FD: AtomicI32 = AtomicI32::new(-1);
+static PATTERN: OnceLock<String> = OnceLock::new();
 
 pub fn host_name() -> String {
     let mut buf = [0u8; 256];
@@ -40,16 +35,20 @@ pub fn host_name() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-fn open(pattern: &str) -> Option<std::fs::File> {
+/// The file named by `pattern` for this process, opened for appending: its descriptor.
+fn open(pattern: &str) -> Option<i32> {
     let path = expand_path(pattern, std::process::id(), &host_name());
     match std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
     {
-        Ok(f) => Some(f),
+        Ok(f) => Some(std::os::fd::IntoRawFd::into_raw_fd(f)),
         Err(e) => {
-            eprintln!("mrcache: cannot open MRCACHE_LOG_FILE {path}: {e}; logging to stderr");
+            write_fd(
+                2,
+                &format!("mrcache: cannot open MRCACHE_LOG_FILE {path}: {e}; logging to stderr"),
+            );
             None
         }
     }
@@ -57,9 +56,63 @@ fn open(pattern: &str) -> Option<std::fs::File> {
 
 /// Called once, at the first verbs call, with MRCACHE_LOG_FILE.
 pub fn set_log_file(pattern: Option<&str>) {
-    let mut s = SINK.lock().unwrap_or_else(|e| e.into_inner());
-    s.pattern = pattern.map(str::to_string);
-    s.file = pattern.and_then(open);
+    let Some(pattern) = pattern else { return };
+    let _ = PATTERN.set(pattern.to_string());
+    if let Some(fd) = open(pattern) {
+        let old = LOG_FD.swap(fd, SeqCst);
+        if old >= 0 {
+            // SAFETY: our own descriptor, replaced above.
+            unsafe { libc::close(old) };
+        }
+    }
+}
+
+/// In a fork child: its own log file when the name has %p. The new file takes the old
+/// descriptor's number (`dup3`), so a line being written meanwhile goes to one or the
+/// other, never to a descriptor closed or reused under it.
+fn reopen_in_child() {
+    let Some(p) = PATTERN.get().filter(|p| p.contains("%p")) else {
+        return;
+    };
+    let old = LOG_FD.load(SeqCst);
+    match open(p) {
+        Some(fd) if old >= 0 => {
+            // SAFETY: plain descriptor calls on our own descriptors.
+            unsafe {
+                // dup3, not dup2: the descriptor stays close-on-exec, as std opened it.
+                libc::dup3(fd, old, libc::O_CLOEXEC);
+                libc::close(fd);
+            }
+        }
+        Some(fd) => LOG_FD.store(fd, SeqCst),
+        None => {
+            let old = LOG_FD.swap(-1, SeqCst);
+            if old >= 0 {
+                // SAFETY: our own descriptor (the parent's file), replaced above.
+                unsafe { libc::close(old) };
+            }
+        }
+    }
+}
+
+/// `line` and a newline in one `write(2)` to `fd`; false if it could not be written.
+fn write_fd(fd: i32, line: &str) -> bool {
+    let mut buf = Vec::with_capacity(line.len() + 1);
+    buf.extend_from_slice(line.as_bytes());
+    buf.push(b'\n');
+    let mut at = 0;
+    while at < buf.len() {
+        // SAFETY: writes from a live buffer of that length.
+        let n = unsafe { libc::write(fd, buf[at..].as_ptr().cast(), buf.len() - at) };
+        if n > 0 {
+            at += n as usize;
+        } else if n < 0 && crate::sys::errno() == libc::EINTR {
+            continue;
+        } else {
+            return false;
+        }
+    }
+    true
 }
 
 /// Append one line to the log sink.
@@ -80,14 +133,11 @@ pub fn log_line(level: LogLevel, line: &str) {
     }
 }
 
+/// The log file, else stderr (straight to descriptor 2: std's stderr takes a lock).
 pub fn write_line(line: &str) {
-    let mut s = SINK.lock().unwrap_or_else(|e| e.into_inner());
-    let ok = match s.file.as_mut() {
-        Some(f) => writeln!(f, "{line}").is_ok(),
-        None => false,
-    };
-    if !ok {
-        eprintln!("{line}");
+    let fd = LOG_FD.load(Relaxed);
+    if fd < 0 || !write_fd(fd, line) {
+        write_fd(2, line);
     }
 }
 
@@ -153,23 +203,39 @@ pub fn dropped() -> u64 {
 }
 
 /// One consumer at a time (the writer thread, the exit flush): the ring's pop is
-/// single-consumer, and lines must come out in the order the calls were recorded.
-static DRAINING: Mutex<()> = Mutex::new(());
+/// single-consumer, and lines must come out in the order the calls were recorded. A flag,
+/// not a lock: a fork child, whose writer thread is gone, clears it (`writer_gone`), and a
+/// drain never waits for it.
+static DRAINING: AtomicBool = AtomicBool::new(false);
+/// The most records one drain writes before it lets the flag go (the exit flush may be
+/// waiting for it while other threads keep the ring full).
+const DRAIN_BATCH: usize = 4096;
 
-fn drain() {
+/// Writes what the ring holds, at most `DRAIN_BATCH` records; true when it found no more
+/// (or there is no ring), false when more are left or another consumer is draining.
+fn drain() -> bool {
     let ring = RING.load(Acquire);
     if ring.is_null() {
-        return;
+        return true;
     }
-    let _one = DRAINING.lock().unwrap_or_else(|e| e.into_inner());
+    if DRAINING.swap(true, Acquire) {
+        return false;
+    }
     let pid = std::process::id();
-    // SAFETY: leaked, never freed.
-    while let Some(r) = unsafe { (*ring).pop() } {
+    let mut emptied = false;
+    for _ in 0..DRAIN_BATCH {
+        // SAFETY: leaked, never freed.
+        let Some(r) = (unsafe { (*ring).pop() }) else {
+            emptied = true;
+            break;
+        };
         match LOGGER.get() {
             Some(logger) => logger.record(pid, &r),
             None => write_line(&format!("mrcache[{pid}]: {}", format(&r))),
         }
     }
+    DRAINING.store(false, Release);
+    emptied
 }
 
 pub fn ensure_writer() {
@@ -179,7 +245,11 @@ pub fn ensure_writer() {
     crate::runtime::spawn_settled(c"mrcache-trace", || {
         loop {
             let asked = FLUSH_ASKED.load(Acquire);
-            drain();
+            while !drain() {
+                if DRAINING.load(Relaxed) {
+                    std::thread::yield_now();
+                }
+            }
             FLUSH_DONE.fetch_max(asked, Release);
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -204,7 +274,13 @@ extern "C" fn flush_at_exit() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
-    drain();
+    // At most a second more: another thread may hold the drain, or keep the ring full.
+    for _ in 0..1000 {
+        if drain() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let d = dropped();
     if d > 0 {
         write_line(&format!(
@@ -214,31 +290,16 @@ extern "C" fn flush_at_exit() {
     }
 }
 
-/// The log sink's lock, held across a fork (taken in the prepare handler) so that the
-/// child never inherits it locked by a thread that does not exist there.
-pub struct ForkSink(std::sync::MutexGuard<'static, Sink>);
-
-/// In a `_Fork()` child: the writer thread is gone (an atomic store, signal-safe).
+/// In a fork child (`_Fork()` too, maybe in a signal handler: atomic stores only): the
+/// writer thread is gone, and with it any drain it was in.
 pub fn writer_gone() {
     WRITER_RUNNING.store(false, Relaxed);
+    DRAINING.store(false, Release);
 }
 
-pub fn prepare_fork() -> ForkSink {
-    ForkSink(SINK.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-impl ForkSink {
-    pub fn parent(self) {}
-
-    /// In the child: its own file when the name has %p; the writer thread is gone.
-    pub fn child(mut self) {
-        WRITER_RUNNING.store(false, Relaxed);
-        if let Some(p) = self.0.pattern.clone()
-            && p.contains("%p")
-        {
-            self.0.file = open(&p);
-        }
-        drop(self);
-        ensure_writer();
-    }
+/// In a `fork()` child, after `writer_gone`: its own file when the name has %p, and a
+/// writer of its own.
+pub fn after_fork_child() {
+    reopen_in_child();
+    ensure_writer();
 }

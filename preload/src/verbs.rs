@@ -208,6 +208,8 @@ fn dereg_full(mr: *mut IbvMr) -> (i32, Outcome) {
     with_cache(passthrough, |cache| match cache.release(mr as usize) {
         Released::Kept => (0, Outcome::Kept),
         Released::Deregistered => (0, Outcome::Deregistered),
+        // The parent's, in a fork child: not the child's to deregister.
+        Released::NotOurs if crate::runtime::inherited_handle(mr as usize) => (0, Outcome::Kept),
         Released::NotOurs => passthrough(),
         Released::DoubleRelease => {
             trace::write_line(&format!(

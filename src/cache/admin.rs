@@ -122,25 +122,46 @@ impl<R: Registrar> Cache<R> {
         self.lock().unbury(ptr);
     }
 
-    /// `fork()` prepare: hold the cache lock across the fork, so the child never inherits it
-    /// mid-update. Returns the guard and the ranges of entries in use that this library
-    /// registered through the provider (no MADV_DONTFORK from libibverbs on them).
-    pub fn fork_prepare(&self) -> (ForkGuard<'_>, Vec<(usize, usize)>) {
+    /// `fork()` prepare: the ranges of entries in use that this library registered through
+    /// the provider (no MADV_DONTFORK from libibverbs on them). The lock is taken only to
+    /// read them: nothing is held across the fork (another library's atfork handler may
+    /// need the cache, or wait for a thread that does).
+    pub fn fork_ranges(&self) -> Vec<(usize, usize)> {
         let st = self.lock();
-        let ranges = st
-            .states(&self.fast)
+        st.states(&self.fast)
             // Not dead ones: their memory went away, the range may hold other memory now.
             .filter(|&(e, s)| slots::refs(s) > 0 && !slots::dead(s) && !e.mr.via_wrapper)
             .map(|(e, _)| (e.req.addr, e.req.len))
-            .collect();
-        (
-            ForkGuard {
-                guard: st,
-                fast: &self.fast,
-                queue: self.queue,
-            },
-            ranges,
-        )
+            .collect()
+    }
+
+    /// A fork child's cache: empty, with this one's limits, remote-key mode, invalidation
+    /// queue and stopped state (a parent that stopped caching has a child that does not
+    /// cache either). The inherited cache is never touched again (its lock may be held by
+    /// a thread that does not exist in the child), so nothing of it is deregistered: the
+    /// child cannot use the parent's verbs objects.
+    pub fn renewed(&self, registrar: R) -> Cache<R> {
+        let fresh = Cache::with_queue(registrar, self.limits, self.queue).with_remote(self.remote);
+        if let Some(why) = self.caching_stopped() {
+            fresh.stop_caching(why);
+        }
+        fresh
+    }
+
+    /// Of a fork child's inherited cache: whether `ptr` is a handle it handed out (the
+    /// provider's MR or a shadow or granted copy), which the child must not pass to the
+    /// provider (it would deregister the parent's registration). Never waits: its lock may
+    /// be held by a thread the child does not have; then None (cannot tell).
+    pub fn handed_out(&self, ptr: usize) -> Option<bool> {
+        if self.fast.by_mr(ptr).is_some() {
+            return Some(true);
+        }
+        let st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(st.handles.contains_key(&ptr))
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {

@@ -67,30 +67,6 @@ pub struct Cache<R: Registrar> {
     hits: Striped,
 }
 
-/// The cache lock (which every writer of the hit path's tables holds), held from
-/// `fork()`'s prepare handler to its parent or child handler.
-pub struct ForkGuard<'a> {
-    guard: MutexGuard<'a, State>,
-    fast: &'a Fast,
-    queue: &'static InvalidationQueue,
-}
-
-impl ForkGuard<'_> {
-    /// In the parent: carry on.
-    pub fn parent(self) {}
-
-    /// In the child: forget every entry without deregistering (the child cannot use the
-    /// parent's verbs objects) and start afresh for the child's own registrations.
-    /// `open_here`: memory hooks the forking thread has open (see
-    /// `InvalidationQueue::reset_after_fork`).
-    pub fn child(mut self, open_here: u64) {
-        *self.guard = State::new();
-        self.fast.clear();
-        // Other threads' hooks may have been mid-push at the fork: they are gone.
-        self.queue.reset_after_fork(open_here);
-    }
-}
-
 impl<R: Registrar> Cache<R> {
     /// A cache with a queue of its own (tests; the preload shares a static one with its
     /// memory hooks through `with_queue`).

@@ -320,13 +320,6 @@ impl Slots {
             .get(id & (CHUNK - 1))
     }
 
-    /// Mark every slot free (in the child after `fork()`).
-    pub fn clear(&self) {
-        for chunk in self.chunks.iter().filter_map(OnceLock::get) {
-            chunk.iter().for_each(Slot::set_absent);
-        }
-    }
-
     /// Hits counted in the slots and not yet flushed (see `HITS_FLUSHED`).
     pub fn hits(&self) -> u64 {
         self.chunks

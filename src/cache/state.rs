@@ -92,13 +92,6 @@ impl Fast {
         self.slots.get(id).map_or(0, |s| mr_hash(s.mr_ptr()))
     }
 
-    /// Forget every entry (in the child after `fork()`).
-    pub fn clear(&self) {
-        self.slots.clear();
-        self.exact.clear();
-        self.by_mr.clear();
-    }
-
     /// Bytes of the slots and both tables.
     pub fn bytes(&self) -> usize {
         self.slots.bytes() + self.exact.bytes() + self.by_mr.bytes()

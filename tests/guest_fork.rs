@@ -1,0 +1,238 @@
+//! fork() in programs that bring their own `pthread_atfork` handlers (review-3 G5): no fork
+//! may deadlock, whatever those handlers do or hold, and the fork guarantees stay. Host
+//! tests with a fake verbs provider (tests/c/guest/fork_fake.h) and, behind libmrcache.so,
+//! a stand-in for libibverbs (tests/c/guest/fork_shim.c: passthrough reg/dereg, and
+//! ibv_dontfork_range / ibv_dofork_range that record what they are given). Every program
+//! bounds itself with alarm() (parent and child), and runs under `timeout -s KILL 30`.
+
+mod common;
+
+use common::{lib, text};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest_fork")
+}
+
+fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
+    let dir = dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c/guest")
+        .join(src);
+    let out = dir.join(out);
+    let mut args = vec![
+        "-o",
+        out.to_str().unwrap(),
+        src.to_str().unwrap(),
+        // The fake provider stores its ops through libibverbs' `void *(*)(void)` slots.
+        "-Wno-cast-function-type",
+    ];
+    args.extend_from_slice(flags);
+    common::cc(&args);
+    out
+}
+
+/// The shim and `prog` built for `name` (one binary per test: tests run in parallel, and
+/// exec of a file another test is still writing fails with ETXTBSY).
+fn programs(prog: &str, name: &str) -> (PathBuf, PathBuf) {
+    let map = format!(
+        "-Wl,--version-script={}/tests/c/guest/fork_shim.map",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let shim = build(
+        "fork_shim.c",
+        &format!("libfork_shim_{name}.so"),
+        &["-shared", "-fPIC", &map],
+    );
+    let prog = build(
+        &format!("{prog}.c"),
+        &format!("{prog}_{name}"),
+        &["-libverbs", "-ldl", "-lpthread"],
+    );
+    (shim, prog)
+}
+
+/// How a run ended, in words (`timeout` passes a signal that killed the program on by
+/// killing itself with it).
+fn ending(out: &Output) -> Option<String> {
+    let st = out.status;
+    match (st.code(), st.signal()) {
+        (Some(0), _) => None,
+        (Some(1), _) => Some("broken".into()),
+        (Some(3), _) => Some("set-up failed".into()),
+        (_, Some(libc::SIGALRM)) => Some("hung (killed by its own alarm)".into()),
+        (_, Some(libc::SIGKILL)) => Some("hung (killed by the 30 s timeout)".into()),
+        _ => Some(format!("failed ({st})")),
+    }
+}
+
+/// Runs `prog args` preloaded (libmrcache.so, then the shim) with `env`, killed after 30 s.
+fn run(prog: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<String>, String) {
+    let (shim, prog) = programs(prog, name);
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "30"])
+        .arg(&prog)
+        .args(args)
+        .env(
+            "LD_PRELOAD",
+            format!("{} {}", lib().display(), shim.display()),
+        )
+        .env("MRCACHE_MONITOR", "patch")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (ending(&out), text(&out))
+}
+
+fn passes(prog: &str, name: &str, args: &[&str], env: &[(&str, &str)]) {
+    let (why, out) = run(prog, name, args, env);
+    if let Some(why) = why {
+        panic!("{prog} {args:?} {env:?}: {why}:\n{out}");
+    }
+}
+
+fn handler_call(place: &str, call: &str) {
+    passes(
+        "fork_handlers",
+        &format!("{place}_{call}"),
+        &[place, call],
+        &[],
+    );
+}
+
+#[test]
+fn registration_in_prepare_handler() {
+    handler_call("prepare", "reg");
+}
+
+#[test]
+fn registration_in_parent_handler() {
+    handler_call("parent", "reg");
+}
+
+#[test]
+fn registration_in_child_handler() {
+    handler_call("child", "reg");
+}
+
+#[test]
+fn dead_entry_released_in_prepare_handler() {
+    handler_call("prepare", "dead");
+}
+
+#[test]
+fn dead_entry_released_in_parent_handler() {
+    handler_call("parent", "dead");
+}
+
+#[test]
+fn dead_entry_released_in_child_handler() {
+    handler_call("child", "dead");
+}
+
+#[test]
+fn shadow_released_in_prepare_handler() {
+    handler_call("prepare", "shadow");
+}
+
+#[test]
+fn shadow_released_in_parent_handler() {
+    handler_call("parent", "shadow");
+}
+
+#[test]
+fn shadow_released_in_child_handler() {
+    handler_call("child", "shadow");
+}
+
+/// A library's prepare handler takes its lock L, which its other thread holds across
+/// `ibv_reg_mr`: 50 forks while that thread registers (each a miss) under L.
+#[test]
+fn prepare_handler_lock_held_across_registration() {
+    passes("fork_lock", "lock", &["50"], &[]);
+}
+
+/// `MRCACHE_FORK=flush`: no idle entry is a hit after fork() in the parent, neither one
+/// idle before the fork nor one released or registered in the fork's window (by the
+/// program's prepare handler, after ours); the child's registrations are its own.
+#[test]
+fn flush_leaves_nothing_idle_across_fork() {
+    passes(
+        "fork_handlers",
+        "guarantees_flush",
+        &["guarantees", "flush"],
+        &[("MRCACHE_FORK", "flush")],
+    );
+}
+
+/// `MRCACHE_FORK=keep`: the idle entry is a hit after the fork; the child still misses.
+#[test]
+fn keep_keeps_idle_entries_and_the_child_starts_afresh() {
+    passes(
+        "fork_handlers",
+        "guarantees_keep",
+        &["guarantees", "keep"],
+        &[("MRCACHE_FORK", "keep")],
+    );
+}
+
+/// With libibverbs' fork tracking on, the range of an entry in use is marked DONTFORK
+/// before the fork and unmarked once in the parent after it.
+#[test]
+fn in_use_ranges_are_marked_dontfork_for_the_fork() {
+    passes(
+        "fork_handlers",
+        "dontfork",
+        &["dontfork", "-"],
+        &[("RDMAV_FORK_SAFE", "1")],
+    );
+}
+
+/// `MRCACHE_LOG=trace` to a file: 20 forks while the trace writer drains; each child
+/// registers and exits through exit() (which flushes the trace).
+#[test]
+fn fork_while_the_trace_writer_writes_to_a_file() {
+    passes(
+        "fork_trace",
+        "file",
+        &["20"],
+        &[("MRCACHE_LOG", "trace"), ("MRCACHE_LOG_FILE", "/dev/null")],
+    );
+}
+
+/// The same with the trace on stderr (here a file).
+#[test]
+fn fork_while_the_trace_writer_writes_to_stderr() {
+    let (shim, prog) = programs("fork_trace", "stderr");
+    let err = dir().join("fork_trace_stderr.txt");
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "30"])
+        .arg(&prog)
+        .arg("20")
+        .env(
+            "LD_PRELOAD",
+            format!("{} {}", lib().display(), shim.display()),
+        )
+        .env("MRCACHE_MONITOR", "patch")
+        .env("MRCACHE_LOG", "trace")
+        .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))
+        .output()
+        .unwrap();
+    let errors: String = std::fs::read_to_string(&err)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with("mrcache["))
+        .take(20)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let _ = std::fs::remove_file(&err);
+    if let Some(why) = ending(&out) {
+        panic!(
+            "fork_trace to stderr: {why}:\n{}{errors}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
