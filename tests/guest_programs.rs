@@ -200,12 +200,10 @@ fn cxx_static_threads() {
 /// The same static threads in a C++ shared library the program links (DT_NEEDED), as a
 /// thread pool or tracing library would be: its constructors start the threads before
 /// libmrcache.so's constructor runs, which patches libc's munmap/madvise under them.
-/// Ignored until issue 19 item 1 (code patching safe while other threads run, review-3 G1,
-/// `preload/src/patch.rs`) lands: on e168239, 14 and then 18 of 200 runs died (the second
-/// time 14 SIGSEGV, 4 SIGILL; gdb: a worker's `free` -> `munmap_chunk` -> `munmap+7`,
-/// returning from the system call into the middle of the jump written over the stub).
+/// Review-3 G1: on e168239, 14 and then 18 of 200 runs died (the second time 14 SIGSEGV,
+/// 4 SIGILL; gdb: a worker's `free` -> `munmap_chunk` -> `munmap+7`, returning from the
+/// system call into the middle of the jump written over the stub).
 #[test]
-#[ignore = "review-3 G1: patching libc under running threads; issue 19 item 1 (patch.rs)"]
 fn cxx_static_threads_in_a_needed_library() {
     let lib = build(
         "g++",

@@ -368,7 +368,7 @@ pub fn trampoline_hook(at: usize) -> Option<usize> {
 fn map_near(site: usize) -> Option<usize> {
     const STEP: usize = 16 << 20;
     for k in 1..=120usize {
-        let off = (k + 1) / 2 * STEP;
+        let off = k.div_ceil(2) * STEP;
         let hint = if k % 2 == 1 {
             page_down(site).checked_sub(off)
         } else {
