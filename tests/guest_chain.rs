@@ -142,6 +142,10 @@ fn two_interposers_around_mrcache_count_the_same_calls() {
             "first, second, mrcache",
             [a.as_path(), b.as_path(), ours.as_path()],
         ),
+        (
+            "first, mrcache, second",
+            [a.as_path(), ours.as_path(), b.as_path()],
+        ),
     ] {
         let (rc, out) = run(&prog, &[], &preload, &[]);
         assert_eq!(rc, 0, "{order}: {out}");

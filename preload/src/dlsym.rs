@@ -148,7 +148,10 @@ fn memory_entry(
         // answers the same for every caller in the base namespace (as in route_dlsym).
         unsafe { real(handle, name) as usize }
     };
+    let next = crate::forward::next_definition(wanted);
     let answer = match crate::patch::libc_entry_instead(target, found) {
+        // Another interposer comes after ours: without us, this answer would have led to it.
+        Some(_) if !next.is_null() => next as usize,
         Some(entry) => entry,
         None if handle == libc::RTLD_NEXT => return real as usize,
         None => found,

@@ -230,6 +230,27 @@ pub fn resolve(libc_handle: *mut c_void) {
 /// Find the next definitions after ours (constructor, or earlier from `dlsym` when another
 /// library's constructor looks up a memory function: before anything else `install` does,
 /// which may stop early).
+/// The interposer found next after us for the memory function `name` (null: none). `dlsym`
+/// answers it where the loader's answer would be our own hook: without us the caller (an
+/// interposer before ours, or a lookup from the program) would get that definition.
+pub fn next_definition(name: &CStr) -> *mut c_void {
+    let nexts: [(&CStr, &AtomicPtr<c_void>); 9] = [
+        (MUNMAP.name(), &MUNMAP.next),
+        (MADVISE.name(), &MADVISE.next),
+        (MREMAP.name(), &MREMAP.next),
+        (MMAP.name(), &MMAP.next),
+        (MMAP64.name(), &MMAP64.next),
+        (SHMAT.name(), &SHMAT.next),
+        (SHMDT.name(), &SHMDT.next),
+        (BRK.name(), &BRK.next),
+        (SBRK.name(), &SBRK.next),
+    ];
+    nexts
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(std::ptr::null_mut(), |(_, next)| next.load(Acquire))
+}
+
 pub fn resolve_next() {
     // libc's own dlsym, not ours (whose routing is for other callers).
     let dlsym = crate::dlsym::libc_symbol(c"dlsym");
