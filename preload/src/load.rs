@@ -111,23 +111,10 @@ pub fn install() {
     if monitor != LoadMonitor::Patch || disabled {
         return;
     }
-    let hook = |t: PatchTarget| {
-        let at = match t {
-            PatchTarget::Munmap => munmap as *const () as usize,
-            PatchTarget::Madvise => madvise as *const () as usize,
-            PatchTarget::Brk => brk as *const () as usize,
-            PatchTarget::Mmap => mmap as *const () as usize,
-            PatchTarget::Mremap => mremap as *const () as usize,
-            PatchTarget::Shmdt => shmdt as *const () as usize,
-            PatchTarget::Sbrk => sbrk as *const () as usize,
-            PatchTarget::Shmat => shmat as *const () as usize,
-        };
-        own(t.name(), at)
-    };
     let targets = PatchTarget::ALL.map(|t| Target {
         name: t.name(),
         prologues: t.prologues(),
-        hook: crate::memory::from_libc(t).unwrap_or_else(|| hook(t)),
+        hook: crate::memory::from_libc(t),
     });
     PATCHED.store(patch::install(h, &targets), Relaxed);
 }

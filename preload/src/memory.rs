@@ -757,8 +757,8 @@ pub extern "C" fn mmap64(
 
 /// Where our jump at libc's entry of `target` leads: the hook's door for libc's own calls,
 /// which are never sent to an interposer (they never reached one without us).
-pub fn from_libc(target: PatchTarget) -> Option<usize> {
-    Some(match target {
+pub fn from_libc(target: PatchTarget) -> usize {
+    match target {
         PatchTarget::Munmap => munmap_from_libc as *const () as usize,
         PatchTarget::Madvise => madvise_from_libc as *const () as usize,
         PatchTarget::Brk => brk_from_libc as *const () as usize,
@@ -767,7 +767,7 @@ pub fn from_libc(target: PatchTarget) -> Option<usize> {
         PatchTarget::Shmdt => shmdt_from_libc as *const () as usize,
         PatchTarget::Sbrk => sbrk_from_libc as *const () as usize,
         PatchTarget::Shmat => shmat_from_libc as *const () as usize,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -262,6 +262,32 @@ fn pages_near(near: usize, pages: usize) -> *mut u8 {
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 
+/// Two threads calling the function whose address `slot` holds (0: none yet) until `stop`.
+fn calling_threads(
+    slot: &'static AtomicUsize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u64>> {
+    (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    let at = slot.load(Acquire);
+                    if at != 0 {
+                        // SAFETY: a stub, or a jump to a hook, of this prototype.
+                        let call: extern "C" fn(*mut c_void, usize) -> c_int =
+                            unsafe { std::mem::transmute(at) };
+                        call(std::ptr::null_mut(), 1);
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect()
+}
+
 /// Review-3 G2: libfabric's memhooks jump (`movabs r11, hook; jmp r11`) sits over one of our
 /// sites while two threads call through it in a loop (some preempted between its two
 /// instructions, to resume at `jmp r11`); `adopt_overwritten` takes the site back. Each
@@ -302,25 +328,7 @@ fn taking_a_jump_back_never_breaks_the_threads_running_it() {
         .find(|&i| SITE_AT[i].load(Relaxed) == first)
         .unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let callers: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Relaxed) {
-                    let at = CURRENT.load(Acquire);
-                    if at != 0 {
-                        // SAFETY: a jump to a hook of this prototype.
-                        let call: extern "C" fn(*mut c_void, usize) -> c_int =
-                            unsafe { std::mem::transmute(at) };
-                        call(std::ptr::null_mut(), 1);
-                        n += 1;
-                    }
-                }
-                n
-            })
-        })
-        .collect();
+    let callers = calling_threads(&CURRENT, &stop);
     for r in 1..rounds {
         let f = region as usize + r * 4096;
         // SAFETY: a fresh page of ours: the other patcher's jump, then read+execute.
@@ -374,25 +382,7 @@ fn patching_a_function_threads_are_running_never_breaks_them() {
     let region = pages_near(hook, rounds);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     static RUNNING: AtomicUsize = AtomicUsize::new(0);
-    let callers: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Relaxed) {
-                    let at = RUNNING.load(Acquire);
-                    if at != 0 {
-                        // SAFETY: the getpid stub, or our jump to a hook of this prototype.
-                        let call: extern "C" fn(*mut c_void, usize) -> c_int =
-                            unsafe { std::mem::transmute(at) };
-                        call(std::ptr::null_mut(), 1);
-                        n += 1;
-                    }
-                }
-                n
-            })
-        })
-        .collect();
+    let callers = calling_threads(&RUNNING, &stop);
     for r in 0..rounds {
         let f = region as usize + r * 4096;
         // SAFETY: a fresh page of ours: the stub, then read+execute.
