@@ -17,10 +17,12 @@
 //! returns to user space, so once it returns no thread can run the old instruction again,
 //! and the caller may rely on every later call reaching the hook.
 //!
-//! Where these conditions fail while other threads exist (a first instruction shorter than
-//! the jump, a block the write would straddle, no SYNC_CORE membarrier), nothing is written
-//! and the caller fails closed. A process with no other thread cannot race: those sites are
-//! written with all signals blocked (a handler could run the function mid-write).
+//! A first instruction shorter than the jump (2 to 4 bytes: `push r12`, `mov r10d, ecx`) is
+//! replaced by a 2-byte `jmp rel8`, the same way, to a `jmp rel32` written first into the
+//! alignment padding just before the function (dead bytes the caller recognised). Where none
+//! of this applies (a block the write would straddle, no SYNC_CORE membarrier with other
+//! threads), nothing is written and the caller fails closed. The thread count never relaxes
+//! these rules: `/proc/self/stat` does not count tasks cloned with `CLONE_VM` alone.
 //!
 //! A hook more than 2 GiB from the site is reached through a trampoline (`jmp [rip+0]`,
 //! 8-byte address) in a page mapped within reach; the trampoline is written before the jump
@@ -119,49 +121,59 @@ const RWX: libc::c_int = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
 const RX: libc::c_int = libc::PROT_READ | libc::PROT_EXEC;
 
 /// Replace the `JMP_LEN` bytes at `site`, which must still read `old`, with `new`.
-/// `first_len` is the length of the instruction starting at `site` (the only instruction
-/// boundary the write may cover while other threads run).
+/// `first_len` is the length of the instruction starting at `site`: the only instruction
+/// boundary a thread may be at among the bytes that change, so every byte from `first_len`
+/// on must stay as it is. `pad`: 5 bytes of alignment padding before the function, which no
+/// thread executes, written first (where a short first instruction becomes a 2-byte
+/// `jmp rel8` to a `jmp rel32` there).
 ///
 /// # Safety
-/// `site` is in a mapped code page (libc's, or one of ours) and `new` is code that any
-/// thread may run from `site` on, in place of the instruction there.
+/// `site` is in a mapped code page (libc's, or one of ours), `new` is code that any thread
+/// may run from `site` on in place of the instruction there, and `pad` (if any) is dead
+/// code in a mapped page.
 pub unsafe fn replace_entry(
     site: *mut u8,
     old: [u8; JMP_LEN],
     new: [u8; JMP_LEN],
     first_len: usize,
+    pad: Option<(usize, [u8; JMP_LEN])>,
 ) -> Result<(), PatchError> {
     let at = site as usize;
-    let alone = single_threaded();
+    if (first_len..JMP_LEN).any(|k| old[k] != new[k]) {
+        return Err(PatchError::Busy);
+    }
     let block = if at % 8 <= 8 - JMP_LEN {
         Block::Eight(at & !7)
     } else if at % 16 <= 16 - JMP_LEN {
         Block::Sixteen(at & !15)
     } else {
-        Block::Straddles
+        return Err(PatchError::Busy);
     };
-    if !alone {
-        if first_len < JMP_LEN || block == Block::Straddles {
-            return Err(PatchError::Busy);
-        }
-        if !sync_core_ready() {
-            return Err(PatchError::NoSync);
-        }
+    // The thread count does not see tasks cloned with CLONE_VM but not CLONE_THREAD, so it
+    // never relaxes the rules above; it only excuses a kernel without SYNC_CORE membarrier.
+    let sync = sync_core_ready();
+    if !sync && !single_threaded() {
+        return Err(PatchError::NoSync);
     }
-    let (start, end) = (page_down(at), page_down(at + 15) + PAGE);
+    let low = pad.map_or(at, |(p, _)| p.min(at));
+    let (start, end) = (page_down(low), page_down(at + 15) + PAGE);
     if !mprotect(start, end - start, RWX) {
         return Err(PatchError::Mprotect);
+    }
+    if let Some((p, code)) = pad {
+        // SAFETY: alignment padding between two functions, never executed, writable now; the
+        // jump that will lead here is written after it (the CAS below orders the stores).
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, JMP_LEN) };
     }
     // SAFETY: the pages are writable now; the caller's contract for what is written.
     let r = unsafe {
         match block {
             Block::Eight(b) => swap8(b, at - b, old, new),
             Block::Sixteen(b) => swap16(b, at - b, old, new),
-            Block::Straddles => write_alone(site, old, new),
         }
     };
     mprotect(start, end - start, RX);
-    if !alone {
+    if sync {
         membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
     }
     r
@@ -171,7 +183,6 @@ pub unsafe fn replace_entry(
 enum Block {
     Eight(usize),
     Sixteen(usize),
-    Straddles,
 }
 
 fn splice(word: &mut [u8], off: usize, old: [u8; JMP_LEN], new: [u8; JMP_LEN]) -> bool {
@@ -262,43 +273,10 @@ unsafe fn swap16(_: usize, _: usize, _: [u8; JMP_LEN], _: [u8; JMP_LEN]) -> Resu
     Err(PatchError::Unexpected)
 }
 
-/// A plain copy, for a process with no other thread, with every signal blocked (a handler
-/// must not run the half-written function).
-///
-/// # Safety
-/// `site..site + JMP_LEN` is mapped and writable.
-unsafe fn write_alone(
-    site: *mut u8,
-    old: [u8; JMP_LEN],
-    new: [u8; JMP_LEN],
-) -> Result<(), PatchError> {
-    let all: u64 = !0;
-    let mut was: u64 = 0;
-    let mask = |how: libc::c_int, set: *const u64, old: *mut u64| {
-        syscall6(
-            libc::SYS_rt_sigprocmask,
-            how as usize,
-            set as usize,
-            old as usize,
-            8,
-            0,
-            0,
-        )
-    };
-    mask(libc::SIG_BLOCK, &all, &mut was);
-    let mut now = [0u8; JMP_LEN];
-    // SAFETY: the caller's contract; no other thread, no signal handler can run it now.
-    let r = unsafe {
-        std::ptr::copy_nonoverlapping(site, now.as_mut_ptr(), JMP_LEN);
-        if now == old {
-            std::ptr::copy_nonoverlapping(new.as_ptr(), site, JMP_LEN);
-            Ok(())
-        } else {
-            Err(PatchError::Unexpected)
-        }
-    };
-    mask(libc::SIG_SETMASK, &was, std::ptr::null_mut());
-    r
+/// `jmp rel8` at `site` to `to`, when within reach.
+pub fn jmp_rel8(site: usize, to: usize) -> Option<[u8; 2]> {
+    let rel = (to as i64).wrapping_sub(site as i64 + 2);
+    Some([0xeb, i8::try_from(rel).ok()? as u8])
 }
 
 /// Trampoline pages: (base, slots used). A slot is 16 bytes: `jmp [rip+0]` and the hook.
@@ -409,6 +387,17 @@ mod tests {
         assert_eq!(threads_in_stat(line), Some(7));
         assert_eq!(threads_in_stat(b"1 (x) S"), None);
         assert!(!single_threaded(), "the test harness runs threads");
+    }
+
+    #[test]
+    fn a_write_past_the_first_instruction_is_refused() {
+        let old = [0x41, 0x54, 0x4c, 0x8b, 0x25];
+        let new = [0xe9, 0, 0, 0, 0];
+        // SAFETY: refused before anything is touched (the address is never written).
+        let r = unsafe { replace_entry(0x1000 as *mut u8, old, new, 2, None) };
+        assert_eq!(r, Err(PatchError::Busy));
+        assert_eq!(jmp_rel8(0x1000, 0x1000 - 5), Some([0xeb, 0xf9]));
+        assert_eq!(jmp_rel8(0x1000, 0x2000), None);
     }
 
     #[test]

@@ -51,7 +51,8 @@ pub fn set_up() -> Runtime {
     let mut blind = None;
     let cache = config.enabled.then(|| {
         // A patcher that took libc's entry points after our constructor (UCX at ucp_init):
-        // nothing is cached yet, so taking them back and chaining to it loses nothing.
+        // nothing is cached yet, so taking them back and chaining to it loses nothing. One it
+        // could not take back is still not ours: `check_patches` below fails closed on it.
         if config.monitor == Monitor::Patch {
             patch::adopt_overwritten();
         }

@@ -27,13 +27,22 @@ use std::sync::atomic::{
 
 /// A recognised function start: `bytes`, where positions in `any` (a bit mask) are
 /// displacements that may differ between builds. `first`: the length of its first
-/// instruction, which our jump replaces (while other threads run, only one of at least
-/// `JMP_LEN` bytes can be).
+/// instruction, the only one our jump may replace (threads may stand at any later
+/// boundary). One shorter than `JMP_LEN` is replaced by a `jmp rel8` to a `jmp rel32` in
+/// `pad`: the alignment padding that ends at the function's entry in that glibc (checked by
+/// disassembly: it follows a `ret` or a call that does not return, and nothing branches into
+/// it); empty where the first instruction is long enough.
 pub struct Prologue {
     pub bytes: [u8; MATCH_LEN],
     pub any: u16,
     pub first: u8,
+    pub pad: &'static [u8],
 }
+
+/// GNU as's 10-byte `nopw cs:[rax+rax*1+0]`, and the 6-byte `nopw [rax+rax*1+0]`.
+const NOP10: [u8; 10] = [0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0];
+const NOP6: [u8; 6] = [0x66, 0x0f, 0x1f, 0x44, 0, 0];
+const NOP10_NOP2: [u8; 12] = [0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x66, 0x90];
 
 pub struct Target {
     pub name: &'static CStr,
@@ -62,7 +71,7 @@ impl PatchError {
                 "making libc's code writable was refused (MemoryDenyWriteExecute, SELinux deny_execmem, PR_SET_MDWE or a seccomp filter)"
             }
             PatchError::Busy => {
-                "other threads were already running, and its first instruction cannot be replaced by a jump in one atomic write (shorter than the jump, or across an aligned 16-byte block): a thread could run a half-written instruction"
+                "its first instruction is shorter than the 5-byte jump and no alignment padding this version of mrcache knows precedes it (or the jump would cross an aligned 16-byte block): a running thread could be left inside a half-replaced instruction"
             }
             PatchError::NoSync => {
                 "other threads were already running, and membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE) is unavailable (Linux < 4.16 or a seccomp filter) to make them all run the new code"
@@ -138,6 +147,7 @@ pub const fn syscall_stub(nr: u8) -> Prologue {
         ],
         any: 0,
         first: 5,
+        pad: &[],
     }
 }
 
@@ -148,6 +158,7 @@ pub const BRK: Prologue = Prologue {
     ],
     any: 0b11_1100_0000_0000,
     first: 5,
+    pad: &[],
 };
 
 /// glibc's `mmap`, which checks the offset's alignment before the system call.
@@ -159,6 +170,7 @@ pub const MMAP: [Prologue; 2] = [
         ],
         any: 0,
         first: 3,
+        pad: &NOP10,
     },
     // 2.41: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx; mov rbx, rdi (2 of 3)
     Prologue {
@@ -167,6 +179,7 @@ pub const MMAP: [Prologue; 2] = [
         ],
         any: 0,
         first: 7,
+        pad: &[],
     },
 ];
 
@@ -201,6 +214,7 @@ static MREMAP_START: [Prologue; 1] = [Prologue {
     ],
     any: 0,
     first: 4,
+    pad: &NOP6,
 }];
 /// glibc's shmdt: `mov eax, 67; syscall; cmp rax, -4096; ja` (a pointer-returning stub).
 static SHMDT_STUB: [Prologue; 1] = [pointer_stub(0x43)];
@@ -215,6 +229,7 @@ const fn pointer_stub(nr: u8) -> Prologue {
         ],
         any: 0,
         first: 5,
+        pad: &[],
     }
 }
 
@@ -228,6 +243,7 @@ static SBRK_START: [Prologue; 2] = [
         ],
         any: 0b11_1001_1110_0000,
         first: 2,
+        pad: &NOP10_NOP2,
     },
     // 2.41: cmp byte [rip + __libc_initial], 0; push r12; push rbp; push rbx; mov rbx, rdi
     Prologue {
@@ -236,6 +252,7 @@ static SBRK_START: [Prologue; 2] = [
         ],
         any: 0b00_0000_0011_1100,
         first: 7,
+        pad: &[],
     },
 ];
 
@@ -371,7 +388,7 @@ pub fn site(target: PatchTarget) -> Site {
 /// the runtime calls it once, before the self-test and the cache. Threads may be running
 /// through the other patcher's jump meanwhile: ours replaces its first instruction only
 /// (`cross_modify`). Returns false when an overwrite is not a jump we know, or could not be
-/// replaced safely (the caller then fails closed).
+/// replaced safely: the site then stays "overwritten", and `overwritten()` fails closed.
 pub fn adopt_overwritten() -> bool {
     let mut all = true;
     for i in 0..SITES {
@@ -402,8 +419,8 @@ pub fn adopt_overwritten() -> bool {
                 let old = std::array::from_fn(|k| have[k]);
                 // SAFETY: our own patch site in libc's code; the other patcher's first
                 // instruction is replaced by our jump, whose hook now calls its target.
-                all &=
-                    unsafe { cross_modify::replace_entry(at as *mut u8, old, ours, len) }.is_ok();
+                all &= unsafe { cross_modify::replace_entry(at as *mut u8, old, ours, len, None) }
+                    .is_ok();
             }
             _ => all = false,
         }
@@ -519,17 +536,34 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     if let Some(t) = foreign {
         crate::dl::pin_object_of(t);
     }
-    let (skip, first) = match known_start(target.prologues, &head) {
-        Some((skip, p)) => (skip, p.first as usize),
-        None => (0, foreign_first_len(&head).ok_or(PatchError::Unexpected)?),
+    let (skip, first, pad) = match known_start(target.prologues, &head) {
+        Some((skip, p)) => (skip, p.first as usize, p.pad),
+        None => (
+            0,
+            foreign_first_len(&head).ok_or(PatchError::Unexpected)?,
+            &[][..],
+        ),
     };
     // SAFETY: inside the function (checked above).
     let site = unsafe { f.add(skip) };
-    let code = jump_to(site as usize, target.hook)?;
-    let old = std::array::from_fn(|k| head[skip + k]);
-    // SAFETY: the entry of a function whose first instruction is `first` bytes long; the
-    // jump leads to its hook, which replaces it.
-    unsafe { cross_modify::replace_entry(site, old, code, first) }?;
+    let old: [u8; JMP_LEN] = std::array::from_fn(|k| head[skip + k]);
+    let (code, pad_jump) = if first >= JMP_LEN {
+        (jump_to(site as usize, target.hook)?, None)
+    } else {
+        // A `jmp rel8` over the short first instruction, to a `jmp rel32` in the padding.
+        let at = (f as usize).wrapping_sub(JMP_LEN);
+        if pad.len() < JMP_LEN || !padding_ends_at(f as usize, pad) {
+            return Err(PatchError::Busy);
+        }
+        let short = cross_modify::jmp_rel8(site as usize, at).ok_or(PatchError::Busy)?;
+        let mut code = old;
+        code[..2].copy_from_slice(&short);
+        (code, Some((at, jump_to(at, target.hook)?)))
+    };
+    // SAFETY: the entry of a function whose first instruction is `first` bytes long (only
+    // its bytes change); the jump leads to its hook, which replaces it; the padding before
+    // the function is dead code.
+    unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) }?;
     let mut word = [0u8; 8];
     word[..JMP_LEN].copy_from_slice(&code);
     for i in 0..SITES {
@@ -546,6 +580,14 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         }
     }
     Ok(())
+}
+
+/// Whether the bytes just before `f` are `pad`.
+fn padding_ends_at(f: usize, pad: &[u8]) -> bool {
+    pad.iter().enumerate().all(|(k, &b)| {
+        // SAFETY: the bytes before a libc function (inside libc's text, or our test pages).
+        unsafe { std::ptr::read_volatile((f - pad.len() + k) as *const u8) == b }
+    })
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -401,9 +401,108 @@ fn patching_a_function_threads_are_running_never_breaks_them() {
         // SAFETY: the stub's entry; its first instruction (`mov eax, 39`) is 5 bytes, and the
         // jump leads to a function of its prototype.
         assert_eq!(
-            unsafe { cross_modify::replace_entry(f as *mut u8, old, jump, 5) },
+            unsafe { cross_modify::replace_entry(f as *mut u8, old, jump, 5, None) },
             Ok(())
         );
+        let seen = CALLS.load(Relaxed);
+        while CALLS.load(Relaxed) < seen + 10 {
+            std::hint::spin_loop();
+        }
+    }
+    stop.store(true, Relaxed);
+    let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(calls > rounds as u64 * 10);
+}
+
+/// A function whose first instruction is 2 bytes, after GNU as's 10-byte padding:
+/// `push r12; mov eax, 39; syscall; pop r12; ret` (getpid).
+const SHORT_FIRST: [u8; 24] = [
+    0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, // padding
+    0x41, 0x54, 0xb8, 0x27, 0, 0, 0, 0x0f, 0x05, 0x41, 0x5c, 0xc3, 0xcc, 0xcc,
+];
+static SHORT: [Prologue; 1] = [Prologue {
+    bytes: [
+        0x41, 0x54, 0xb8, 0x27, 0, 0, 0, 0x0f, 0x05, 0x41, 0x5c, 0xc3, 0xcc, 0xcc,
+    ],
+    any: 0,
+    first: 2,
+    pad: &NOP10,
+}];
+
+#[test]
+fn a_short_first_instruction_becomes_a_short_jump_to_the_padding() {
+    let f = code_page(&SHORT_FIRST);
+    // SAFETY: inside our own code page.
+    let entry = unsafe { f.add(10) };
+    let target = Target {
+        name: c"test_short_first",
+        prologues: &SHORT,
+        hook: test_hook as *const () as usize,
+    };
+    // SAFETY: our own function, 14 bytes past the padding.
+    assert_eq!(unsafe { patch_at(entry, &target) }, Ok(()));
+    // SAFETY: readable.
+    let code = unsafe { std::slice::from_raw_parts(f, 24) };
+    assert_eq!(
+        &code[10..12],
+        &[0xeb, 0xf9],
+        "jmp rel8 to the padding's last 5 bytes"
+    );
+    assert_eq!(
+        &code[12..],
+        &SHORT_FIRST[12..],
+        "nothing past the first instruction changed"
+    );
+    assert_eq!(code[5], 0xe9, "jmp rel32 in the padding");
+    // SAFETY: now a jump to test_hook, which has this prototype.
+    let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(entry) };
+    let before = CALLS.load(Relaxed);
+    assert_eq!(call(std::ptr::null_mut(), 777), 0);
+    assert_eq!(CALLS.load(Relaxed), before + 1);
+    // Without the padding it knows, the function is refused untouched.
+    let mut bare = SHORT_FIRST;
+    bare[..10].fill(0x90);
+    let g = code_page(&bare);
+    // SAFETY: as above.
+    let r = unsafe { patch_at(g.add(10), &target) };
+    assert_eq!(r, Err(PatchError::Busy));
+    // SAFETY: readable.
+    assert_eq!(unsafe { std::slice::from_raw_parts(g, 24) }, &bare[..]);
+}
+
+/// Review-3 G1 with a short first instruction (glibc 2.36's sbrk, mmap, mremap), and the
+/// second review's CLONE_VM task that no thread count sees: two threads run the function
+/// (some preempted after its `push r12`, to resume at +2) while the short jump is written,
+/// 3,000 rounds on fresh copies.
+#[test]
+fn a_short_first_instruction_is_replaced_under_running_threads() {
+    let hook = test_hook as *const () as usize;
+    let rounds = 3000;
+    let region = pages_near(hook, rounds);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    static SHORT_AT: AtomicUsize = AtomicUsize::new(0);
+    let callers = calling_threads(&SHORT_AT, &stop);
+    for r in 0..rounds {
+        let f = region as usize + r * 4096;
+        let entry = f + 10;
+        // SAFETY: a fresh page of ours: the padding and the function, then read+execute.
+        unsafe {
+            std::ptr::copy_nonoverlapping(SHORT_FIRST.as_ptr(), f as *mut u8, SHORT_FIRST.len());
+            let rx = libc::PROT_READ | libc::PROT_EXEC;
+            assert_eq!(libc::mprotect(f as *mut c_void, 4096, rx), 0);
+        }
+        SHORT_AT.store(entry, Release);
+        for _ in 0..20_000 {
+            std::hint::spin_loop();
+        }
+        let old: [u8; JMP_LEN] = std::array::from_fn(|k| SHORT_FIRST[10 + k]);
+        let mut code = old;
+        code[..2].copy_from_slice(&cross_modify::jmp_rel8(entry, entry - 5).unwrap());
+        let pad = (entry - 5, jump_to(entry - 5, hook).unwrap());
+        // SAFETY: the function's entry, whose first instruction (2 bytes) alone changes; the
+        // padding before it is dead; both jumps lead to a function of its prototype.
+        let r = unsafe { cross_modify::replace_entry(entry as *mut u8, old, code, 2, Some(pad)) };
+        assert_eq!(r, Ok(()));
         let seen = CALLS.load(Relaxed);
         while CALLS.load(Relaxed) < seen + 10 {
             std::hint::spin_loop();
