@@ -259,6 +259,36 @@ pub extern "C" fn process_madvise(
     rc
 }
 
+/// `remap_file_pages` (deprecated; since Linux 4.0 the kernel emulates it as
+/// `mmap(MAP_FIXED)` of the same file over `[start, start + size)`): the range is backed by
+/// other pages of the file from then on, so it is reported, counted as a MAP_FIXED mmap. The
+/// kernel rounds `start` down and `size` down to pages; the reported span (rounded out)
+/// covers that. glibc's `remap_file_pages` is a plain system call wrapper that nothing in
+/// glibc calls, so the symbol hook sees every call made through libc; like
+/// `process_madvise`, it issues the system call itself (not forwarded to an interposer).
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn remap_file_pages(
+    start: *mut c_void,
+    size: usize,
+    prot: c_int,
+    pgoff: usize,
+    flags: c_int,
+) -> c_int {
+    let call = || {
+        syscall6(
+            libc::SYS_remap_file_pages,
+            start as usize,
+            size,
+            prot as usize,
+            pgoff,
+            flags as usize,
+            0,
+        ) as c_int
+    };
+    count(UnmapSource::MmapFixed);
+    invalidating(start as usize, size, call)
+}
+
 /// mremap is variadic in C; on x86-64 a five-argument definition receives the optional
 /// new address in the right register.
 #[cfg_attr(not(test), unsafe(no_mangle))]

@@ -66,9 +66,17 @@ pub fn get() -> Option<&'static Runtime> {
 /// 0: current; 1: replace at the next call; 2: being replaced.
 static RENEW: AtomicU8 = AtomicU8::new(0);
 static RENEWED: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
-/// The cache the last renewal replaced (in a fork child: the parent's), asked without its
-/// lock whether a handle the child deregisters is one of the parent's.
-static INHERITED: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
+/// The caches renewals replaced, newest first (in a fork child: the parent's; in a
+/// grandchild: its parent's, then the first process's), asked without their locks whether a
+/// handle the process deregisters is one of theirs: a grandchild has the first process's
+/// handles in its memory too.
+static INHERITED: AtomicPtr<Inherited> = AtomicPtr::new(std::ptr::null_mut());
+
+/// One cache a renewal replaced, and the ones replaced before it (leaked, never freed).
+struct Inherited {
+    cache: &'static Cache<Provider>,
+    older: *const Inherited,
+}
 /// Asked by a fork in the parent when idle entries must go at fork: every registration
 /// deregisters them (or sees another thread's flush finished) before it looks anything up.
 static FLUSHES: FlushRequests = FlushRequests::new();
@@ -111,7 +119,12 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
                 // SAFETY: a non-null RENEWED is a leaked Box, never freed.
                 let current = if p.is_null() { first } else { unsafe { &*p } };
                 let fresh = current.renewed(Provider::new(current.registrar().verify));
-                INHERITED.store(current as *const _ as *mut _, Release);
+                let older = INHERITED.load(Acquire);
+                let node = Box::leak(Box::new(Inherited {
+                    cache: current,
+                    older,
+                }));
+                INHERITED.store(node, Release);
                 RENEWED.store(Box::leak(Box::new(fresh)), Release);
                 crate::window::after_fork_child();
                 let dofork = CHILD_DOFORK.swap(std::ptr::null_mut(), AcqRel);
@@ -134,13 +147,19 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
 }
 
 /// In a fork child: whether `mr`, which the child's own cache does not know, is a handle
-/// the parent's cache handed out. Its `ibv_dereg_mr` then succeeds without the provider:
+/// the parent's cache (or, in a grandchild, any ancestor's) handed out. Its `ibv_dereg_mr` then succeeds without the provider:
 /// the child discards the parent's registrations without deregistering them (in the
 /// kernel they are the parent's, and shared with the parent's other users).
 pub fn inherited_handle(mr: usize) -> bool {
-    let p = INHERITED.load(Acquire);
-    // SAFETY: a non-null INHERITED is the runtime's cache or a leaked renewal, never freed.
-    !p.is_null() && unsafe { &*p }.handed_out(mr) == Some(true)
+    let mut p: *const Inherited = INHERITED.load(Acquire);
+    // SAFETY: a non-null INHERITED, and each `older`, is a leaked node, never freed.
+    while let Some(node) = unsafe { p.as_ref() } {
+        if node.cache.handed_out(mr) == Some(true) {
+            return true;
+        }
+        p = node.older;
+    }
+    false
 }
 
 /// A fork begins (`fork()`'s prepare handler, `_Fork()` before the real call): only atomic

@@ -216,6 +216,27 @@ static int s_sbrk(void) {
     return rc;
 }
 
+/* remap_file_pages (issue 20, W2): since Linux 4.0 the kernel emulates it as mmap(MAP_FIXED)
+ * of the same file over the range, which then shows the file's other pages. */
+static int s_remap_file_pages(void) {
+    size_t len = 2 * MIB;
+    int fd = memfd_create("stale_remap_file_pages", 0);
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)(2 * len)) == 0, "memfd: %s", strerror(errno));
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(p != MAP_FAILED, "mmap of the memfd: %s", strerror(errno));
+    close(fd);
+    memset(p, 0x11, len);
+    warm(p, len);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    CHECK(remap_file_pages(p, len, 0, len / 4096, 0) == 0, "remap_file_pages: %s", strerror(errno));
+#pragma GCC diagnostic pop
+    memset(p, 0x22, len);
+    int rc = fresh(p, len);
+    munmap(p, len);
+    return rc;
+}
+
 static int s_shm(void) {
     size_t len = 2 * MIB;
     int a = shmget(IPC_PRIVATE, len, IPC_CREAT | 0600), b = shmget(IPC_PRIVATE, len, IPC_CREAT | 0600);
@@ -415,6 +436,7 @@ static const struct {
     {"shm_hugetlb_short", s_shm_hugetlb_short},
     {"arena_shrink", s_arena_shrink},
     {"free_malloc_repatched", s_free_malloc_repatched},
+    {"remap_file_pages", s_remap_file_pages},
 };
 
 int main(int argc, char **argv) {

@@ -1,0 +1,111 @@
+//! A `_Fork()` child and grandchild keep what the parent's cache was told or found out
+//! (review-3 W1): the remote-key policy, a failed-closed monitor, and which handles are the
+//! first process's. Host tests: the fake provider of tests/c/guest/fork_fake.h, libibverbs'
+//! passthrough in tests/c/guest/fork_shim.c (preloaded after libmrcache.so), the program
+//! tests/c/guest/w1_fork_child.c, which calls `_Fork()` directly (no atfork handler runs).
+//! Each run is bounded by alarm() in every process and `timeout -s KILL 30`.
+
+mod common;
+
+use common::{lib, text};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest_fork_child")
+}
+
+fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
+    let dir = dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c/guest")
+        .join(src);
+    let out = dir.join(out);
+    let mut args = vec![
+        "-o",
+        out.to_str().unwrap(),
+        src.to_str().unwrap(),
+        // The fake provider stores its ops through libibverbs' `void *(*)(void)` slots.
+        "-Wno-cast-function-type",
+    ];
+    args.extend_from_slice(flags);
+    common::cc(&args);
+    out
+}
+
+/// Runs `w1_fork_child mode` preloaded with `env`; panics with its output unless it
+/// printed "ok" and exited 0. One binary per test (tests run in parallel).
+fn passes(mode: &str, name: &str, env: &[(&str, &str)]) {
+    let map = format!(
+        "-Wl,--version-script={}/tests/c/guest/fork_shim.map",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let shim = build(
+        "fork_shim.c",
+        &format!("libfork_shim_{name}.so"),
+        &["-shared", "-fPIC", &map],
+    );
+    let prog = build(
+        "w1_fork_child.c",
+        &format!("w1_fork_child_{name}"),
+        &["-libverbs", "-ldl", "-lpthread"],
+    );
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "30"])
+        .arg(&prog)
+        .arg(mode)
+        .env(
+            "LD_PRELOAD",
+            format!("{} {}", lib().display(), shim.display()),
+        )
+        .env("MRCACHE_MONITOR", "patch")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let why = match (out.status.code(), out.status.signal()) {
+        (Some(0), _) => None,
+        (Some(1), _) => Some("broken".to_string()),
+        (Some(3), _) => Some("set-up failed".to_string()),
+        (_, Some(libc::SIGALRM)) => Some("hung (killed by its own alarm)".to_string()),
+        (_, Some(libc::SIGKILL)) => Some("hung (killed by the 30 s timeout)".to_string()),
+        _ => Some(format!("failed ({})", out.status)),
+    };
+    if let Some(why) = why {
+        panic!("w1_fork_child {mode} {env:?}: {why}:\n{}", text(&out));
+    }
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// `MRCACHE_REMOTE=revoke` on a device without memory windows: registrations with remote
+/// access pass through uncached in the child and grandchild as in the parent.
+#[test]
+fn revoke_stays_in_fork_children() {
+    passes("remote", "revoke", &[("MRCACHE_REMOTE", "revoke")]);
+}
+
+/// `MRCACHE_REMOTE=bypass`: the same.
+#[test]
+fn bypass_stays_in_fork_children() {
+    passes("remote", "bypass", &[("MRCACHE_REMOTE", "bypass")]);
+}
+
+/// `MRCACHE_MONITOR=symbols` (libc's own munmap unseen): the parent fails closed at start;
+/// its children and grandchildren do not cache either (no stale hit on a freed and
+/// malloc'd-again 1 MiB buffer).
+#[test]
+fn failed_closed_stays_in_fork_children() {
+    passes("blind", "blind", &[("MRCACHE_MONITOR", "symbols")]);
+}
+
+/// A grandchild's `ibv_dereg_mr` of the first process's MR does not reach the provider,
+/// whether its parent renewed its cache before the `_Fork()` or not.
+#[test]
+fn grandchild_keeps_off_the_first_process_handles() {
+    passes("handles", "handles", &[]);
+}
