@@ -3,7 +3,7 @@
 //! reused MR pointer must not make a flush wait for nothing or return too early.
 
 use mrcache::access::LOCAL_WRITE;
-use mrcache::cache::{Cache, Limits, Mr, Outcome, Registrar, Released, Request};
+use mrcache::cache::{Cache, Detached, Limits, Mr, Outcome, Registrar, Released, Request};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Barrier, Mutex, mpsc};
@@ -351,4 +351,164 @@ fn flush_pd_waits_for_a_deregistration_of_a_reused_mr_pointer() {
              deregistered: ibv_dealloc_pd would fail with EBUSY"
         );
     });
+}
+
+/// A provider whose `fill_shadow` can be held: it says when it is inside, and waits to be
+/// let go.
+struct Refilling {
+    inner: Provider,
+    hold: AtomicBool,
+    inside: Mutex<Option<mpsc::Sender<usize>>>,
+    go: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl Registrar for &Refilling {
+    fn register(&self, req: &Request) -> Result<Mr, i32> {
+        (&self.inner).register(req)
+    }
+    fn deregister(&self, mr: Mr) -> Result<(), i32> {
+        (&self.inner).deregister(mr)
+    }
+    fn alloc_shadow(&self) -> Option<usize> {
+        (&self.inner).alloc_shadow()
+    }
+    fn fill_shadow(&self, slot: usize, _: Mr, _: usize, _: usize) -> bool {
+        if self.hold.swap(false, SeqCst) {
+            let _ = self.inside.lock().unwrap().take().unwrap().send(slot);
+            let g = self.go.lock().unwrap().take().unwrap();
+            let _ = g.recv();
+        }
+        true
+    }
+}
+
+/// Review-3 W4: a shadow the app released goes back to the spares; another thread's hit
+/// takes it out and refills it without the lock. A second `ibv_dereg_mr` (or an
+/// `ibv_rereg_mr`) of the old handle in that moment is a double release: answered as one,
+/// never `NotOurs` (the preload would pass a copy of a cached MR to libibverbs), and it
+/// takes nothing from the hit that is refilling it.
+#[test]
+fn a_second_release_of_a_shadow_being_refilled_is_a_double_release() {
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel();
+    let p = Refilling {
+        inner: Provider::new(None),
+        hold: AtomicBool::new(false),
+        inside: Mutex::new(Some(inside_tx)),
+        go: Mutex::new(Some(go_rx)),
+    };
+    let c = cache(&p);
+    let req = request(0x100, 0x10_0000, 8192);
+    let (primary, o) = c.acquire(&req).unwrap();
+    assert_eq!(o, Outcome::Miss);
+    let (shadow, o) = c.acquire(&req).unwrap();
+    assert_eq!(o, Outcome::Hit);
+    assert_ne!(shadow, primary, "a second user gets a shadow");
+    assert_eq!(c.release(shadow), Released::Kept);
+    p.hold.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let refill = s.spawn(|| c.acquire(&req).unwrap());
+        let slot = inside_rx.recv().unwrap();
+        assert_eq!(slot, shadow, "the spare shadow is being refilled");
+        let second = c.release(shadow);
+        let rereg = c.detach(shadow);
+        go_tx.send(()).unwrap();
+        let (again, o) = refill.join().unwrap();
+        assert_eq!(
+            (second, rereg),
+            (Released::DoubleRelease, Detached::Released),
+            "ibv_dereg_mr / ibv_rereg_mr of a shadow being refilled by another thread"
+        );
+        assert_eq!((again, o), (shadow, Outcome::Hit));
+    });
+    assert_eq!(c.release(shadow), Released::Kept);
+    assert_eq!(c.release(primary), Released::Kept);
+    assert_eq!(c.release(shadow), Released::DoubleRelease);
+    let snap = c.snapshot();
+    assert_eq!(
+        (snap.entries, snap.idle),
+        (1, 1),
+        "the entry is idle, held by nobody"
+    );
+}
+
+/// Review-3 W3: `ibv_rereg_mr` of the app's only handle after its buffer was unmapped:
+/// the entry is dead (drained) or about to be (not drained yet); either way the app holds
+/// it alone and gets it back to change it.
+#[test]
+fn detach_of_the_sole_handle_works_before_and_after_the_drain() {
+    for drained in [false, true] {
+        let p = Provider::new(None);
+        let c = cache(&p);
+        let req = request(0x100, 0x10_0000, 8192);
+        let (h, o) = c.acquire(&req).unwrap();
+        assert_eq!(o, Outcome::Miss);
+        c.invalidate_begin(req.addr, req.addr + req.len);
+        c.invalidate_end();
+        if drained {
+            c.drain_pending();
+        }
+        let d = c.detach(h);
+        assert_eq!(
+            d,
+            Detached::Sole(Mr {
+                ptr: h,
+                via_wrapper: false
+            }),
+            "drained: {drained}"
+        );
+        assert_eq!(c.snapshot().entries, 0, "drained: {drained}");
+        assert!(p.live.lock().unwrap().contains(&h), "the app's now");
+        c.adopt_uncached(Mr {
+            ptr: h,
+            via_wrapper: false,
+        });
+        c.drain_pending();
+        assert_eq!(c.release(h), Released::Deregistered);
+        assert!(p.live.lock().unwrap().is_empty());
+    }
+    // A dead entry that another user holds too (through a shadow) stays Shared.
+    let p = Provider::new(None);
+    let c = cache(&p);
+    let req = request(0x100, 0x10_0000, 8192);
+    let (h, _) = c.acquire(&req).unwrap();
+    let (shadow, _) = c.acquire(&req).unwrap();
+    c.invalidate(req.addr, req.addr + req.len);
+    assert_eq!(c.detach(h), Detached::Shared);
+    assert_eq!(c.release(shadow), Released::Kept);
+    assert_eq!(c.release(h), Released::Deregistered);
+    assert!(p.live.lock().unwrap().is_empty());
+}
+
+/// Review-3 W5: `ibv_rereg_mr` of handles the app already released is a double release:
+/// the provider's pointer of an idle entry, a spare shadow, a deregistered MR. Each entry
+/// stays as it was.
+#[test]
+fn detach_of_a_released_handle_is_a_double_release() {
+    let p = Provider::new(None);
+    let c = cache(&p);
+    let req = request(0x100, 0x10_0000, 8192);
+    let (h, _) = c.acquire(&req).unwrap();
+    assert_eq!(c.release(h), Released::Kept);
+    assert_eq!(c.detach(h), Detached::Released, "an idle entry's MR");
+    let (again, o) = c.acquire(&req).unwrap();
+    assert_eq!((again, o), (h, Outcome::Hit), "still cached");
+    let (shadow, _) = c.acquire(&req).unwrap();
+    assert_ne!(shadow, h);
+    assert_eq!(c.release(shadow), Released::Kept);
+    assert_eq!(c.detach(shadow), Detached::Released, "a spare shadow");
+    assert_eq!(
+        c.detach(h),
+        Detached::Sole(Mr {
+            ptr: h,
+            via_wrapper: false
+        })
+    );
+    c.adopt_uncached(Mr {
+        ptr: h,
+        via_wrapper: false,
+    });
+    assert_eq!(c.release(h), Released::Deregistered);
+    assert_eq!(c.detach(h), Detached::Released, "a deregistered MR");
+    assert_eq!(c.detach(0x1234_5678), Detached::NotOurs);
 }

@@ -263,6 +263,15 @@ fn rereg_inner(
     with_cache(passthrough, |cache| {
         match cache.detach(mr as usize) {
             Detached::NotOurs => passthrough(),
+            Detached::Released => {
+                // A use after ibv_dereg_mr: libibverbs would change the cached MR in place
+                // (or read a freed one). As libibverbs answers bad input.
+                trace::write_line(&format!(
+                    "mrcache: ibv_rereg_mr({mr:p}): this registration was already deregistered (ibv_rereg_mr after ibv_dereg_mr of the same MR); returning EINVAL"
+                ));
+                real::set_errno(libc::EINVAL);
+                ffi::IBV_REREG_MR_ERR_INPUT
+            }
             Detached::Shared => {
                 log(
                     LogLevel::Error,

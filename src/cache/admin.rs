@@ -72,7 +72,12 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// Take the registration behind `ptr` out of the cache so that `ibv_rereg_mr` can change
-    /// it in place.
+    /// it in place. The provider's pointer held by its caller alone is handed over, also
+    /// when the entry is dead (its memory was unmapped and the unmap drained: moving it
+    /// with CHANGE_TRANSLATION is what rereg is for). A handle the app released (an idle
+    /// entry's MR, a spare shadow, also one being refilled, a released grant, a
+    /// deregistered MR) is `Released`: libibverbs would change or read what the cache
+    /// holds.
     pub fn detach(&self, ptr: usize) -> Detached {
         let mut st = self.lock();
         match st.handles.get(&ptr) {
@@ -84,17 +89,24 @@ impl<R: Registrar> Cache<R> {
             // A granted handle is not the provider's object: it cannot change in place.
             Some(Handle::Shadow { .. } | Handle::Granted { .. }) => Detached::Shared,
             None => {
-                let Some(id) = self.fast.by_mr(ptr) else {
-                    return Detached::NotOurs;
-                };
-                let Some(slot) = self.fast.slots.get(id) else {
-                    return Detached::NotOurs;
+                let Some((id, slot)) = self
+                    .fast
+                    .by_mr(ptr)
+                    .and_then(|id| Some((id, self.fast.slots.get(id)?)))
+                else {
+                    return if st.released(ptr) {
+                        Detached::Released
+                    } else {
+                        Detached::NotOurs
+                    };
                 };
                 if !slot.kill_if_sole() {
+                    // Held by others too; or by nobody: the app released it (the entry
+                    // idle, or dead and on its way out) and the MR is the cache's.
                     return if slots::holders(slot.load()) > 0 {
                         Detached::Shared
                     } else {
-                        Detached::NotOurs
+                        Detached::Released
                     };
                 }
                 match st.remove(&self.fast, id) {

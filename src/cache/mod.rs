@@ -392,12 +392,19 @@ impl<R: Registrar> Cache<R> {
                     let s = st.spare_shadows.iter().next().copied();
                     if let Some(s) = s {
                         st.spare_shadows.remove(&s);
+                        // Neither spare nor handed out while it is filled without the
+                        // lock: a release or rereg of the app's old handle meanwhile is
+                        // still a double release (review-3 W4).
+                        st.refilling.insert(s);
                     }
                     s
                 };
                 let slot = spare.or_else(|| self.registrar.alloc_shadow());
                 let filled = slot.filter(|&s| self.registrar.fill_shadow(s, mr, req.addr, req.len));
                 let mut st = self.lock();
+                if let Some(s) = spare {
+                    st.refilling.remove(&s);
+                }
                 match filled {
                     Some(s) => {
                         st.handles.insert(s, Handle::Shadow { id });
@@ -437,10 +444,7 @@ impl<R: Registrar> Cache<R> {
                     Released::Deregistered
                 }
                 Err(()) => {
-                    let double = st.spare_shadows.contains(&ptr)
-                        || st.released_grants.contains(&ptr)
-                        || st.tombstone_set.contains(&ptr)
-                        || self.fast.by_mr(ptr).is_some();
+                    let double = st.released(ptr) || self.fast.by_mr(ptr).is_some();
                     if double {
                         self.stats.add(Counter::DoubleDeregs, 1);
                         Released::DoubleRelease

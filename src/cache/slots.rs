@@ -264,9 +264,11 @@ impl Slot {
             .is_ok()
     }
 
-    /// Mark dead if the only reference is one holding of the provider's pointer.
+    /// Mark dead if the only reference is one holding of the provider's pointer, whether
+    /// or not the entry is dead already (its memory went away while it was held: the
+    /// holder may still take it for `ibv_rereg_mr`, review-3 W3).
     pub fn kill_if_sole(&self) -> bool {
-        self.update(|s| (s & DEAD == 0 && refs(s) == 1 && holders(s) == 1).then_some(s | DEAD))
+        self.update(|s| (refs(s) == 1 && holders(s) == 1).then_some(s | DEAD))
             .is_ok()
     }
 

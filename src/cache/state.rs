@@ -133,6 +133,10 @@ pub struct State {
     /// Handles other than the provider's own pointer (those are counted in the slots).
     pub handles: HashMap<usize, Handle>,
     pub spare_shadows: HashSet<usize>,
+    /// Spare shadows a hit took out of `spare_shadows` and is filling without the lock:
+    /// neither spare nor handed out yet, and still released as far as the app's old
+    /// handle is concerned (review-3 W4).
+    pub refilling: HashSet<usize>,
     /// Granted handles the app released (the registrar reuses them): a second release of
     /// one is a double deregistration.
     pub released_grants: HashSet<usize>,
@@ -188,6 +192,16 @@ impl State {
                 self.tombstone_set.remove(&old);
             }
         }
+    }
+
+    /// Whether `ptr` is a handle the app released that the cache still knows apart from
+    /// the slots: a spare shadow (being refilled or not), a released grant, the pointer of
+    /// an MR the cache deregistered. A release or rereg of it is a use after release.
+    pub fn released(&self, ptr: usize) -> bool {
+        self.spare_shadows.contains(&ptr)
+            || self.refilling.contains(&ptr)
+            || self.released_grants.contains(&ptr)
+            || self.tombstone_set.contains(&ptr)
     }
 
     /// A live MR now has this address (the allocator reused it).

@@ -124,6 +124,10 @@ pub enum Detached {
     Sole(Mr),
     /// Other users share the provider object; it cannot be changed in place.
     Shared,
+    /// A handle the app already released (a spare shadow, refilled or not, a released
+    /// grant, the provider's pointer of an entry nobody holds, a deregistered MR): a use
+    /// after `ibv_dereg_mr`, answered as a double release, never passed to libibverbs.
+    Released,
     NotOurs,
 }
 
