@@ -89,6 +89,11 @@ named_enum! {
         RemoteAccess = "remote-access",
         /// Another thread sets the library up, replaces a fork child's cache, or forks.
         SettingUp = "setting-up",
+        /// The CPU cannot read the range: nothing mapped there, `PROT_NONE` (how CUDA
+        /// reserves device memory's addresses), or a device mapping (`VM_IO`/`VM_PFNMAP`)
+        /// that get_user_pages refuses: a peer-memory client's (GPU memory), which can
+        /// change behind an address without any unmap we could see.
+        DeviceMemory = "device-memory",
     }
 }
 
@@ -404,6 +409,10 @@ mod tests {
             Counter::ALL.iter().map(|c| c.name()).collect();
         assert_eq!(names.len(), Counter::COUNT);
         assert_eq!(Bypassed::from_name("null-pd"), Some(Bypassed::NullPd));
+        assert_eq!(
+            Bypassed::from_name("device-memory"),
+            Some(Bypassed::DeviceMemory)
+        );
         assert_eq!(UnmapSource::Realloc.name(), "realloc");
     }
 }

@@ -14,8 +14,12 @@
 //!
 //! Per PD: one RC QP of ours connected to itself (binds are local operations, but the QP
 //! must be in RTS), its own CQ, and a pool of unbound windows. One lock guards all of it
-//! and is held across a bind and its completion (one operation in flight, so a poll only
-//! ever reaps its own completion); it is never the cache lock. A fork child forgets every
+//! and is held across a bind and its completion (one operation in flight); it is never the
+//! cache lock. Each post carries a `wr_id` of its own and a poll takes only its own
+//! completion: one that timed out (a stalled device) may still arrive later. Once a bind
+//! failed or timed out the PD is broken: nothing more is bound there, and each of its
+//! granted windows is revoked by `ibv_dealloc_mw` (which invalidates the key when it
+//! returns), not by an unbind on a QP that cannot be trusted to complete it. A fork child forgets every
 //! object (they belong to the parent's device context).
 
 use crate::ffi::{self, IbvContext, IbvCq, IbvMr, IbvMw, IbvMwBind, IbvPd, IbvQp, IbvWc};
@@ -55,6 +59,15 @@ const ETIMEDOUT: i32 = 110;
 /// treated as broken (the PD's windows then fall back to uncached registrations).
 const COMPLETION_LIMIT: Duration = Duration::from_secs(5);
 
+/// `COMPLETION_LIMIT`, or for tests only `MRCACHE_TEST_COMPLETION_LIMIT_MS` (read when a
+/// PD's QP is set up, in a verbs call: allocating is fine there).
+fn completion_limit() -> Duration {
+    std::env::var("MRCACHE_TEST_COMPLETION_LIMIT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(COMPLETION_LIMIT, Duration::from_millis)
+}
+
 struct PdWindows {
     cq: *mut IbvCq,
     qp: *mut IbvQp,
@@ -63,6 +76,10 @@ struct PdWindows {
     granted: usize,
     /// A bind failed or never completed: the QP is in error; grant nothing more here.
     broken: bool,
+    /// How long to wait for a completion (`completion_limit`).
+    limit: Duration,
+    /// Work requests posted on `qp` so far: each bind's `wr_id` is its own.
+    posted: u64,
 }
 
 struct Grant {
@@ -312,12 +329,19 @@ fn open_pd(pd: *mut IbvPd, ctx: *mut IbvContext) -> Result<PdWindows, String> {
             idle: Vec::new(),
             granted: 0,
             broken: false,
+            limit: completion_limit(),
+            posted: 0,
         })
     }
 }
 
+/// The tag in the high half of our `wr_id`s ("mrca"); the low half counts the PD's posts.
+const WR_TAG: u64 = 0x6d72_6361 << 32;
+
 /// Bind `mw` over `[addr, addr + len)` of `mr` with `access` (len 0 unbinds) and wait for
-/// the completion.
+/// its own completion: each post has a `wr_id` of its own, and a completion with another
+/// (a late one, of a bind that timed out earlier) is discarded. Callers never post on a
+/// broken PD; the matching is the second line of defence.
 fn bind(
     p: &mut PdWindows,
     mw: *mut IbvMw,
@@ -326,8 +350,10 @@ fn bind(
     len: u64,
     access: u32,
 ) -> Result<(), i32> {
+    p.posted += 1;
+    let wr_id = WR_TAG | (p.posted & 0xffff_ffff);
     let mut b = IbvMwBind {
-        wr_id: 0x006d_7263_6163_6865, // "mrcache"
+        wr_id,
         send_flags: ffi::IBV_SEND_SIGNALED,
         mr,
         addr,
@@ -351,6 +377,8 @@ fn bind(
             spin += 1;
             let mut wc = IbvWc::default();
             match poll(p.cq, 1, &mut wc) {
+                // Not ours: a completion of an earlier post, reaped late.
+                1 if wc.wr_id != wr_id => continue,
                 1 if wc.status == 0 => return Ok(()),
                 1 => {
                     p.broken = true;
@@ -358,9 +386,7 @@ fn bind(
                 }
                 // The clock is read rarely: in a guest without a stable TSC it is a system
                 // call, which costs more than the bind itself.
-                0 if spin % 4096 != 0 || start.elapsed() < COMPLETION_LIMIT => {
-                    std::hint::spin_loop()
-                }
+                0 if spin % 4096 != 0 || start.elapsed() < p.limit => std::hint::spin_loop(),
                 _ => {
                     p.broken = true;
                     return Err(ETIMEDOUT);
@@ -441,7 +467,9 @@ pub fn revoke(slot: usize) -> Result<(), i32> {
         return Ok(());
     };
     p.granted -= 1;
-    if bind(p, g.mw, g.mr, 0, 0, 0).is_ok() {
+    // On a broken PD (a bind failed or timed out) the QP cannot be trusted to complete an
+    // unbind: deallocate the window instead, which invalidates its key when it returns.
+    if !p.broken && bind(p, g.mw, g.mr, 0, 0, 0).is_ok() {
         if g.binds + 1 + 2 <= KEY_BINDS {
             p.idle.push((g.mw, g.binds + 1));
         } else {

@@ -17,7 +17,9 @@
  * install; 5: caching was off. */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
+#include <errno.h>
 #include <malloc.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +202,18 @@ int main(int argc, char **argv) {
     if (nested) {
         buf = second;
         ucm_watch_events = ucm_watch_nested_events;
+    }
+    if (!strcmp(s, "free") || !strcmp(s, "heap_trim")) {
+        /* Map back the pages free() gave back: mrcache passes a registration of memory
+         * with no mapping to libibverbs (device memory), not to this fake provider. */
+        unsigned char v;
+        for (char *p = (char *)((uintptr_t)buf & ~4095ul); p < buf + len; p += 4096)
+            if (mincore(p, 4096, &v) && errno == ENOMEM &&
+                mmap(p, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                     -1, 0) != p) {
+                printf("%s: the range could not be mapped again (skipped)\n", s);
+                return 9;
+            }
     }
     size_t kept = strcmp(s, "mremap_shrink") ? 0 : len / 2; /* what stayed mapped */
     if (strcmp(s, "madvise") && strcmp(s, "madvise_free") && strcmp(s, "free") &&
