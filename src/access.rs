@@ -36,6 +36,9 @@ pub enum Bypass {
     Disabled,
     /// Remote access, and `MRCACHE_REMOTE=bypass` (or revocation is not possible here).
     Remote,
+    /// A range the CPU cannot read (device memory of a peer-memory client): its pages can
+    /// change with no unmap to see (`Registrar::uncacheable`, asked on a miss only).
+    DeviceMemory,
 }
 
 /// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).

@@ -108,6 +108,7 @@ impl From<crate::access::Bypass> for Bypassed {
             Bypass::Nested => Bypassed::Nested,
             Bypass::Disabled => Bypassed::Disabled,
             Bypass::Remote => Bypassed::RemoteAccess,
+            Bypass::DeviceMemory => Bypassed::DeviceMemory,
         }
     }
 }

@@ -68,6 +68,18 @@ pub fn page_frames(first: usize, pages: usize) -> Option<Vec<u64>> {
 use crate::sys::{PAGE, errno};
 
 impl Registrar for Provider {
+    fn uncacheable(&self, req: &Request) -> Option<mrcache::access::Bypass> {
+        let why = cpu_unreadable(req.addr, req.len)?;
+        crate::runtime::log(
+            mrcache::config::LogLevel::Debug,
+            format_args!(
+                "ibv_reg_mr({:#x}, {}): {why}: device memory (a peer-memory client's), passed to libibverbs uncached (bypassed: device-memory)",
+                req.addr, req.len
+            ),
+        );
+        Some(mrcache::access::Bypass::DeviceMemory)
+    }
+
     fn register(&self, req: &Request) -> Result<Mr, i32> {
         let pd = req.pd as *mut IbvPd;
         let ctx = req.context as *mut IbvContext;
@@ -249,6 +261,77 @@ impl Registrar for Provider {
         }
         true
     }
+}
+
+/// Why the CPU cannot read `[addr, addr + len)`, if it cannot: such a range is not
+/// ordinary memory ibv_reg_mr pins with get_user_pages but a peer-memory client's (GPU
+/// memory through nvidia-peermem), whose pages can change with no unmap we could see.
+/// Only on a miss (`Registrar::uncacheable`; no hit pays): two system calls, about 2 us here
+/// (docs/design.md, "Device memory"). `msync(MS_ASYNC)` walks the VMAs of the whole range
+/// and fails with ENOMEM at a hole; `process_vm_readv` of our own first and last byte goes
+/// through get_user_pages as the kernel's registration does, and fails at `PROT_NONE` and
+/// at `VM_IO`/`VM_PFNMAP` mappings. A VMA strictly inside the range with readable ones on
+/// both sides is not seen, nor a range made unreadable after it was cached. Where
+/// process_vm_readv is refused (a seccomp filter: ENOSYS or EPERM) the range is taken as
+/// readable, as before this check (a filter that kills or traps on it kills the process at
+/// its first miss: docs/design.md, "Device memory").
+pub fn cpu_unreadable(addr: usize, len: usize) -> Option<&'static str> {
+    if len == 0 || addr.checked_add(len).is_none() {
+        return None; // the cache's own checks say what is wrong with it
+    }
+    let page = addr & !4095;
+    let span = (addr + len - page).checked_next_multiple_of(4096)?;
+    // SAFETY: msync with MS_ASYNC changes nothing (a no-op since Linux 2.6.19 beyond the
+    // VMA walk); the range is only looked up.
+    if unsafe { libc::msync(page as *mut c_void, span, libc::MS_ASYNC) } != 0
+        && crate::sys::errno() == libc::ENOMEM
+    {
+        return Some("nothing is mapped in this range");
+    }
+    let mut bytes = [0u8; 2];
+    let local = [
+        libc::iovec {
+            iov_base: bytes.as_mut_ptr().cast(),
+            iov_len: 1,
+        },
+        libc::iovec {
+            // SAFETY: within `bytes`.
+            iov_base: unsafe { bytes.as_mut_ptr().add(1) }.cast(),
+            iov_len: 1,
+        },
+    ];
+    let remote = [
+        libc::iovec {
+            iov_base: addr as *mut c_void,
+            iov_len: 1,
+        },
+        libc::iovec {
+            iov_base: (addr + len - 1) as *mut c_void,
+            iov_len: 1,
+        },
+    ];
+    let n = if len == 1 { 1 } else { 2 };
+    // SAFETY: reads at most one byte at each remote address of our own process (the kernel
+    // checks them) into `bytes`, which outlives the call.
+    let got = unsafe {
+        libc::process_vm_readv(
+            libc::getpid(),
+            local.as_ptr(),
+            n as libc::c_ulong,
+            remote.as_ptr(),
+            n as libc::c_ulong,
+            0,
+        )
+    };
+    if got == n as isize {
+        return None;
+    }
+    // Only EFAULT says the range is unreadable; any other refusal (a seccomp filter's
+    // EPERM, ENOSYS or EACCES) leaves it taken as readable, as before this check.
+    if got < 0 && crate::sys::errno() != libc::EFAULT {
+        return None;
+    }
+    Some("the CPU cannot read this range (PROT_NONE, or a VM_IO/VM_PFNMAP device mapping)")
 }
 
 #[cfg(test)]

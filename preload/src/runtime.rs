@@ -150,6 +150,17 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
 /// the parent's cache (or, in a grandchild, any ancestor's) handed out. Its `ibv_dereg_mr` then succeeds without the provider:
 /// the child discards the parent's registrations without deregistering them (in the
 /// kernel they are the parent's, and shared with the parent's other users).
+/// Whether `mr` is a handle a cache this process inherited handed out, by its records or,
+/// where those cannot be read without waiting (a parent thread held their lock at the fork),
+/// by being a shadow: no kernel object has a shadow's handle.
+pub fn inherited_mr(mr: *mut crate::ffi::IbvMr) -> bool {
+    if INHERITED.load(Acquire).is_null() {
+        return false;
+    }
+    // SAFETY: the app's MR pointer, which libibverbs would read the same way.
+    inherited_handle(mr as usize) || unsafe { (*mr).handle } == u32::MAX
+}
+
 pub fn inherited_handle(mr: usize) -> bool {
     let mut p: *const Inherited = INHERITED.load(Acquire);
     // SAFETY: a non-null INHERITED, and each `older`, is a leaked node, never freed.

@@ -107,15 +107,6 @@ fn register_inner(
             if pd.is_null() {
                 return passthrough(Bypassed::NullPd); // libibverbs' own behaviour for a NULL pd
             }
-            if let Some(why) = cpu_unreadable(addr as usize, len) {
-                log(
-                    LogLevel::Debug,
-                    format_args!(
-                        "ibv_reg_mr({addr:p}, {len}): {why}: device memory (a peer-memory client's), passed to libibverbs uncached (bypassed: device-memory)"
-                    ),
-                );
-                return passthrough(Bypassed::DeviceMemory);
-            }
             // SAFETY: pd is the app's non-null PD.
             let context = unsafe { (*pd).context } as usize;
             let req = Request {
@@ -161,74 +152,6 @@ fn register_inner(
         },
         || passthrough(Bypassed::Panic),
     )
-}
-
-/// Why the CPU cannot read `[addr, addr + len)`, if it cannot: such a range is not
-/// ordinary memory ibv_reg_mr pins with get_user_pages but a peer-memory client's (GPU
-/// memory through nvidia-peermem), whose pages can change with no unmap we could see.
-/// Only on the full path (a fast hit never pays): two system calls, about 2 us here
-/// (docs/design.md, "Device memory"). `msync(MS_ASYNC)` walks the VMAs of the whole range
-/// and fails with ENOMEM at a hole; `process_vm_readv` of our own first and last byte goes
-/// through get_user_pages as the kernel's registration does, and fails at `PROT_NONE` and
-/// at `VM_IO`/`VM_PFNMAP` mappings. A VMA strictly inside the range with readable ones on
-/// both sides is not seen, nor a range made unreadable after it was cached. Where
-/// process_vm_readv is refused (a seccomp filter: ENOSYS or EPERM) the range is taken as
-/// readable, as before this check.
-fn cpu_unreadable(addr: usize, len: usize) -> Option<&'static str> {
-    if len == 0 || addr.checked_add(len).is_none() {
-        return None; // the cache's own checks say what is wrong with it
-    }
-    let page = addr & !4095;
-    let span = (addr + len - page).next_multiple_of(4096);
-    // SAFETY: msync with MS_ASYNC changes nothing (a no-op since Linux 2.6.19 beyond the
-    // VMA walk); the range is only looked up.
-    if unsafe { libc::msync(page as *mut c_void, span, libc::MS_ASYNC) } != 0
-        && crate::sys::errno() == libc::ENOMEM
-    {
-        return Some("nothing is mapped in this range");
-    }
-    let mut bytes = [0u8; 2];
-    let local = [
-        libc::iovec {
-            iov_base: bytes.as_mut_ptr().cast(),
-            iov_len: 1,
-        },
-        libc::iovec {
-            // SAFETY: within `bytes`.
-            iov_base: unsafe { bytes.as_mut_ptr().add(1) }.cast(),
-            iov_len: 1,
-        },
-    ];
-    let remote = [
-        libc::iovec {
-            iov_base: addr as *mut c_void,
-            iov_len: 1,
-        },
-        libc::iovec {
-            iov_base: (addr + len - 1) as *mut c_void,
-            iov_len: 1,
-        },
-    ];
-    let n = if len == 1 { 1 } else { 2 };
-    // SAFETY: reads at most one byte at each remote address of our own process (the kernel
-    // checks them) into `bytes`, which outlives the call.
-    let got = unsafe {
-        libc::process_vm_readv(
-            libc::getpid(),
-            local.as_ptr(),
-            n as libc::c_ulong,
-            remote.as_ptr(),
-            n as libc::c_ulong,
-            0,
-        )
-    };
-    if got == n as isize {
-        return None;
-    }
-    if got < 0 && matches!(crate::sys::errno(), libc::ENOSYS | libc::EPERM) {
-        return None;
-    }
-    Some("the CPU cannot read this range (PROT_NONE, or a VM_IO/VM_PFNMAP device mapping)")
 }
 
 /// A registration passed through to libibverbs returned `mr`: if the cache remembers that
@@ -286,7 +209,7 @@ fn dereg_full(mr: *mut IbvMr) -> (i32, Outcome) {
         Released::Kept => (0, Outcome::Kept),
         Released::Deregistered => (0, Outcome::Deregistered),
         // The parent's, in a fork child: not the child's to deregister.
-        Released::NotOurs if crate::runtime::inherited_handle(mr as usize) => (0, Outcome::Kept),
+        Released::NotOurs if crate::runtime::inherited_mr(mr) => (0, Outcome::Kept),
         Released::NotOurs => passthrough(),
         Released::DoubleRelease => {
             trace::write_line(&format!(
@@ -339,6 +262,15 @@ fn rereg_inner(
     }
     with_cache(passthrough, |cache| {
         match cache.detach(mr as usize) {
+            Detached::NotOurs if crate::runtime::inherited_mr(mr) => {
+                // A fork child's rereg of the parent's cached MR would move the parent's
+                // registration (and its other users') onto the child's pages.
+                trace::write_line(&format!(
+                    "mrcache: ibv_rereg_mr({mr:p}): this registration belongs to the parent process's cache (inherited across fork) and cannot be changed here; returning EINVAL"
+                ));
+                real::set_errno(libc::EINVAL);
+                ffi::IBV_REREG_MR_ERR_INPUT
+            }
             Detached::NotOurs => passthrough(),
             Detached::Released => {
                 // A use after ibv_dereg_mr: libibverbs would change the cached MR in place
@@ -356,6 +288,7 @@ fn rereg_inner(
                         "ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_ENABLE=0"
                     ),
                 );
+                real::set_errno(libc::EINVAL);
                 ffi::IBV_REREG_MR_ERR_INPUT
             }
             Detached::Sole(m) => {
@@ -383,12 +316,14 @@ fn provider_rereg(
     access: i32,
 ) -> i32 {
     if !mrcache::access::rereg_args_valid(flags, addr as usize, len, access) {
+        real::set_errno(libc::EINVAL);
         return ffi::IBV_REREG_MR_ERR_INPUT;
     }
     // SAFETY: mr is a live provider-registered MR; the op has the provider rereg prototype.
     unsafe {
         let op = (*(*mr).context).ops._compat_rereg_mr;
         if op.is_null() {
+            real::set_errno(libc::EOPNOTSUPP);
             return ffi::IBV_REREG_MR_ERR_INPUT;
         }
         let f: ffi::ProviderReregMr = std::mem::transmute(op);

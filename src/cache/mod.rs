@@ -223,6 +223,11 @@ impl<R: Registrar> Cache<R> {
             st = self.lock();
         }
         // Miss: make room first, register without the lock, then insert.
+        drop(st);
+        if let Some(b) = self.registrar.uncacheable(req) {
+            return Err(AcquireError::Bypass(b));
+        }
+        let mut st = self.lock();
         let (evicted, fits) = st.make_room(&self.fast, req.len as u64, self.limits);
         drop(st);
         self.deregister_all(&evicted);

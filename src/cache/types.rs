@@ -39,6 +39,11 @@ impl Request {
 pub trait Registrar: Sync {
     /// Register exactly the requested range; `Err(errno)` on failure.
     fn register(&self, req: &Request) -> Result<Mr, i32>;
+    /// Asked on a miss, before registering (hits never pay it: nothing it refuses is ever
+    /// cached): why `req` must not be cached, if it must not (device memory).
+    fn uncacheable(&self, _req: &Request) -> Option<crate::access::Bypass> {
+        None
+    }
     /// Deregister through the path that registered; `Err(errno)` leaves the MR valid.
     fn deregister(&self, mr: Mr) -> Result<(), i32>;
     /// Memory for one shadow `ibv_mr` (kept and reused by the cache, never freed).
