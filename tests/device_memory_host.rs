@@ -4,39 +4,26 @@
 
 mod common;
 
-use common::{lib, text};
+use common::text;
 use std::path::PathBuf;
 use std::process::Command;
 
 /// Runs `dev_memory SCENARIO`: asserts it exits 0 and returns its report's `bypassed` map.
 fn run(scenario: &str) -> serde_json::Value {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("device_memory_host");
-    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
-    let map = format!(
-        "-Wl,--version-script={}/tests/c/host/verbs_shim.map",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    // One binary per scenario: tests run in parallel (ETXTBSY otherwise).
-    let shim = common::build_host(
-        "verbs_shim.c",
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "verbs_shim",
+        "dev_memory",
         &dir,
-        &format!("libverbs_shim_{scenario}.so"),
-        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
-    );
-    let prog = common::build_host(
-        "dev_memory.c",
-        &dir,
-        &format!("dev_memory_{scenario}"),
-        &[&flags[..], &["-libverbs"]].concat(),
+        scenario,
+        &["-libverbs"],
     );
     let stats = dir.join(format!("stats.{scenario}.json"));
     let _ = std::fs::remove_file(&stats);
     let out = Command::new(&prog)
         .arg(scenario)
-        .env(
-            "LD_PRELOAD",
-            format!("{} {}", lib().display(), shim.display()),
-        )
+        .env("LD_PRELOAD", common::preload_with(&shim))
         .env("MRCACHE_MONITOR", "patch")
         .env("MRCACHE_STATS", "json")
         .env("MRCACHE_STATS_FILE", &stats)

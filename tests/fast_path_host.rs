@@ -5,31 +5,21 @@
 
 mod common;
 
-use common::{lib, text};
+use common::text;
 use std::path::PathBuf;
 use std::process::Command;
 
 fn run(scenario: &str, env: &[(&str, &str)]) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fast_path_host");
-    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
-    let map = format!(
-        "-Wl,--version-script={}/tests/c/host/verbs_shim.map",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    // One binary per scenario: tests run in parallel (ETXTBSY otherwise).
-    let shim = common::build_host(
-        "verbs_shim.c",
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "verbs_shim",
+        "fast_hit",
         &dir,
-        &format!("libverbs_shim_{scenario}.so"),
-        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
+        scenario,
+        &["-libverbs", "-ldl"],
     );
-    let prog = common::build_host(
-        "fast_hit.c",
-        &dir,
-        &format!("fast_hit_{scenario}"),
-        &[&flags[..], &["-libverbs", "-ldl"]].concat(),
-    );
-    let preload = format!("{} {}", lib().display(), shim.display());
+    let preload = common::preload_with(&shim);
     let out = Command::new(&prog)
         .arg(scenario)
         .env("LD_PRELOAD", preload)

@@ -7,52 +7,20 @@
 
 mod common;
 
-use common::{lib, text};
+use common::text;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest_fork")
 }
 
-fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
-    let dir = dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c/guest")
-        .join(src);
-    let out = dir.join(out);
-    let mut args = vec![
-        "-o",
-        out.to_str().unwrap(),
-        src.to_str().unwrap(),
-        // The fake provider stores its ops through libibverbs' `void *(*)(void)` slots.
-        "-Wno-cast-function-type",
-    ];
-    args.extend_from_slice(flags);
-    common::cc(&args);
-    out
-}
-
 /// The shim and `prog` built for `name` (one binary per test: tests run in parallel, and
 /// exec of a file another test is still writing fails with ETXTBSY).
 fn programs(prog: &str, name: &str) -> (PathBuf, PathBuf) {
-    let map = format!(
-        "-Wl,--version-script={}/tests/c/guest/fork_shim.map",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let shim = build(
-        "fork_shim.c",
-        &format!("libfork_shim_{name}.so"),
-        &["-shared", "-fPIC", &map],
-    );
-    let prog = build(
-        &format!("{prog}.c"),
-        &format!("{prog}_{name}"),
-        &["-libverbs", "-ldl", "-lpthread"],
-    );
-    (shim, prog)
+    let libs = ["-libverbs", "-ldl", "-lpthread"];
+    common::shim_and_program("guest", "fork_shim", prog, &dir(), name, &libs)
 }
 
 /// How a run ended, in words (`timeout` passes a signal that killed the program on by
@@ -76,10 +44,7 @@ fn run(prog: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<S
         .args(["-s", "KILL", "30"])
         .arg(&prog)
         .args(args)
-        .env(
-            "LD_PRELOAD",
-            format!("{} {}", lib().display(), shim.display()),
-        )
+        .env("LD_PRELOAD", common::preload_with(&shim))
         .env("MRCACHE_MONITOR", "patch")
         .envs(env.iter().copied())
         .output()
@@ -212,10 +177,7 @@ fn fork_while_the_trace_writer_writes_to_stderr() {
         .args(["-s", "KILL", "30"])
         .arg(&prog)
         .arg("20")
-        .env(
-            "LD_PRELOAD",
-            format!("{} {}", lib().display(), shim.display()),
-        )
+        .env("LD_PRELOAD", common::preload_with(&shim))
         .env("MRCACHE_MONITOR", "patch")
         .env("MRCACHE_LOG", "trace")
         .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))

@@ -7,59 +7,26 @@
 
 mod common;
 
-use common::{lib, text};
+use common::text;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest_fork_child")
 }
 
-fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
-    let dir = dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c/guest")
-        .join(src);
-    let out = dir.join(out);
-    let mut args = vec![
-        "-o",
-        out.to_str().unwrap(),
-        src.to_str().unwrap(),
-        // The fake provider stores its ops through libibverbs' `void *(*)(void)` slots.
-        "-Wno-cast-function-type",
-    ];
-    args.extend_from_slice(flags);
-    common::cc(&args);
-    out
-}
-
 /// Runs `w1_fork_child mode` preloaded with `env`; panics with its output unless it
 /// printed "ok" and exited 0. One binary per test (tests run in parallel).
 fn passes(mode: &str, name: &str, env: &[(&str, &str)]) {
-    let map = format!(
-        "-Wl,--version-script={}/tests/c/guest/fork_shim.map",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let shim = build(
-        "fork_shim.c",
-        &format!("libfork_shim_{name}.so"),
-        &["-shared", "-fPIC", &map],
-    );
-    let prog = build(
-        "w1_fork_child.c",
-        &format!("w1_fork_child_{name}"),
-        &["-libverbs", "-ldl", "-lpthread"],
-    );
+    let libs = ["-libverbs", "-ldl", "-lpthread"];
+    let (shim, prog) =
+        common::shim_and_program("guest", "fork_shim", "w1_fork_child", &dir(), name, &libs);
     let out = Command::new("timeout")
         .args(["-s", "KILL", "30"])
         .arg(&prog)
         .arg(mode)
-        .env(
-            "LD_PRELOAD",
-            format!("{} {}", lib().display(), shim.display()),
-        )
+        .env("LD_PRELOAD", common::preload_with(&shim))
         .env("MRCACHE_MONITOR", "patch")
         .envs(env.iter().copied())
         .output()

@@ -4,31 +4,21 @@
 
 mod common;
 
-use common::{lib, text};
+use common::text;
 use std::path::PathBuf;
 use std::process::Command;
 
 fn run(scenario: &str) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rereg_host");
-    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
-    let map = format!(
-        "-Wl,--version-script={}/tests/c/host/w345_shim.map",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    // One binary per scenario: tests run in parallel (ETXTBSY otherwise).
-    let shim = common::build_host(
-        "w345_shim.c",
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "w345_shim",
+        "w345_rereg",
         &dir,
-        &format!("libw345_shim_{scenario}.so"),
-        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
+        scenario,
+        &["-libverbs", "-ldl"],
     );
-    let prog = common::build_host(
-        "w345_rereg.c",
-        &dir,
-        &format!("w345_rereg_{scenario}"),
-        &[&flags[..], &["-libverbs", "-ldl"]].concat(),
-    );
-    let preload = format!("{} {}", lib().display(), shim.display());
+    let preload = common::preload_with(&shim);
     let out = Command::new(&prog)
         .arg(scenario)
         .env("LD_PRELOAD", preload)

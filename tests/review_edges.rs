@@ -7,55 +7,19 @@
 
 mod common;
 
-use common::{lib, text};
-use std::path::{Path, PathBuf};
+use common::text;
+use std::path::PathBuf;
 use std::process::Command;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("review_edges")
 }
 
-fn src(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c/host")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-/// The program and the shim, one build per test (tests run in parallel).
-fn build(tag: &str) -> (PathBuf, PathBuf) {
-    let d = dir().join(tag);
-    std::fs::create_dir_all(&d).unwrap();
-    let exe = d.join("review_edges");
-    let shim = d.join("libw345_shim.so");
-    let map = format!("-Wl,--version-script={}", src("w345_shim.map"));
-    let st = Command::new("cc")
-        .args([
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wno-cast-function-type",
-        ])
-        .args(["-Wno-unused-parameter", "-Wno-unused-variable"])
-        .args(["-o", exe.to_str().unwrap(), &src("review_edges.c")])
-        .args(["-libverbs", "-lpthread"])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let st = Command::new("cc")
-        .args(["-O1", "-shared", "-fPIC", "-o", shim.to_str().unwrap()])
-        .args([&src("w345_shim.c"), &map])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    (exe, shim)
-}
-
 fn run(tag: &str, args: &[&str], env: &[(&str, &str)]) -> String {
-    let (exe, shim) = build(tag);
-    let preload = format!("{} {}", lib().display(), shim.display());
+    let libs = ["-libverbs", "-lpthread", "-Wno-unused-variable"];
+    let (shim, exe) =
+        common::shim_and_program("host", "w345_shim", "review_edges", &dir(), tag, &libs);
+    let preload = common::preload_with(&shim);
     let out = Command::new("timeout")
         .args(["-s", "KILL", "120"])
         .arg(&exe)

@@ -22,9 +22,15 @@ pub fn cc(args: &[&str]) {
 
 /// Builds `tests/c/host/SRC` into `dir/out` with `flags`.
 pub fn build_host(src: &str, dir: &Path, out: &str, flags: &[&str]) -> PathBuf {
+    build_in("host", src, dir, out, flags)
+}
+
+/// Builds `tests/c/FOLDER/SRC` into `dir/out` with `flags`.
+pub fn build_in(folder: &str, src: &str, dir: &Path, out: &str, flags: &[&str]) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c/host")
+        .join("tests/c")
+        .join(folder)
         .join(src);
     let out = dir.join(out);
     let mut args = vec!["-o", out.to_str().unwrap(), src.to_str().unwrap()];
@@ -66,4 +72,45 @@ pub fn tempdir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A fake-provider test's two parts, built under `dir` for `tag` (one pair per test: tests
+/// run in parallel, and exec of a file another test is still writing fails with ETXTBSY):
+/// `tests/c/FOLDER/SHIM.c`, linked with its version script `SHIM.map`, which stands in for
+/// libibverbs' calls behind libmrcache.so, and the program `tests/c/FOLDER/PROG.c` linked
+/// with `libs`. The fake providers store their ops through libibverbs' `void *(*)(void)`
+/// slots and ignore most arguments.
+pub fn shim_and_program(
+    folder: &str,
+    shim: &str,
+    prog: &str,
+    dir: &Path,
+    tag: &str,
+    libs: &[&str],
+) -> (PathBuf, PathBuf) {
+    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
+    let map = format!(
+        "-Wl,--version-script={}/tests/c/{folder}/{shim}.map",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let shim = build_in(
+        folder,
+        &format!("{shim}.c"),
+        dir,
+        &format!("lib{shim}_{tag}.so"),
+        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
+    );
+    let prog = build_in(
+        folder,
+        &format!("{prog}.c"),
+        dir,
+        &format!("{prog}_{tag}"),
+        &[&flags[..], libs].concat(),
+    );
+    (shim, prog)
+}
+
+/// `LD_PRELOAD` for libmrcache.so with `shim` after it.
+pub fn preload_with(shim: &Path) -> String {
+    format!("{} {}", lib().display(), shim.display())
 }
