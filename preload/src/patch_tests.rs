@@ -262,6 +262,25 @@ fn pages_near(near: usize, pages: usize) -> *mut u8 {
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 
+/// Page `r` of `region`, made a copy of `code`, read+execute: a fresh function each round.
+fn fresh_function(region: *mut u8, r: usize, code: &[u8]) -> usize {
+    let f = region as usize + r * 4096;
+    // SAFETY: a page of our own read+write region, that no thread runs yet.
+    unsafe {
+        std::ptr::copy_nonoverlapping(code.as_ptr(), f as *mut u8, code.len());
+        let rx = libc::PROT_READ | libc::PROT_EXEC;
+        assert_eq!(libc::mprotect(f as *mut c_void, 4096, rx), 0);
+    }
+    f
+}
+
+/// Waits until `calls` has counted `more` calls past `seen`.
+fn wait_for_calls(calls: &AtomicUsize, seen: usize, more: usize) {
+    while calls.load(Relaxed) < seen + more {
+        std::hint::spin_loop();
+    }
+}
+
 /// Two threads calling the function whose address `slot` holds (0: none yet) until `stop`.
 fn calling_threads(
     slot: &'static AtomicUsize,
@@ -330,18 +349,10 @@ fn taking_a_jump_back_never_breaks_the_threads_running_it() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let callers = calling_threads(&CURRENT, &stop);
     for r in 1..rounds {
-        let f = region as usize + r * 4096;
-        // SAFETY: a fresh page of ours: the other patcher's jump, then read+execute.
-        unsafe {
-            std::ptr::copy_nonoverlapping(code.as_ptr(), f as *mut u8, code.len());
-            let rx = libc::PROT_READ | libc::PROT_EXEC;
-            assert_eq!(libc::mprotect(f as *mut c_void, 4096, rx), 0);
-        }
+        let f = fresh_function(region, r, &code);
         let seen = FOREIGN_CALLS.load(Relaxed);
         CURRENT.store(f, Release);
-        while FOREIGN_CALLS.load(Relaxed) < seen + 20 {
-            std::hint::spin_loop();
-        }
+        wait_for_calls(&FOREIGN_CALLS, seen, 20);
         let ours = jump_to(f, hook).unwrap();
         let mut word = [0u8; 8];
         word[..JMP_LEN].copy_from_slice(&ours);
@@ -354,9 +365,7 @@ fn taking_a_jump_back_never_breaks_the_threads_running_it() {
             foreign_hook as *const () as usize
         );
         let seen = CALLS.load(Relaxed);
-        while CALLS.load(Relaxed) < seen + 20 {
-            std::hint::spin_loop();
-        }
+        wait_for_calls(&CALLS, seen, 20);
     }
     stop.store(true, Relaxed);
     let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
@@ -384,13 +393,7 @@ fn patching_a_function_threads_are_running_never_breaks_them() {
     static RUNNING: AtomicUsize = AtomicUsize::new(0);
     let callers = calling_threads(&RUNNING, &stop);
     for r in 0..rounds {
-        let f = region as usize + r * 4096;
-        // SAFETY: a fresh page of ours: the stub, then read+execute.
-        unsafe {
-            std::ptr::copy_nonoverlapping(GETPID_STUB.as_ptr(), f as *mut u8, GETPID_STUB.len());
-            let rx = libc::PROT_READ | libc::PROT_EXEC;
-            assert_eq!(libc::mprotect(f as *mut c_void, 4096, rx), 0);
-        }
+        let f = fresh_function(region, r, &GETPID_STUB);
         RUNNING.store(f, Release);
         // Let the threads into the stub (a few hundred system calls).
         for _ in 0..20_000 {
@@ -405,9 +408,7 @@ fn patching_a_function_threads_are_running_never_breaks_them() {
             Ok(())
         );
         let seen = CALLS.load(Relaxed);
-        while CALLS.load(Relaxed) < seen + 10 {
-            std::hint::spin_loop();
-        }
+        wait_for_calls(&CALLS, seen, 10);
     }
     stop.store(true, Relaxed);
     let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
@@ -483,14 +484,7 @@ fn a_short_first_instruction_is_replaced_under_running_threads() {
     static SHORT_AT: AtomicUsize = AtomicUsize::new(0);
     let callers = calling_threads(&SHORT_AT, &stop);
     for r in 0..rounds {
-        let f = region as usize + r * 4096;
-        let entry = f + 10;
-        // SAFETY: a fresh page of ours: the padding and the function, then read+execute.
-        unsafe {
-            std::ptr::copy_nonoverlapping(SHORT_FIRST.as_ptr(), f as *mut u8, SHORT_FIRST.len());
-            let rx = libc::PROT_READ | libc::PROT_EXEC;
-            assert_eq!(libc::mprotect(f as *mut c_void, 4096, rx), 0);
-        }
+        let entry = fresh_function(region, r, &SHORT_FIRST) + 10;
         SHORT_AT.store(entry, Release);
         for _ in 0..20_000 {
             std::hint::spin_loop();
@@ -504,9 +498,7 @@ fn a_short_first_instruction_is_replaced_under_running_threads() {
         let r = unsafe { cross_modify::replace_entry(entry as *mut u8, old, code, 2, Some(pad)) };
         assert_eq!(r, Ok(()));
         let seen = CALLS.load(Relaxed);
-        while CALLS.load(Relaxed) < seen + 10 {
-            std::hint::spin_loop();
-        }
+        wait_for_calls(&CALLS, seen, 10);
     }
     stop.store(true, Relaxed);
     let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
