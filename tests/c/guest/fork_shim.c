@@ -3,30 +3,13 @@
  * through, reach the fake provider's ops (libibverbs cannot handle a fake context); and
  * ibv_dontfork_range / ibv_dofork_range record the ranges they are given, so a test sees
  * what mrcache marks DONTFORK around a fork. Lock-free: threads and fork children use it. */
-#include <infiniband/verbs.h>
-#include <stdatomic.h>
 #include <stdint.h>
+#include "../host/verbs_shim.c" /* ibv_reg_mr_iova2, ibv_dereg_mr */
 
-atomic_int shim_regs, shim_deregs, shim_dontforks, shim_doforks;
+atomic_int shim_dontforks, shim_doforks;
 /* The last range each was given. */
 _Atomic uintptr_t shim_dontfork_base, shim_dofork_base;
 _Atomic size_t shim_dontfork_len, shim_dofork_len;
-
-struct ibv_mr *shim_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, unsigned access) {
-    struct ibv_mr *(*op)(struct ibv_pd *, void *, size_t, uint64_t, int) = (void *)pd->context->ops._compat_reg_mr;
-    struct ibv_mr *mr = op(pd, addr, len, iova, (int)access);
-    if (mr) {
-        mr->context = pd->context, mr->pd = pd, mr->addr = addr, mr->length = len;
-        shim_regs++;
-    }
-    return mr;
-}
-
-int shim_dereg_mr(struct ibv_mr *mr) {
-    int (*op)(struct ibv_mr *) = (void *)mr->context->ops._compat_dereg_mr;
-    shim_deregs++;
-    return op(mr);
-}
 
 int shim_dontfork_range(void *base, size_t size) {
     shim_dontfork_base = (uintptr_t)base;
@@ -42,7 +25,5 @@ int shim_dofork_range(void *base, size_t size) {
     return 0;
 }
 
-__asm__(".symver shim_reg_mr_iova2, ibv_reg_mr_iova2@@IBVERBS_1.8");
-__asm__(".symver shim_dereg_mr, ibv_dereg_mr@@IBVERBS_1.1");
 __asm__(".symver shim_dontfork_range, ibv_dontfork_range@@IBVERBS_1.1");
 __asm__(".symver shim_dofork_range, ibv_dofork_range@@IBVERBS_1.1");

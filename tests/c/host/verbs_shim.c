@@ -3,8 +3,10 @@
  * registration libmrcache passes through reaches the fake provider's ops (libibverbs itself
  * cannot handle a fake context), and is counted. */
 #include <infiniband/verbs.h>
+#include <stdatomic.h>
 
-int shim_regs, shim_deregs;
+/* Atomic: threads and fork children of the tests that include this file count too. */
+atomic_int shim_regs, shim_deregs;
 
 struct ibv_mr *shim_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, unsigned access) {
     struct ibv_mr *(*op)(struct ibv_pd *, void *, size_t, uint64_t, int) = (void *)pd->context->ops._compat_reg_mr;
