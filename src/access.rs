@@ -48,10 +48,11 @@ pub const REREG_CHANGE_ACCESS: i32 = 4;
 pub const REREG_FLAGS_SUPPORTED: i32 = 7;
 
 /// libibverbs' own argument checks of `ibv_rereg_mr` (it returns IBV_REREG_MR_ERR_INPUT when
-/// they fail): at least one known flag, a range when the translation changes, access flags
-/// only with CHANGE_ACCESS.
+/// they fail): no unknown flag, a range when the translation changes, access flags only
+/// with CHANGE_ACCESS. No flag at all is not refused: libibverbs passes it to the provider
+/// (on rxe: IBV_REREG_MR_ERR_CMD, EOPNOTSUPP; issue 25).
 pub fn rereg_args_valid(flags: i32, addr: usize, len: usize, access: i32) -> bool {
-    if flags == 0 || flags & !REREG_FLAGS_SUPPORTED != 0 {
+    if flags & !REREG_FLAGS_SUPPORTED != 0 {
         return false;
     }
     if flags & REREG_CHANGE_TRANSLATION != 0 && (addr == 0 || len == 0) {
@@ -180,7 +181,8 @@ mod tests {
     #[test]
     fn rereg_args() {
         assert!(rereg_args_valid(REREG_CHANGE_PD, 0, 0, 0));
-        assert!(!rereg_args_valid(0, 0, 0, 0));
+        assert!(rereg_args_valid(0, 0, 0, 0));
+        assert!(!rereg_args_valid(-1, 0, 0, 0));
         assert!(!rereg_args_valid(8, 0, 0, 0));
         assert!(!rereg_args_valid(REREG_CHANGE_TRANSLATION, 0, 4096, 0));
         assert!(!rereg_args_valid(REREG_CHANGE_TRANSLATION, 0x1000, 0, 0));

@@ -94,6 +94,10 @@ named_enum! {
         /// that get_user_pages refuses: a peer-memory client's (GPU memory), which can
         /// change behind an address without any unmap we could see.
         DeviceMemory = "device-memory",
+        /// In a fork child, a verbs context the parent opened (the child's command fd is
+        /// the parent's open file): what the child registers there is an object of the
+        /// parent's kernel context and, kept idle, would outlive the child (issue 25).
+        ParentsContext = "parents-context",
     }
 }
 

@@ -39,7 +39,10 @@ fn a_fork_child_cannot_rereg_the_parents_cached_mr() {
     for scenario in ["forkrereg", "forkrereg_plain"] {
         let t = run(scenario, &[scenario], &[]);
         assert!(
-            t.contains("child: rereg of the parent's cached MR (shared with a shadow): rc -1 errno 22, provider rereg calls 0"),
+            // Issue 25: refused as a command the provider cannot carry out here
+            // (IBV_REREG_MR_ERR_CMD, EOPNOTSUPP), not as the program's bad input (it was
+            // IBV_REREG_MR_ERR_INPUT, EINVAL); the fake provider has a rereg op of its own.
+            t.contains("child: rereg of the parent's cached MR (shared with a shadow): rc -4 errno 95, provider rereg calls 0"),
             "{scenario}: {t}"
         );
         assert!(
@@ -61,12 +64,24 @@ fn a_fork_child_never_sends_a_parents_shadow_to_the_provider() {
 #[test]
 fn refused_rereg_calls_set_errno() {
     let t = run("rereg_bad", &["rereg_bad"], &[]);
+    // Issue 25: a shared registration's rereg is IBV_REREG_MR_ERR_CMD with EOPNOTSUPP (was
+    // IBV_REREG_MR_ERR_INPUT, EINVAL: read by a program as its own mistake).
     assert!(
-        t.contains("rereg of primary while shadow held: rc -1 errno 22"),
+        t.contains("rereg of primary while shadow held: rc -4 errno 95"),
         "{t}"
     );
+    assert!(t.contains("rereg of shadow in use: rc -4 errno 95"), "{t}");
+    // Bad flags stay bad input, with errno set, and never reach the provider (its count is
+    // still the flags-0 call's).
     assert!(
-        t.contains("rereg(flags 0) of sole handle: rc -1 errno 22"),
+        t.contains("rereg(bad flags 0x40) of sole handle: rc -1 errno 22 provider_reregs 1"),
+        "{t}"
+    );
+    // Issue 25: no flag at all is not refused: libibverbs hands it to the provider (rxe
+    // answers IBV_REREG_MR_ERR_CMD, EOPNOTSUPP; this fake provider accepts it). It was
+    // refused with IBV_REREG_MR_ERR_INPUT, EINVAL.
+    assert!(
+        t.contains("rereg(flags 0) of sole handle: rc 0 errno 0 provider_reregs 1"),
         "{t}"
     );
 }

@@ -179,6 +179,14 @@ impl Registrar for Provider {
     }
 
     fn register_revocable(&self, req: &Request) -> Result<Mr, i32> {
+        // Remote write or atomic rights without local write: every provider refuses them
+        // (the kernel's ib_check_mr_access), ours without them would not, and the window
+        // bind of them would fail and break the PD's bind QP for every later remote
+        // registration (issue 25). libibverbs refuses it instead.
+        let remote_writes = mrcache::access::REMOTE_WRITE | mrcache::access::REMOTE_ATOMIC;
+        if req.access & remote_writes != 0 && req.access & mrcache::access::LOCAL_WRITE == 0 {
+            return Err(mrcache::cache::UNSUPPORTED);
+        }
         crate::window::prepare(req.pd, req.context)?;
         // The MR itself grants no remote right: its rkey reaches nothing. Remote access goes
         // through the windows bound for each handle.

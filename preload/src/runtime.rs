@@ -161,6 +161,36 @@ pub fn inherited_mr(mr: *mut crate::ffi::IbvMr) -> bool {
     inherited_handle(mr as usize) || unsafe { (*mr).handle } == u32::MAX
 }
 
+/// In a fork child: whether `ctx` is a verbs context the parent opened, that is whether the
+/// child's command fd is the very file the parent has open under that number (`kcmp`). What
+/// the child registers there is an object of the parent's kernel context: an idle entry
+/// kept of it would outlive the child (pinning its pages, keeping the parent's PD busy).
+/// Where it cannot be told (no kcmp, not permitted) it counts as the parent's. errno is
+/// left as it was.
+pub fn parents_context(ctx: *mut crate::ffi::IbvContext) -> bool {
+    if INHERITED.load(Acquire).is_null() {
+        return false;
+    }
+    let saved = crate::sys::errno();
+    // SAFETY: the app's live context (its PD's).
+    let fd = unsafe { (*ctx).cmd_fd };
+    // SAFETY: kcmp(2) only compares; KCMP_FILE = 0.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            getpid() as libc::c_long,
+            libc::getppid() as libc::c_long,
+            0 as libc::c_long,
+            fd as libc::c_long,
+            fd as libc::c_long,
+        )
+    };
+    // 0: the same file; 1, 2: two files; EBADF: the parent has no such fd.
+    let ours = r == 1 || r == 2 || (r == -1 && crate::sys::errno() == libc::EBADF);
+    crate::sys::set_errno(saved);
+    !ours
+}
+
 pub fn inherited_handle(mr: usize) -> bool {
     let mut p: *const Inherited = INHERITED.load(Acquire);
     // SAFETY: a non-null INHERITED, and each `older`, is a leaked node, never freed.

@@ -109,6 +109,9 @@ fn register_inner(
             }
             // SAFETY: pd is the app's non-null PD.
             let context = unsafe { (*pd).context } as usize;
+            if crate::runtime::parents_context(context as *mut IbvContext) {
+                return passthrough(Bypassed::ParentsContext);
+            }
             let req = Request {
                 pd: pd as usize,
                 context,
@@ -265,11 +268,11 @@ fn rereg_inner(
             Detached::NotOurs if crate::runtime::inherited_mr(mr) => {
                 // A fork child's rereg of the parent's cached MR would move the parent's
                 // registration (and its other users') onto the child's pages.
-                trace::write_line(&format!(
-                    "mrcache: ibv_rereg_mr({mr:p}): this registration belongs to the parent process's cache (inherited across fork) and cannot be changed here; returning EINVAL"
-                ));
-                real::set_errno(libc::EINVAL);
-                ffi::IBV_REREG_MR_ERR_INPUT
+                refused(mr, flags, pd, addr, len, access, || {
+                    trace::write_line(&format!(
+                        "mrcache: ibv_rereg_mr({mr:p}): this registration belongs to the parent process's cache (inherited across fork) and cannot be changed here; returning IBV_REREG_MR_ERR_CMD, EOPNOTSUPP"
+                    ))
+                })
             }
             Detached::NotOurs => passthrough(),
             Detached::Released => {
@@ -281,16 +284,14 @@ fn rereg_inner(
                 real::set_errno(libc::EINVAL);
                 ffi::IBV_REREG_MR_ERR_INPUT
             }
-            Detached::Shared => {
+            Detached::Shared => refused(mr, flags, pd, addr, len, access, || {
                 log(
                     LogLevel::Error,
                     format_args!(
-                        "ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache and cannot be changed in place; deregister and register instead, or set MRCACHE_ENABLE=0"
+                        "ibv_rereg_mr({mr:p}): this registration is shared with other users through the cache (or its remote key is a memory window's) and cannot be changed in place; returning IBV_REREG_MR_ERR_CMD, EOPNOTSUPP; deregister and register instead, or set MRCACHE_ENABLE=0"
                     ),
-                );
-                real::set_errno(libc::EINVAL);
-                ffi::IBV_REREG_MR_ERR_INPUT
-            }
+                )
+            }),
             Detached::Sole(m) => {
                 // Now the app's own, uncached registration; its dereg takes m's path.
                 let rc = if m.via_wrapper {
@@ -303,6 +304,65 @@ fn rereg_inner(
             }
         }
     })
+}
+
+/// A rereg the cache cannot hand to the provider for this handle (the registration is
+/// shared, the handle's remote key is a window's, or it is the parent's in a fork child),
+/// answered as libibverbs answers it (issue 25): its argument checks first
+/// (`IBV_REREG_MR_ERR_INPUT`, EINVAL); then, when the provider has no rereg op of its own
+/// (libibverbs' placeholder is in the op table: rxe, siw), that op's own answer, which
+/// changes nothing (`IBV_REREG_MR_ERR_CMD`, EOPNOTSUPP); otherwise `why` is told and the
+/// answer is the same `IBV_REREG_MR_ERR_CMD` with EOPNOTSUPP: this MR cannot be
+/// re-registered here, a program falls back to deregister and register. Never a stale errno.
+fn refused(
+    mr: *mut IbvMr,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+    why: impl FnOnce(),
+) -> i32 {
+    if !mrcache::access::rereg_args_valid(flags, addr as usize, len, access) {
+        real::set_errno(libc::EINVAL);
+        return ffi::IBV_REREG_MR_ERR_INPUT;
+    }
+    // SAFETY: mr is a handle the cache handed out (or the parent's, copied at fork): its
+    // context is the app's live context.
+    let op = unsafe { (*(*mr).context).ops._compat_rereg_mr };
+    if !op.is_null() && libibverbs_placeholder(op) {
+        // SAFETY: libibverbs' placeholder rereg op (dummy_ops.c): it reads none of its
+        // arguments, sets errno and fails.
+        let rc = unsafe {
+            let f: ffi::ProviderReregMr = std::mem::transmute(op);
+            f(mr, flags, pd, addr, len, access)
+        };
+        if rc != 0 {
+            return ffi::IBV_REREG_MR_ERR_CMD;
+        }
+    }
+    why();
+    real::set_errno(libc::EOPNOTSUPP);
+    ffi::IBV_REREG_MR_ERR_CMD
+}
+
+/// Whether a context's rereg op is libibverbs' own placeholder (the provider has none): it
+/// lives in the object `ibv_rereg_mr` itself lives in, a provider's op in the provider's.
+fn libibverbs_placeholder(op: *mut c_void) -> bool {
+    let Some(wrapper) = real::REREG_MR.get() else {
+        return false;
+    };
+    let base = |p: *const c_void| {
+        // SAFETY: Dl_info is plain data, written by dladdr on success.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr only reads the loader's tables.
+        if unsafe { libc::dladdr(p, &mut info) } == 0 {
+            return 0;
+        }
+        info.dli_fbase as usize
+    };
+    let ours = base(op);
+    ours != 0 && ours == base(wrapper as *const c_void)
 }
 
 /// `ibv_rereg_mr` for an MR made through the provider op: libibverbs' checks, then the

@@ -325,7 +325,7 @@ static void forked(void) {
     if (p) dereg(p, "p");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -352,24 +352,23 @@ int main(void) {
     memset(buf, 1, BUF);
     memset(buf2, 2, BUF);
 
-    printf("== access\n");
-    accesses();
-    printf("== lengths\n");
-    lengths();
-    printf("== pds\n");
-    bad_pds();
-    printf("== iova\n");
-    iovas();
-    printf("== cross\n");
-    cross();
-    printf("== rereg\n");
-    reregs();
-    printf("== dmabuf\n");
-    dmabuf();
-    printf("== dealloc_pd\n");
-    dealloc_close();
-    printf("== fork\n");
-    forked();
+    /* Sections in this order (argv: a subset, for a closer look). rereg comes first: a
+     * failed window bind (the cache's, in MRCACHE_REMOTE=revoke) would leave later remote
+     * registrations of pd1 to libibverbs, and the rereg of a window's handle untested. */
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } sections[] = {{"rereg", reregs},     {"access", accesses}, {"lengths", lengths},
+                    {"pds", bad_pds},      {"iova", iovas},      {"cross", cross},
+                    {"dmabuf", dmabuf},    {"dealloc_pd", dealloc_close},
+                    {"fork", forked}};
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+        int run = argc < 2;
+        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], sections[i].name);
+        if (!run) continue;
+        printf("== %s\n", sections[i].name);
+        sections[i].fn();
+    }
 
     printf("== close_device\n");
     char d[64];
