@@ -194,7 +194,19 @@ impl Registrar for Provider {
             access: (req.access & !REMOTE) | MW_BIND,
             ..*req
         };
-        self.register(&local)
+        let writes = remote_writes | mrcache::access::LOCAL_WRITE;
+        let saved = crate::sys::errno();
+        match self.register(&local) {
+            // MW_BIND makes the kernel pin the pages writable: read-only memory (a
+            // PROT_READ mapping, remote read only) fails with it, not with the app's
+            // rights (issue 25). libibverbs registers it with those instead.
+            // Our failed attempt's errno is not the app's: libibverbs' success leaves it.
+            Err(e) if e != libc::ENOMEM && req.access & writes == 0 => {
+                crate::sys::set_errno(saved);
+                Err(mrcache::cache::UNSUPPORTED)
+            }
+            r => r,
+        }
     }
 
     fn grant(&self, mr: Mr, req: &Request) -> Result<usize, i32> {
