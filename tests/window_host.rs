@@ -45,3 +45,46 @@ fn a_revoke_after_a_timed_out_unbind_waits_for_its_own_key() {
     println!("{}", text(&out));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+
+/// `ibv_rereg_mr` of a revocable registration's handle (its rkey a window's) on a provider
+/// with a rereg op (issue 25): the app's only handle is re-registered by the provider, on
+/// the cached MR with the app's rights, its window revoked, its dereg the MR's; a second
+/// live handle is refused as a command the provider cannot carry out here (ERR_CMD,
+/// EOPNOTSUPP). Before, both were refused (IBV_REREG_MR_ERR_INPUT, EINVAL).
+#[test]
+fn rereg_of_a_windows_handle_answers_as_the_provider() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("window_host_rereg");
+    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
+    let map = format!(
+        "-Wl,--version-script={}/tests/c/host/w6_shim.map",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let shim = common::build_host(
+        "w6_shim.c",
+        &dir,
+        "libw6_shim.so",
+        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
+    );
+    let prog = common::build_host(
+        "w25_rereg.c",
+        &dir,
+        "w25_rereg",
+        &[&flags[..], &["-libverbs"]].concat(),
+    );
+    for scenario in ["sole", "shared"] {
+        let out = Command::new(&prog)
+            .arg(scenario)
+            .env(
+                "LD_PRELOAD",
+                format!("{} {}", lib().display(), shim.display()),
+            )
+            .env("MRCACHE_MONITOR", "patch")
+            .env("MRCACHE_REMOTE", "revoke")
+            .output()
+            .unwrap();
+        let t = text(&out);
+        println!("{t}");
+        assert_eq!(out.status.code(), Some(0), "{scenario}: {t}");
+        assert!(t.contains(&format!("{scenario}: ok")), "{t}");
+    }
+}

@@ -284,6 +284,13 @@ fn rereg_inner(
                 real::set_errno(libc::EINVAL);
                 ffi::IBV_REREG_MR_ERR_INPUT
             }
+            Detached::Shared
+                if mrcache::access::rereg_args_valid(flags, addr as usize, len, access)
+                    && !has_placeholder_rereg(mr)
+                    && let Some((m, rights)) = take_sole_grant(cache, mr) =>
+            {
+                sole_grant_rereg(cache, mr, m, rights, flags, pd, addr, len, access)
+            }
             Detached::Shared => refused(mr, flags, pd, addr, len, access, || {
                 log(
                     LogLevel::Error,
@@ -292,6 +299,14 @@ fn rereg_inner(
                     ),
                 )
             }),
+            Detached::Sole(m) if m.ptr != mr as usize => {
+                // The app's handle is a copy of m (a window's handle taken over by an
+                // earlier rereg): re-register m, then bring the copy level with it.
+                let rc = provider_rereg(m.ptr as *mut IbvMr, flags, pd, addr, len, access);
+                copy_mr(mr, m);
+                cache.adopt_alias(mr as usize, m);
+                rc
+            }
             Detached::Sole(m) => {
                 // Now the app's own, uncached registration; its dereg takes m's path.
                 let rc = if m.via_wrapper {
@@ -304,6 +319,67 @@ fn rereg_inner(
             }
         }
     })
+}
+
+/// `ibv_rereg_mr` of the app's only handle of a revocable registration (its rkey a
+/// window's): the window is revoked, the MR leaves the cache and is re-registered by the
+/// provider with the app's rights (it had local rights and MW_BIND only: CHANGE_ACCESS with
+/// the rights the app registered with, unless the app changes them itself), and the app's
+/// handle, a copy, takes the MR's new fields and is the MR's own from then on (issue 25).
+#[allow(clippy::too_many_arguments)]
+fn sole_grant_rereg(
+    cache: &Cache<Provider>,
+    mr: *mut IbvMr,
+    m: mrcache::cache::Mr,
+    rights: u32,
+    flags: i32,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: i32,
+) -> i32 {
+    use mrcache::cache::Registrar;
+    // The window's key must reach nothing once the handle is the MR's own. A failed
+    // revoke (the window could be neither unbound nor deallocated) is the command's error.
+    if let Err(e) = cache.registrar().revoke(mr as usize) {
+        cache.adopt_alias(mr as usize, m);
+        real::set_errno(e);
+        return ffi::IBV_REREG_MR_ERR_CMD;
+    }
+    let (flags, access) = if flags & mrcache::access::REREG_CHANGE_ACCESS != 0 {
+        (flags, access)
+    } else {
+        (flags | mrcache::access::REREG_CHANGE_ACCESS, rights as i32)
+    };
+    let rc = provider_rereg(m.ptr as *mut IbvMr, flags, pd, addr, len, access);
+    copy_mr(mr, m);
+    cache.adopt_alias(mr as usize, m);
+    rc
+}
+
+/// The app's handle `mr`, a copy of the provider's MR `m`, takes m's fields (keys, kernel
+/// handle, range, PD).
+fn copy_mr(mr: *mut IbvMr, m: mrcache::cache::Mr) {
+    // SAFETY: both are live MR objects at least VERBS_MR_SIZE long (the copy is a shadow
+    // slot, made as such a copy of m), and distinct.
+    unsafe {
+        std::ptr::copy_nonoverlapping(m.ptr as *const u8, mr as *mut u8, crate::ffi::VERBS_MR_SIZE)
+    };
+}
+
+/// `Cache::take_sole_grant` for the app's handle `mr` over the range it shows.
+fn take_sole_grant(cache: &Cache<Provider>, mr: *mut IbvMr) -> Option<(mrcache::cache::Mr, u32)> {
+    // SAFETY: a handle the cache handed out (a shadow slot), readable.
+    let (addr, len) = unsafe { ((*mr).addr as usize, (*mr).length) };
+    cache.take_sole_grant(mr as usize, addr, len)
+}
+
+/// Whether the provider of `mr`'s context has no rereg op of its own (libibverbs'
+/// placeholder answers for it, changing nothing).
+fn has_placeholder_rereg(mr: *mut IbvMr) -> bool {
+    // SAFETY: a handle the cache handed out: its context is the app's live context.
+    let op = unsafe { (*(*mr).context).ops._compat_rereg_mr };
+    !op.is_null() && libibverbs_placeholder(op)
 }
 
 /// A rereg the cache cannot hand to the provider for this handle (the registration is

@@ -122,6 +122,40 @@ impl<R: Registrar> Cache<R> {
         }
     }
 
+    /// `ibv_rereg_mr` of a granted handle (a revocable registration's, whose remote key is
+    /// a window's) that is the entry's only reference: the entry leaves the cache and its
+    /// MR is returned with the rights the app asked for, to be re-registered for the app
+    /// (issue 25). The caller revokes the grant and then `adopt_alias`es the handle. None:
+    /// not a granted handle, others share the registration, or it covers more than the
+    /// handle's range `[addr, addr + len)` (re-registered with the app's remote rights, the
+    /// wider range would be reachable remotely).
+    pub fn take_sole_grant(&self, ptr: usize, addr: usize, len: usize) -> Option<(Mr, u32)> {
+        let mut st = self.lock();
+        let Some(&Handle::Granted { id }) = st.handles.get(&ptr) else {
+            return None;
+        };
+        let req = st.entry(&self.fast, id)?.req;
+        if (req.addr, req.len) != (addr, len) {
+            return None;
+        }
+        let access = req.access;
+        if !self.fast.slots.get(id)?.kill_if_sole_other() {
+            return None;
+        }
+        st.handles.remove(&ptr);
+        let mr = st.remove(&self.fast, id)?;
+        // Handed to the app, not to a deregistration.
+        st.unbury(mr.ptr);
+        st.land(mr.ptr);
+        Some((mr, access))
+    }
+
+    /// The app's handle `ptr` (a copy of `mr`, after `take_sole_grant`) is now `mr`'s own:
+    /// its `ibv_dereg_mr` deregisters `mr`, its `ibv_rereg_mr` re-registers it.
+    pub fn adopt_alias(&self, ptr: usize, mr: Mr) {
+        self.lock().handles.insert(ptr, Handle::Uncached { mr });
+    }
+
     /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
     /// path that made it.
     pub fn adopt_uncached(&self, mr: Mr) {

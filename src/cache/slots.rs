@@ -272,6 +272,13 @@ impl Slot {
             .is_ok()
     }
 
+    /// Mark dead if the only reference is one other than the provider's pointer (a grant
+    /// or a shadow), dead already or not: its holder takes it for `ibv_rereg_mr` (issue 25).
+    pub fn kill_if_sole_other(&self) -> bool {
+        self.update(|s| (refs(s) == 1 && holders(s) == 0).then_some(s | DEAD))
+            .is_ok()
+    }
+
     /// The eviction hand passes: an idle entry used since the last pass loses its clock bit
     /// and stays; one not used is marked dead (true: the caller evicts it).
     pub fn clock_evict(&self) -> bool {

@@ -1,0 +1,201 @@
+/* ibv_rereg_mr of a handle of a revocable registration (MRCACHE_REMOTE=revoke: its rkey a
+ * memory window's) on a provider that has a rereg op (issue 25). A fake provider (the
+ * ibv_context ops of tests/c/host/w6_late.c, with reg/dereg/rereg ops that know their own
+ * MRs), behind libmrcache.so and w6_shim.so.
+ *   sole    the app's only handle: passed to the provider on the cached MR (not the copy),
+ *           with the app's rights; the window revoked; the handle shows the MR's new keys and
+ *           range; its dereg deregisters that MR; the old range is registered afresh after.
+ *   shared  a second live handle on the registration: IBV_REREG_MR_ERR_CMD, EOPNOTSUPP,
+ *           the provider not asked.
+ * Prints one line per step; exit 0 when every step is as described, 1 otherwise, 3 set-up. */
+#define _GNU_SOURCE
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <errno.h>
+
+#define WINDOWS 16
+struct fmw {
+    struct ibv_mw mw; /* first: the pointer handed out */
+    int alive, bound;
+};
+static struct fmw windows[WINDOWS];
+static uint32_t next_key = 0x1000;
+
+struct pending {
+    uint64_t wr_id;
+    struct fmw *w;
+    int bind;    /* 1 bind, 0 unbind */
+    int held;    /* not delivered until released */
+    long delay;  /* polls before it can be delivered */
+};
+static struct pending queue[64];
+static int q_head, q_tail;
+static int hold_next_unbind, delay_next_unbind;
+static long polls;
+
+/* The provider's own MRs, so a call on anything else (a copy) is seen. */
+#define MRS 16
+static struct ibv_mr *mrs[MRS];
+static int mr_access[MRS];
+static int reregs, rereg_flags, rereg_access, foreign_calls, deregs;
+static uint32_t next_mr_key = 0x50;
+
+static int own(struct ibv_mr *mr) {
+    for (int i = 0; i < MRS; i++)
+        if (mrs[i] == mr) return i;
+    return -1;
+}
+static struct ibv_mr *fake_reg(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access) {
+    (void)pd, (void)iova;
+    for (int i = 0; i < MRS; i++)
+        if (!mrs[i]) {
+            struct ibv_mr *mr = calloc(1, sizeof(struct ibv_mr) + 64);
+            mr->addr = addr, mr->length = len, mr->lkey = mr->rkey = next_mr_key++, mr->handle = 100 + i;
+            mrs[i] = mr, mr_access[i] = access;
+            return mr;
+        }
+    return NULL;
+}
+static int fake_dereg(struct ibv_mr *mr) {
+    int i = own(mr);
+    if (i < 0) return foreign_calls++, EINVAL;
+    deregs++;
+    mrs[i] = NULL;
+    free(mr);
+    return 0;
+}
+/* Re-registers in place: new keys, the new range or rights. */
+static int fake_rereg(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t len, int access) {
+    (void)pd;
+    int i = own(mr);
+    if (i < 0) return foreign_calls++, EINVAL;
+    reregs++, rereg_flags = flags, rereg_access = access;
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) mr->addr = addr, mr->length = len;
+    if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr_access[i] = access;
+    mr->lkey = mr->rkey = next_mr_key++;
+    return 0;
+}
+static struct ibv_mw *fake_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type) {
+    for (int i = 0; i < WINDOWS; i++)
+        if (!windows[i].alive && !windows[i].mw.context) {
+            struct fmw *w = &windows[i];
+            w->alive = 1, w->bound = 0;
+            w->mw.context = pd->context, w->mw.pd = pd, w->mw.type = type;
+            w->mw.rkey = next_key, next_key += 0x100;
+            return &w->mw;
+        }
+    return NULL;
+}
+static int fake_dealloc_mw(struct ibv_mw *mw) {
+    struct fmw *w = (struct fmw *)mw;
+    w->alive = 0, w->bound = 0; /* a synchronous command: the key is dead on return */
+    return 0;
+}
+static int fake_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b) {
+    (void)qp;
+    struct pending *p = &queue[q_tail++ % 64];
+    memset(p, 0, sizeof(*p));
+    p->wr_id = b->wr_id, p->w = (struct fmw *)mw, p->bind = b->bind_info.length != 0;
+    if (!p->bind && hold_next_unbind) hold_next_unbind = 0, p->held = 1;
+    if (!p->bind && delay_next_unbind) p->delay = delay_next_unbind, delay_next_unbind = 0;
+    if (p->bind) mw->rkey = (mw->rkey & ~0xffu) | ((mw->rkey + 1) & 0xff);
+    return 0;
+}
+static int fake_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+    (void)cq;
+    polls++;
+    if (n < 1 || q_head == q_tail) return 0;
+    struct pending *p = &queue[q_head % 64];
+    if (p->held) return 0;
+    if (p->delay > 0) {
+        p->delay--;
+        return 0;
+    }
+    q_head++;
+    if (p->w->alive) p->w->bound = p->bind; /* the device acts when it completes */
+    memset(wc, 0, sizeof(*wc));
+    wc->wr_id = p->wr_id, wc->status = IBV_WC_SUCCESS, wc->opcode = IBV_WC_BIND_MW;
+    return 1;
+}
+
+static struct fmw *window_of(uint32_t rkey) {
+    for (int i = 0; i < WINDOWS; i++)
+        if (windows[i].mw.context && windows[i].mw.rkey == rkey) return &windows[i];
+    return NULL;
+}
+
+static int live_windows(void) {
+    int n = 0;
+    for (int i = 0; i < WINDOWS; i++) n += windows[i].alive && windows[i].bound;
+    return n;
+}
+
+int main(int argc, char **argv) {
+    static struct ibv_context ctx;
+    static struct ibv_pd pd;
+    ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
+    ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
+    ctx.ops._compat_rereg_mr = (void *(*)(void))fake_rereg;
+    ctx.ops.alloc_mw = fake_alloc_mw;
+    ctx.ops.dealloc_mw = fake_dealloc_mw;
+    ctx.ops.bind_mw = fake_bind_mw;
+    ctx.ops.poll_cq = fake_poll_cq;
+    ctx.cmd_fd = -1;
+    pd.context = &ctx;
+    const char *s = argc > 1 ? argv[1] : "sole";
+    size_t len = 16 * 4096;
+    char *buf = mmap(NULL, 2 * len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *fresh = buf + len;
+    memset(buf, 1, 2 * len);
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    struct ibv_mr *a = ibv_reg_mr(&pd, buf, len, access);
+    if (!a || own(a) >= 0 || !window_of(a->rkey)) {
+        fprintf(stderr, "w25_rereg: not a window's handle (revoke mode off?)\n");
+        return 3;
+    }
+    int ok = 1;
+    if (!strcmp(s, "sole")) {
+        uint32_t old_rkey = a->rkey;
+        errno = 4242;
+        int rc = ibv_rereg_mr(a, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, fresh, len, 0);
+        int e = errno;
+        int i = -1;
+        for (int k = 0; k < MRS; k++)
+            if (mrs[k]) i = k;
+        printf("sole: rereg rc %d errno %d; provider reregs %d (flags %#x, access %#x), calls on a copy %d\n",
+               rc, e, reregs, rereg_flags, rereg_access, foreign_calls);
+        ok &= rc == 0 && reregs == 1 && foreign_calls == 0 && rereg_access == access &&
+              rereg_flags == (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS);
+        struct fmw *w = window_of(old_rkey);
+        printf("sole: old window key %s; handle addr %s, lkey %s the MR's, rkey %s the MR's, MR rights %#x\n",
+               w && w->alive && w->bound ? "LIVE" : "dead", a->addr == fresh ? "moved" : "not moved",
+               i >= 0 && a->lkey == mrs[i]->lkey ? "is" : "is not",
+               i >= 0 && a->rkey == mrs[i]->rkey ? "is" : "is not", i >= 0 ? mr_access[i] : -1);
+        ok &= !(w && w->alive && w->bound) && a->addr == fresh && i >= 0 && a->lkey == mrs[i]->lkey &&
+              a->rkey == mrs[i]->rkey && mr_access[i] == access;
+        int before = deregs;
+        rc = ibv_dereg_mr(a);
+        printf("sole: dereg rc %d, provider deregs %d, calls on a copy %d\n", rc, deregs - before, foreign_calls);
+        ok &= rc == 0 && deregs - before == 1 && foreign_calls == 0;
+        struct ibv_mr *b = ibv_reg_mr(&pd, buf, len, access);
+        int live = 0;
+        for (int k = 0; k < MRS; k++) live += mrs[k] != NULL;
+        printf("sole: the old range again: %s, %d provider MR(s) live, %d window(s) bound\n",
+               b ? "registered" : "FAILED", live, live_windows());
+        ok &= b && live == 1 && live_windows() == 1;
+        if (b) ibv_dereg_mr(b);
+    } else {
+        struct ibv_mr *b = ibv_reg_mr(&pd, buf, len, access);
+        errno = 4242;
+        int rc = ibv_rereg_mr(b, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE);
+        int e = errno;
+        printf("shared: rereg rc %d errno %d; provider reregs %d, calls on a copy %d\n", rc, e, reregs, foreign_calls);
+        ok &= rc == IBV_REREG_MR_ERR_CMD && e == EOPNOTSUPP && reregs == 0 && foreign_calls == 0;
+        ok &= ibv_dereg_mr(b) == 0 && ibv_dereg_mr(a) == 0;
+    }
+    printf("%s: %s\n", s, ok ? "ok" : "WRONG");
+    return ok ? 0 : 1;
+}
