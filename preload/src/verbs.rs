@@ -338,10 +338,11 @@ fn sole_grant_rereg(
     len: usize,
     access: i32,
 ) -> i32 {
-    use mrcache::cache::Registrar;
-    // The window's key must reach nothing once the handle is the MR's own. A failed
-    // revoke (the window could be neither unbound nor deallocated) is the command's error.
-    if let Err(e) = cache.registrar().revoke(mr as usize) {
+    // The window's key must reach nothing once the handle is the MR's own. Only the
+    // window: the registrar's revoke would also hand the slot out again as a spare, and
+    // the app keeps it. A failed revoke (the window could be neither unbound nor
+    // deallocated) is the command's error.
+    if let Err(e) = crate::window::revoke(mr as usize) {
         cache.adopt_alias(mr as usize, m);
         real::set_errno(e);
         return ffi::IBV_REREG_MR_ERR_CMD;
