@@ -424,22 +424,31 @@ fn refused(
 }
 
 /// Whether a context's rereg op is libibverbs' own placeholder (the provider has none): it
-/// lives in the object `ibv_rereg_mr` itself lives in, a provider's op in the provider's.
+/// lives in the object `ibv_rereg_mr` itself lives in, a shared libibverbs, while a
+/// provider's op lives in the provider's library. Where libibverbs and its providers are
+/// linked into one object (static builds) nothing tells them apart: not a placeholder.
 fn libibverbs_placeholder(op: *mut c_void) -> bool {
     let Some(wrapper) = real::REREG_MR.get() else {
         return false;
     };
-    let base = |p: *const c_void| {
+    let object = |p: *const c_void| {
         // SAFETY: Dl_info is plain data, written by dladdr on success.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr only reads the loader's tables.
-        if unsafe { libc::dladdr(p, &mut info) } == 0 {
-            return 0;
+        if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
+            return None;
         }
-        info.dli_fbase as usize
+        // SAFETY: dli_fname is the loader's NUL-terminated name of the object.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+        Some((
+            info.dli_fbase as usize,
+            name.to_bytes().windows(10).any(|w| w == b"libibverbs"),
+        ))
     };
-    let ours = base(op);
-    ours != 0 && ours == base(wrapper as *const c_void)
+    match (object(op), object(wrapper as *const c_void)) {
+        (Some((a, true)), Some((b, _))) => a == b,
+        _ => false,
+    }
 }
 
 /// `ibv_rereg_mr` for an MR made through the provider op: libibverbs' checks, then the
