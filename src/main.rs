@@ -10,6 +10,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod generate;
+
 #[derive(Parser)]
 #[command(
     name = "mrcache",
@@ -74,6 +76,9 @@ enum Cmd {
     Lib,
     #[command(hide = true, name = "__selftest")]
     SelfTest,
+    /// Write the manual pages and shell completions into DIR (src/generate.rs).
+    #[command(hide = true, name = "__generate")]
+    Generate { dir: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -110,6 +115,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Cmd::SelfTest => self_test(),
+        Cmd::Generate { dir } => generate::generate(&dir).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|msg| {
         eprintln!("mrcache: {msg}");
