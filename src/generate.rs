@@ -65,6 +65,13 @@ pub fn generate(dir: &Path) -> Result<(), String> {
         &dir.join("man7/mrcache-config.7"),
         mrcache::manual::config_page().as_bytes(),
     )?;
+    // Completions offer the visible subcommands only (clap_complete lists hidden ones too).
+    let mut visible = clap::Command::new("mrcache")
+        .version(mrcache::VERSION)
+        .subcommands(subs.iter().cloned());
+    if let Some(about) = cli.get_about() {
+        visible = visible.about(about.clone());
+    }
     use clap_complete::Shell;
     for (shell, file) in [
         (Shell::Bash, "mrcache.bash"),
@@ -72,7 +79,7 @@ pub fn generate(dir: &Path) -> Result<(), String> {
         (Shell::Fish, "mrcache.fish"),
     ] {
         let mut out = Vec::new();
-        clap_complete::generate(shell, &mut crate::Cli::command(), "mrcache", &mut out);
+        clap_complete::generate(shell, &mut visible.clone(), "mrcache", &mut out);
         write(&dir.join("completions").join(file), &out)?;
     }
     Ok(())

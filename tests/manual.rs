@@ -92,6 +92,12 @@ fn a_page_per_subcommand_with_every_option() {
         for w in words {
             assert!(text.contains(w), "completions/{file} lacks {w}");
         }
+        for hidden in ["__selftest", "__generate"] {
+            assert!(
+                !text.contains(hidden),
+                "completions/{file} offers the hidden {hidden}"
+            );
+        }
     }
 }
 
