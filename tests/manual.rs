@@ -26,8 +26,11 @@ fn stdout(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn generated() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("manual");
+/// `mrcache __generate` into a directory of the test's own (tests run in parallel).
+fn generated(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("manual")
+        .join(test);
     let _ = std::fs::remove_dir_all(&dir);
     stdout(&["__generate", dir.to_str().unwrap()]);
     dir
@@ -61,7 +64,7 @@ fn long_options(help: &str) -> BTreeSet<String> {
 
 #[test]
 fn a_page_per_subcommand_with_every_option() {
-    let dir = generated();
+    let dir = generated("pages");
     let subs = subcommands();
     assert!(subs.contains(&"run".to_string()), "{subs:?}");
     let mut pages = vec![("mrcache.1".to_string(), stdout(&["--help"]))];
@@ -112,7 +115,7 @@ fn table() -> Vec<Row> {
 
 #[test]
 fn config_page_is_the_table() {
-    let page = read(&generated().join("man7/mrcache-config.7"));
+    let page = read(&generated("config").join("man7/mrcache-config.7"));
     assert_eq!(mrcache::manual::variables_in_page(&page), table());
     for v in VARIABLES {
         assert!(
