@@ -1,5 +1,8 @@
 # Build and install the launcher and the library where the launcher finds them:
-#   make install PREFIX=/opt/mrcache   ->  $(PREFIX)/bin/mrcache, $(PREFIX)/lib/libmrcache.so
+#   make install PREFIX=/opt/mrcache   ->  $(PREFIX)/bin/mrcache, $(PREFIX)/lib/libmrcache.so,
+#   the manual pages (share/man/man1, man7) and the bash/zsh/fish completions, written
+#   from the code by `mrcache __generate` (src/generate.rs), and the environment module
+#   file share/modulefiles/mrcache/VERSION (dist/modulefile.tcl.in; docs/usage.md).
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
@@ -8,13 +11,31 @@ CARGO ?= cargo
 build:
 	$(CARGO) build --release --workspace
 
+GEN = target/generated
+SHARE = $(DESTDIR)$(PREFIX)/share
+VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+
 install: build
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib
+	rm -rf $(GEN) && target/release/mrcache __generate $(GEN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(SHARE)/man/man1 $(SHARE)/man/man7 \
+	  $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
 	install -m 755 target/release/mrcache $(DESTDIR)$(PREFIX)/bin/mrcache
 	install -m 755 target/release/libmrcache.so $(DESTDIR)$(PREFIX)/lib/libmrcache.so
+	install -m 644 $(GEN)/man1/*.1 $(SHARE)/man/man1/
+	install -m 644 $(GEN)/man7/*.7 $(SHARE)/man/man7/
+	install -m 644 $(GEN)/completions/mrcache.bash $(SHARE)/bash-completion/completions/mrcache
+	install -m 644 $(GEN)/completions/_mrcache $(SHARE)/zsh/site-functions/_mrcache
+	install -m 644 $(GEN)/completions/mrcache.fish $(SHARE)/fish/vendor_completions.d/mrcache.fish
+	install -d $(SHARE)/modulefiles/mrcache
+	sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(PREFIX)/lib|g' \
+	  dist/modulefile.tcl.in > $(SHARE)/modulefiles/mrcache/$(VERSION)
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/mrcache $(DESTDIR)$(PREFIX)/lib/libmrcache.so
+	rm -f $(SHARE)/man/man1/mrcache.1 $(SHARE)/man/man1/mrcache-*.1 $(SHARE)/man/man7/mrcache-config.7
+	rm -f $(SHARE)/bash-completion/completions/mrcache $(SHARE)/zsh/site-functions/_mrcache \
+	  $(SHARE)/fish/vendor_completions.d/mrcache.fish
+	rm -rf $(SHARE)/modulefiles/mrcache
 
 test:
 	./ci/test

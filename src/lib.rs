@@ -15,6 +15,7 @@ pub mod fork;
 pub mod index;
 pub mod invalidation;
 pub mod log;
+pub mod manual;
 pub mod node;
 pub mod ring;
 pub mod selftest;

@@ -10,6 +10,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod generate;
+
 #[derive(Parser)]
 #[command(
     name = "mrcache",
@@ -74,6 +76,9 @@ enum Cmd {
     Lib,
     #[command(hide = true, name = "__selftest")]
     SelfTest,
+    /// Write the manual pages and shell completions into DIR (src/generate.rs).
+    #[command(hide = true, name = "__generate")]
+    Generate { dir: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -110,6 +115,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Cmd::SelfTest => self_test(),
+        Cmd::Generate { dir } => generate::generate(&dir).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|msg| {
         eprintln!("mrcache: {msg}");
@@ -206,13 +212,20 @@ fn find_library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
     let dir = exe.parent().ok_or("executable has no directory")?;
-    [dir.join("libmrcache.so"), dir.join("../lib/libmrcache.so"), dir.join("../lib/mrcache/libmrcache.so")]
-        .iter()
+    // ../lib/<arch>-linux-gnu: the multiarch directory of a Debian package (ci/package).
+    let multiarch = format!("../lib/{}-linux-gnu/libmrcache.so", std::env::consts::ARCH);
+    [
+        dir.join("libmrcache.so"),
+        dir.join("../lib/libmrcache.so"),
+        dir.join("../lib/mrcache/libmrcache.so"),
+        dir.join(multiarch),
+    ]
+    .iter()
         .find(|p| p.is_file())
         .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
         .ok_or_else(|| {
             format!(
-                "libmrcache.so not found next to {} or in ../lib; build it (cargo build --release) or set MRCACHE_LIB",
+                "libmrcache.so not found next to {} or in ../lib (or ../lib/mrcache, ../lib/<arch>-linux-gnu); build it (cargo build --release) or set MRCACHE_LIB",
                 exe.display()
             )
         })

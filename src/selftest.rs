@@ -49,15 +49,55 @@ impl Coverage {
         parts.join("; ")
     }
 
-    /// One path a line, and the time taken (`mrcache info`).
+    /// What ran and what was caught, e.g. "10 of 10 run paths caught; not run: brk/sbrk
+    /// shrink" (see [`headline`]).
+    pub fn headline(&self) -> String {
+        let texts: Vec<(&str, String)> = self
+            .results
+            .iter()
+            .map(|(n, s)| (*n, s.to_string()))
+            .collect();
+        headline(texts.iter().map(|(n, s)| (*n, s.as_str())))
+    }
+
+    /// The headline, then one path a line, and the time taken (`mrcache info`).
     pub fn lines(&self) -> String {
-        let mut out = String::new();
+        let mut out = format!("{}\n", self.headline());
         for (path, status) in &self.results {
             out.push_str(&format!("{path}: {status}\n"));
         }
         out.push_str(&format!("(self-test took {} us)\n", self.nanos / 1000));
         out
     }
+}
+
+/// The self-test counted by what it ran, from each path's status text (as [`Status`] prints
+/// it, and as the JSON report carries it): "N of M run paths caught", then the paths not run
+/// ("; not run: a, b") and the ones missed ("; MISSED: c"). A path that was not exercised
+/// (brk/sbrk at start-up) is neither caught nor missed, so a healthy start reads "M of M".
+pub fn headline<'a>(results: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let (mut caught, mut run) = (0, 0);
+    let (mut not_run, mut missed) = (Vec::new(), Vec::new());
+    for (path, status) in results {
+        if status.starts_with("not run") {
+            not_run.push(path);
+            continue;
+        }
+        run += 1;
+        if status == "caught" {
+            caught += 1;
+        } else {
+            missed.push(path);
+        }
+    }
+    let mut out = format!("{caught} of {run} run paths caught");
+    if !not_run.is_empty() {
+        out.push_str(&format!("; not run: {}", not_run.join(", ")));
+    }
+    if !missed.is_empty() {
+        out.push_str(&format!("; MISSED: {}", missed.join(", ")));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -79,6 +119,11 @@ mod tests {
             c.summary(),
             "munmap: caught; free(): MISSED; shm: not run: unavailable"
         );
+        assert_eq!(
+            c.headline(),
+            "1 of 2 run paths caught; not run: shm; MISSED: free()"
+        );
+        assert!(c.lines().starts_with("1 of 2 run paths caught;"));
         assert!(
             c.lines()
                 .ends_with("shm: not run: unavailable\n(self-test took 12 us)\n")

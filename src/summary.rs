@@ -117,23 +117,19 @@ pub fn summary(r: &Report) -> Vec<String> {
         ),
     ));
     if !r.selftest.is_empty() {
-        let caught = r.selftest.values().filter(|s| *s == "caught").count();
-        let missed: Vec<&str> = r
-            .selftest
-            .iter()
-            .filter(|(_, s)| *s == "MISSED")
-            .map(|(k, _)| k.as_str())
-            .collect();
+        let line =
+            crate::selftest::headline(r.selftest.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        // "N of M run paths caught in T us; not run: ...; MISSED: ..."
+        let (count, rest) = line.split_once(';').unwrap_or((&line, ""));
         rows.push((
             "self-test",
             format!(
-                "{caught} of {} paths caught in {} us{}",
-                r.selftest.len(),
+                "{count} in {} us{}",
                 r.selftest_us,
-                if missed.is_empty() {
+                if rest.is_empty() {
                     String::new()
                 } else {
-                    format!("; MISSED: {}", missed.join(", "))
+                    format!(";{rest}")
                 }
             ),
         ));
@@ -263,5 +259,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A healthy start: every path the self-test exercised was caught, and brk/sbrk (patched,
+    /// never shrunk at start-up) was not run. The line counts what ran and names what did
+    /// not, so it never reads as a miss.
+    #[test]
+    fn selftest_line_counts_what_ran() {
+        let mut r = busy();
+        r.selftest.clear();
+        for p in ["munmap", "madvise", "mremap", "mmap-fixed", "free()"] {
+            r.selftest.insert(p.into(), "caught".into());
+        }
+        r.selftest.insert(
+            "brk/sbrk shrink".into(),
+            "not run: libc brk patched; not exercised at startup".into(),
+        );
+        let lines = summary(&r);
+        let line = lines.iter().find(|l| l.contains("self-test")).unwrap();
+        assert!(
+            line.contains("5 of 5 run paths caught") && line.contains("not run: brk/sbrk shrink"),
+            "{line}"
+        );
+        r.selftest.insert("shmdt".into(), "MISSED".into());
+        let lines = summary(&r);
+        let line = lines.iter().find(|l| l.contains("self-test")).unwrap();
+        assert!(
+            line.contains("5 of 6 run paths caught") && line.contains("MISSED: shmdt"),
+            "{line}"
+        );
     }
 }

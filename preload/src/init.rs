@@ -117,9 +117,10 @@ pub fn set_up() -> Runtime {
         trace::log_line(
             LogLevel::Info,
             &format!(
-                "mrcache[{pid}]: monitor {}; self-test {:.0} us: {}",
+                "mrcache[{pid}]: monitor {}; self-test {:.0} us: {}: {}",
                 config.monitor.as_str(),
                 c.nanos as f64 / 1e3,
+                c.headline(),
                 c.summary()
             ),
         );
