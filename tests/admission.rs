@@ -172,7 +172,12 @@ fn scan_resistance_hit_ratios() {
             100.0 * ratio(&auto),
             auto.provider_per_call
         );
-        results.push((name.clone(), ratio(&lru), ratio(&auto), auto.provider_per_call));
+        results.push((
+            name.clone(),
+            ratio(&lru),
+            ratio(&auto),
+            auto.provider_per_call,
+        ));
     }
     for (name, lru, auto, calls) in &results {
         assert!(*calls <= 2.0, "{name}: {calls} provider calls per call");
@@ -182,7 +187,10 @@ fn scan_resistance_hit_ratios() {
                 "{name}: auto {auto:.3} vs clock {lru:.3}"
             );
         } else {
-            assert!(*auto >= *lru - 0.02, "{name}: auto {auto:.3} vs clock {lru:.3}");
+            assert!(
+                *auto >= *lru - 0.02,
+                "{name}: auto {auto:.3} vs clock {lru:.3}"
+            );
         }
     }
     let two = results.iter().find(|r| r.0 == "cyclic 2x").unwrap();
@@ -229,7 +237,10 @@ fn remote_class_passes_through_and_comes_back() {
         cache.admission().report()
     );
     // The first miss and a hit measure; then passed through but for the trials.
-    assert!(passed >= 3 * PROBE_EVERY, "passed {passed}, cached {cached}");
+    assert!(
+        passed >= 3 * PROBE_EVERY,
+        "passed {passed}, cached {cached}"
+    );
     assert_eq!(stats[Counter::AdmissionPassedCost], passed);
     assert!(stats[Counter::AdmissionTrials] >= 3);
     // Now registrations are dear and binds cheap: after a few trials, cached for good.
@@ -241,7 +252,12 @@ fn remote_class_passes_through_and_comes_back() {
         "dear registrations: {passed} passed, {cached} cached; {:?}",
         cache.admission().report()
     );
-    assert_eq!(passed, 0, "still passed through: {:?}", cache.admission().report());
+    assert_eq!(
+        passed,
+        0,
+        "still passed through: {:?}",
+        cache.admission().report()
+    );
     assert_eq!(cached, PROBE_EVERY);
     let f = *cache.admission().get(Access::Remote, LEN);
     assert!(f.trials >= 1);

@@ -57,10 +57,19 @@ fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registra
     let out = run("remote", "auto");
     let binds = figure(&out, "dear-binds:", "passed");
     let regs = figure(&out, "dear-regs:", "passed");
-    assert!(binds >= 80, "dear binds: only {binds} of 100 passed through\n{out}");
-    assert_eq!(regs, 0, "dear registrations: {regs} of 64 passed through\n{out}");
+    assert!(
+        binds >= 80,
+        "dear binds: only {binds} of 100 passed through\n{out}"
+    );
+    assert_eq!(
+        regs, 0,
+        "dear registrations: {regs} of 64 passed through\n{out}"
+    );
     assert!(out.contains("remote 64KiB: cache"), "{out}");
-    assert!(out.contains("passed through (caching did not pay)"), "{out}");
+    assert!(
+        out.contains("passed through (caching did not pay)"),
+        "{out}"
+    );
 }
 
 /// Local-only, a registration far dearer than a hit: cached (one provider registration in
@@ -68,6 +77,10 @@ fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registra
 #[test]
 fn local_dear_registrations_are_cached() {
     let out = run("local", "auto");
-    assert_eq!(figure(&out, "local dear-regs:", "registrations"), 1, "{out}");
+    assert_eq!(
+        figure(&out, "local dear-regs:", "registrations"),
+        1,
+        "{out}"
+    );
     assert!(out.contains("local 64KiB: cache"), "{out}");
 }
