@@ -162,10 +162,11 @@ pub const PROBE_MAX: u64 = 1024;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
-/// A decaying mean robust to the spikes a loaded machine adds to timings (a preempted
-/// call, a first call's set-up): a lower sample pulls it halfway down (all the way when
-/// under half of it: the earlier figure was a spike), a higher one a quarter of the way up,
-/// counted at most at 4 times the mean; 0 until the first sample.
+/// A decaying mean (a new sample weighs 1/8: about the last 8 to 16 count, so a change
+/// of cost is followed and the heavy tail of a loaded machine's timings counts for what it
+/// costs); a sample counts at most 8 times the mean (a rare stall), and the first sample is
+/// dropped when the second is under half of it (a first call's set-up: a device queue,
+/// page faults). 0 until the first sample.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Mean {
     pub value: f64,
@@ -174,14 +175,10 @@ pub struct Mean {
 
 impl Mean {
     pub fn add(&mut self, ns: f64) {
-        self.value = if self.samples == 0 {
+        self.value = if self.samples == 0 || (self.samples == 1 && ns < self.value / 2.0) {
             ns
-        } else if ns < self.value / 2.0 {
-            ns
-        } else if ns < self.value {
-            (self.value + ns) / 2.0
         } else {
-            self.value + (ns.min(4.0 * self.value) - self.value) / 4.0
+            self.value + (ns.min(8.0 * self.value) - self.value) / 8.0
         };
         self.samples += 1;
     }
@@ -678,19 +675,23 @@ mod tests {
         let mut m = Mean::default();
         m.add(1000.0);
         assert_eq!(m.value, 1000.0);
-        // A first sample that was a spike is dropped at the next.
+        // A first sample that was a set-up is dropped at the next.
         m.add(10.0);
         assert_eq!(m.value, 10.0);
-        m.add(8.0);
-        assert_eq!(m.value, 9.0);
-        // A spike counts at most 4 times the mean, a quarter of the way.
+        m.add(50.0);
+        assert_eq!(m.value, 15.0);
+        // A stall counts at most 8 times the mean.
         m.add(1e9);
-        assert_eq!(m.value, 9.0 + 27.0 / 4.0);
-        // A lasting rise is followed.
-        for _ in 0..20 {
+        assert_eq!(m.value, 15.0 + 105.0 / 8.0);
+        // A lasting change is followed.
+        for _ in 0..60 {
             m.add(1000.0);
         }
-        assert!(m.value > 900.0, "{}", m.value);
+        assert!(m.value > 990.0, "{}", m.value);
+        for _ in 0..60 {
+            m.add(10.0);
+        }
+        assert!(m.value < 20.0, "{}", m.value);
     }
 
     /// A remote class that caches passes one hit through after 32, then 64 more...
