@@ -159,6 +159,8 @@ pub fn break_even(costs: &Costs) -> Option<f64> {
 /// figure moves by more than a quarter (`Figures::settle`).
 pub const PROBE_EVERY: u64 = 32;
 pub const PROBE_MAX: u64 = 1024;
+/// The longest interval between a cached remote class's probes, in hits.
+pub const PROBE_HITS_MAX: u64 = 8192;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
@@ -206,6 +208,10 @@ pub struct Figures {
     pub misses: u64,
     /// Remote cached class: hits passed through to re-measure what a miss costs now.
     pub probes: u64,
+    /// Hits between those probes now (0: `PROBE_EVERY`); doubles up to `PROBE_HITS_MAX`
+    /// and comes back only when the verdict changes (a probe costs a whole miss, and noisy
+    /// figures would otherwise keep it at 32).
+    pub probe_hits_every: u64,
     /// Misses passed through because caching did not pay.
     pub passed: u64,
     /// Cached trials of a passed-through class.
@@ -294,6 +300,7 @@ impl Classes {
         let v = verdict(access, &f.costs(access));
         if f.verdict != Some(v) {
             f.probe_every = PROBE_EVERY;
+            f.probe_hits_every = PROBE_EVERY;
             f.misses = 0;
         }
         f.verdict = Some(v);
@@ -332,7 +339,7 @@ impl Classes {
     }
 
     /// A hit of a remote class that caches: whether to pass it through instead (a probe,
-    /// after `PROBE_EVERY` hits, the interval doubling to `PROBE_MAX` as for trials), so
+    /// after `PROBE_EVERY` hits, the interval doubling to `PROBE_HITS_MAX`), so
     /// that what a miss costs is re-measured (the caller times the registration libibverbs
     /// makes, `Cache::note_passthrough`): a cached class never misses otherwise, and its
     /// miss figure would stay whatever its first miss cost (set-up included).
@@ -341,15 +348,15 @@ impl Classes {
         if !auto || access != Access::Remote {
             return false;
         }
-        if f.probe_every == 0 {
-            f.probe_every = PROBE_EVERY;
+        if f.probe_hits_every == 0 {
+            f.probe_hits_every = PROBE_EVERY;
         }
         f.misses += 1;
-        if f.misses < f.probe_every {
+        if f.misses < f.probe_hits_every {
             return false;
         }
         f.misses = 0;
-        f.probe_every = (2 * f.probe_every).min(PROBE_MAX);
+        f.probe_hits_every = (2 * f.probe_hits_every).min(PROBE_HITS_MAX);
         f.probes += 1;
         true
     }
