@@ -39,6 +39,15 @@ pub enum Bypass {
     /// A range the CPU cannot read (device memory of a peer-memory client): its pages can
     /// change with no unmap to see (`Registrar::uncacheable`, asked on a miss only).
     DeviceMemory,
+    /// Remote access under `MRCACHE_REMOTE=revoke`, and a cached round (hit, bind, unbind,
+    /// release) of its size class measured dearer than a registration (`admission`).
+    NotWorthCaching,
+    /// Remote access under `MRCACHE_REMOTE=revoke`, the cache full, and the clock's victim
+    /// used more often lately than this registration was seen (scan resistance).
+    Scan,
+    /// Remote access under `MRCACHE_REMOTE=revoke`, a class that caches: one hit now and
+    /// then is passed through so that what a miss costs is measured again (`admission`).
+    Probe,
 }
 
 /// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).

@@ -60,6 +60,13 @@ named_enum! {
         /// ... and revoked at `ibv_dereg_mr`.
         RemoteRevokes = "remote_revokes",
         TraceRecordsDropped = "trace_records_dropped",
+        /// Misses passed through (local: registered uncached; remote: to libibverbs)
+        /// because caching their size class did not pay at the measured costs.
+        AdmissionPassedCost = "admission_passed_cost",
+        /// ... because the cache was full of entries used more often (scan resistance).
+        AdmissionPassedScan = "admission_passed_scan",
+        /// Cached trials of a passed-through size class (its figures re-measured).
+        AdmissionTrials = "admission_trials",
     }
 }
 
@@ -98,6 +105,12 @@ named_enum! {
         /// the parent's open file): what the child registers there is an object of the
         /// parent's kernel context and, kept idle, would outlive the child (issue 25).
         ParentsContext = "parents-context",
+        /// Caching its size class does not pay at the measured costs (`admission`).
+        NotWorthCaching = "not-worth-caching",
+        /// The cache was full of entries used more often (scan resistance).
+        Scan = "scan",
+        /// A cached remote class's hit passed through to re-measure a miss's cost.
+        Probe = "admission-probe",
     }
 }
 
@@ -113,6 +126,9 @@ impl From<crate::access::Bypass> for Bypassed {
             Bypass::Disabled => Bypassed::Disabled,
             Bypass::Remote => Bypassed::RemoteAccess,
             Bypass::DeviceMemory => Bypassed::DeviceMemory,
+            Bypass::NotWorthCaching => Bypassed::NotWorthCaching,
+            Bypass::Scan => Bypassed::Scan,
+            Bypass::Probe => Bypassed::Probe,
         }
     }
 }
@@ -277,6 +293,37 @@ pub struct Report {
     pub memlock: String,
     pub selftest_us: u64,
     pub selftest: BTreeMap<String, String>,
+    /// `MRCACHE_ADMIT`: auto or always.
+    #[serde(default)]
+    pub admit: String,
+    /// What admission decided per size class and access kind, and on which figures.
+    #[serde(default)]
+    pub admission: Vec<AdmissionClass>,
+}
+
+/// One size class's admission decision and the measured figures it rests on (ns per
+/// operation; decaying means).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdmissionClass {
+    /// "local" or "remote".
+    pub access: String,
+    /// The power of two at or above the lengths: "4KiB", "64KiB", ...
+    pub class: String,
+    /// "cache" or "pass-through".
+    pub verdict: String,
+    pub miss_ns: f64,
+    pub reg_ns: f64,
+    pub dereg_ns: f64,
+    pub cached_ns: f64,
+    /// Where `cached_ns` comes from: "lock-free round" (local, timed by the cache on a new
+    /// entry), "locked rounds" (hits and releases timed whole, with bind and unbind for
+    /// remote), or "none yet".
+    pub cached_from: String,
+    pub evict_ns: f64,
+    /// Samples behind reg_ns, dereg_ns and cached_ns.
+    pub samples: [u64; 3],
+    pub passed: u64,
+    pub trials: u64,
 }
 
 impl std::ops::Index<Counter> for Report {
