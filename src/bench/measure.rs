@@ -120,16 +120,6 @@ fn wait_unpinned(bytes: Option<u64>, limit: Duration) {
     }
 }
 
-/// The provider library this process mapped (`lib<name>-rdmav<N>.so`), as the file name.
-fn provider_library() -> String {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.contains("-rdmav"))
-        .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 fn is_ours(path: &str) -> bool {
     path.rsplit('/')
         .next()
@@ -181,14 +171,16 @@ pub fn run(plan: &Plan) -> Result<Outcome, String> {
     let environment = std::env::vars_os()
         .filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
-            (k.starts_with("MRCACHE_") && k != super::CHILD_MARK)
+            mrcache::config::VARIABLES
+                .iter()
+                .any(|var| var.name == k)
                 .then(|| (k, v.to_string_lossy().into_owned()))
         })
         .collect();
     let out = Outcome {
         device: gctx.name.clone(),
         info,
-        provider: provider_library(),
+        provider: gctx.provider(),
         cache_hooks: global.reg_from.clone(),
         alone_from: alone.reg_from.clone(),
         seconds: plan.seconds,
@@ -309,11 +301,7 @@ fn measure(
         Spread::of(&cached),
         Spread::of(&miss),
     );
-    let costs = Costs {
-        miss_ns: alone.median,
-        cached_ns: cached.median,
-        evict_ns: alone_dereg.median,
-    };
+    let costs = admission::costs(alone.median, cached.median);
     let (verdict, verdict_why) = if let Some(why) = &passed_through {
         (Verdict::PassThrough, why.clone())
     } else {

@@ -28,6 +28,8 @@ pub const DEV_PHYS_PORT_CNT: usize = 227;
 const PORT_ATTR_BYTES: usize = 256;
 pub const PORT_STATE: usize = 0;
 const IBV_PORT_ACTIVE: u32 = 4;
+/// `struct ibv_context`: `ops.poll_cq`, a provider function.
+pub const CTX_POLL_CQ: usize = 96;
 /// `struct ibv_mr`: `lkey`.
 pub const MR_LKEY: usize = 36;
 
@@ -302,6 +304,21 @@ impl<'a> Context<'a> {
         })
     }
 
+    /// The provider library (its file name), where the context's `poll_cq` is defined.
+    pub fn provider(&self) -> String {
+        // SAFETY: an open struct ibv_context; ops.poll_cq is a function pointer at CTX_POLL_CQ.
+        let f = unsafe {
+            self.ctx
+                .as_ptr()
+                .cast::<u8>()
+                .add(CTX_POLL_CQ)
+                .cast::<*const c_void>()
+                .read_unaligned()
+        };
+        let path = object_of(f);
+        path.rsplit('/').next().unwrap_or(&path).to_string()
+    }
+
     /// The first port whose state is ACTIVE.
     fn active_port(&self) -> Option<u8> {
         let ports = self.info()?.ports;
@@ -467,12 +484,12 @@ mod tests {
         std::fs::write(
             &src,
             "#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\n\
-             int main(void){printf(\"%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n\",\
+             int main(void){printf(\"%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n\",\
              offsetof(struct ibv_device_attr,fw_ver),offsetof(struct ibv_device_attr,vendor_id),\
              offsetof(struct ibv_device_attr,vendor_part_id),offsetof(struct ibv_device_attr,hw_ver),\
              offsetof(struct ibv_device_attr,max_mw),offsetof(struct ibv_device_attr,phys_port_cnt),\
              sizeof(struct ibv_device_attr),offsetof(struct ibv_port_attr,state),\
-             sizeof(struct ibv_port_attr),offsetof(struct ibv_mr,lkey));return 0;}\n",
+             sizeof(struct ibv_port_attr),offsetof(struct ibv_mr,lkey),offsetof(struct ibv_context,ops.poll_cq));return 0;}\n",
         )
         .unwrap();
         let exe = dir.join("o");
@@ -503,6 +520,9 @@ mod tests {
             ]
         );
         assert!(got[6] <= DEVICE_ATTR_BYTES && got[8] <= PORT_ATTR_BYTES);
-        assert_eq!((got[7], got[9]), (PORT_STATE, MR_LKEY));
+        assert_eq!(
+            (got[7], got[9], got[10]),
+            (PORT_STATE, MR_LKEY, CTX_POLL_CQ)
+        );
     }
 }
