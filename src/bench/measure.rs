@@ -17,6 +17,8 @@ const LOCAL: u32 = mrcache::access::LOCAL_WRITE;
 const REMOTE: u32 =
     mrcache::access::LOCAL_WRITE | mrcache::access::REMOTE_READ | mrcache::access::REMOTE_WRITE;
 const MAX_ROUNDS: usize = 25;
+/// A miss (fresh memory, drained afterwards) in the first round and every this many.
+const MISS_EVERY: usize = 3;
 
 /// Median and range of a set of figures, in ns.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,6 +71,7 @@ pub struct Row {
     /// Remote rows: what the window bind and unbind add (cached remote less cached local).
     pub revoke_ns: Option<f64>,
     pub rounds: usize,
+    pub misses: usize,
     /// The figures the default's admission is given, and its verdict.
     pub costs: Costs,
     pub verdict: Verdict,
@@ -246,7 +249,11 @@ fn measure(
     let slice_alone = budget / 12;
     let slice_cached = budget / 40;
     let (mut alone, mut alone_dereg, mut cached, mut miss) = (vec![], vec![], vec![], vec![]);
+    let mut passed_through = passed_through;
     let mut rounds = 0;
+    // How long the last round with a miss and the last one without took: the next round
+    // starts only if it fits in the budget.
+    let (mut with_miss, mut without) = (Duration::ZERO, Duration::ZERO);
     loop {
         let r0 = Instant::now();
         // libibverbs alone, the deregistration timed apart as well.
@@ -264,29 +271,41 @@ fn measure(
         let mut lost = false;
         let (c, _) = phase(slice_cached, 16, || {
             let mr = gpd.reg(buf.addr, size, flags)?;
-            lost |= passed_through.is_none() && mr.lkey != first.lkey;
+            lost |= mr.lkey != first.lkey;
             gpd.dereg(mr)
         })?;
-        if lost {
-            return Err(format!(
-                "{} {}: the cache stopped serving hits for the range it held (evicted? see MRCACHE_MAX_BYTES, MRCACHE_LOG=info)",
-                super::report::size_text(size),
-                access_name(access)
-            ));
+        if lost && passed_through.is_none() {
+            passed_through = Some(
+                "passed through: the cache stopped keeping the registration during the run (evicted: MRCACHE_MAX_BYTES; or its admission passed the class through)".into(),
+            );
         }
         cached.push(c);
-        // A miss through the cache, on fresh memory; its entry then unmapped and drained.
-        let before = pinned();
-        let fresh = Buffer::new(size)?;
-        let t = Instant::now();
-        let mr = gpd.reg(fresh.addr, size, flags)?;
-        gpd.dereg(mr)?;
-        miss.push(t.elapsed().as_nanos() as f64);
-        drop(fresh);
-        wait_unpinned(before, Duration::from_millis(500));
+        // Every MISS_EVERY rounds from the first, a miss through the cache on fresh memory
+        // (mapped and touched first; the mapping is the slow part under emulation); its
+        // entry then unmapped and drained.
+        let has_miss = rounds % MISS_EVERY == 0;
+        if has_miss {
+            let before = pinned();
+            let fresh = Buffer::new(size)?;
+            let t = Instant::now();
+            let mr = gpd.reg(fresh.addr, size, flags)?;
+            gpd.dereg(mr)?;
+            miss.push(t.elapsed().as_nanos() as f64);
+            drop(fresh);
+            wait_unpinned(before, Duration::from_millis(500));
+            with_miss = r0.elapsed();
+        } else {
+            without = r0.elapsed();
+        }
         rounds += 1;
-        let round = r0.elapsed();
-        if rounds >= MAX_ROUNDS || t0.elapsed() + round > budget {
+        let next = if rounds % MISS_EVERY == 0 {
+            with_miss
+        } else if without.is_zero() {
+            with_miss.saturating_sub(Duration::from_nanos(miss[0] as u64))
+        } else {
+            without
+        };
+        if rounds >= MAX_ROUNDS || t0.elapsed() + next > budget {
             break;
         }
     }
@@ -295,6 +314,7 @@ fn measure(
     drop(buf);
     wait_unpinned(before, Duration::from_millis(500));
 
+    let miss_count = miss.len();
     let (alone, alone_dereg, cached, miss) = (
         Spread::of(&alone),
         Spread::of(&alone_dereg),
@@ -317,6 +337,7 @@ fn measure(
         miss,
         revoke_ns: None,
         rounds,
+        misses: miss_count,
         costs,
         verdict,
         verdict_why,

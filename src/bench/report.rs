@@ -208,18 +208,20 @@ pub fn table(o: &Outcome) -> String {
     }
     let _ = writeln!(
         s,
-        "\ndefault: {}",
-        o.rows
-            .first()
-            .map_or(String::new(), |r| r.verdict_why.clone())
+        "\ndefault: what the cache's cost-aware admission decides on this row's figures: mrcache::admission::verdict(access, Costs {{ miss_ns: libibverbs µs, cached_ns: cached µs, evict_ns: 0 }}) (medians; the cache measures its own provider calls and hits the same way)"
     );
+    for r in o.rows.iter().filter(|r| r.passed_through.is_some()) {
+        let _ = writeln!(
+            s,
+            "  {} {}: {}",
+            size_text(r.size),
+            access_name(r.access),
+            r.passed_through.as_deref().unwrap_or_default()
+        );
+    }
     let _ = writeln!(
         s,
-        "  figures it is given: miss_ns = libibverbs µs, cached_ns = cached µs, evict_ns = libibverbs' ibv_dereg_mr alone (median); a row the cache passed through says why in --json"
-    );
-    let _ = writeln!(
-        s,
-        "  revoke µs = cached remote less cached local (the window bind at the hit and the unbind at the release); {:.1} s in all",
+        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all",
         o.elapsed.as_secs_f64()
     );
     s
@@ -254,6 +256,7 @@ pub fn json(o: &Outcome) -> String {
                 "miss_us": spread_json(&r.miss),
                 "revoke_us": r.revoke_ns.map(|n| n / 1000.0),
                 "rounds": r.rounds,
+                "misses": r.misses,
                 "default": verdict_text(r.verdict),
                 "default_why": r.verdict_why,
                 "default_figures_ns": {"miss_ns": r.costs.miss_ns, "cached_ns": r.costs.cached_ns, "evict_ns": r.costs.evict_ns},
