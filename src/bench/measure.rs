@@ -284,6 +284,7 @@ fn measure(
         // (mapped and touched first; the mapping is the slow part under emulation); its
         // entry then unmapped and drained.
         let has_miss = rounds % MISS_EVERY == 0;
+        let plain = r0.elapsed();
         if has_miss {
             let before = pinned();
             let fresh = Buffer::new(size)?;
@@ -301,7 +302,7 @@ fn measure(
         let next = if rounds % MISS_EVERY == 0 {
             with_miss
         } else if without.is_zero() {
-            with_miss.saturating_sub(Duration::from_nanos(miss[0] as u64))
+            plain
         } else {
             without
         };
