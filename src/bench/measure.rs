@@ -68,6 +68,8 @@ pub struct Row {
     pub passed_through: Option<String>,
     /// Through the cache on fresh memory: the miss's registration + its release.
     pub miss: Spread,
+    /// libibverbs alone on fresh memory, beside each miss.
+    pub fresh_alone: Spread,
     /// Remote rows: what the window bind and unbind add (cached remote less cached local).
     pub revoke_ns: Option<f64>,
     pub rounds: usize,
@@ -249,6 +251,7 @@ fn measure(
     let slice_alone = budget / 12;
     let slice_cached = budget / 40;
     let (mut alone, mut alone_dereg, mut cached, mut miss) = (vec![], vec![], vec![], vec![]);
+    let mut fresh_alone = vec![];
     let mut passed_through = passed_through;
     let mut rounds = 0;
     // How long the last round with a miss and the last one without took: the next round
@@ -286,13 +289,31 @@ fn measure(
         let has_miss = rounds % MISS_EVERY == 0;
         let plain = r0.elapsed();
         if has_miss {
+            // Two fresh buffers: one registered by libibverbs alone, one by the cache (a
+            // miss), in turns first: a first registration of fresh pages can cost more
+            // than one of pages registered before (the kernel's long-term pin), for both.
             let before = pinned();
-            let fresh = Buffer::new(size)?;
-            let t = Instant::now();
-            let mr = gpd.reg(fresh.addr, size, flags)?;
-            gpd.dereg(mr)?;
-            miss.push(t.elapsed().as_nanos() as f64);
-            drop(fresh);
+            let (f1, f2) = (Buffer::new(size)?, Buffer::new(size)?);
+            let alone_first = (rounds / MISS_EVERY) % 2 == 0;
+            let (fa, fc) = if alone_first { (&f1, &f2) } else { (&f2, &f1) };
+            let time_alone = |b: &Buffer| -> Result<f64, String> {
+                let t = Instant::now();
+                apd.dereg(apd.reg(b.addr, size, flags)?)?;
+                Ok(t.elapsed().as_nanos() as f64)
+            };
+            let time_miss = |b: &Buffer| -> Result<f64, String> {
+                let t = Instant::now();
+                gpd.dereg(gpd.reg(b.addr, size, flags)?)?;
+                Ok(t.elapsed().as_nanos() as f64)
+            };
+            if alone_first {
+                fresh_alone.push(time_alone(fa)?);
+                miss.push(time_miss(fc)?);
+            } else {
+                miss.push(time_miss(fc)?);
+                fresh_alone.push(time_alone(fa)?);
+            }
+            drop((f1, f2));
             wait_unpinned(before, Duration::from_millis(500));
             with_miss = r0.elapsed();
         } else {
@@ -336,6 +357,7 @@ fn measure(
         cached,
         passed_through,
         miss,
+        fresh_alone: Spread::of(&fresh_alone),
         revoke_ns: None,
         rounds,
         misses: miss_count,

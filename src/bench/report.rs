@@ -176,31 +176,33 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "µs per ibv_reg_mr + ibv_dereg_mr, median (min-max) over rounds alternating libibverbs alone, the cache's hit + release, and a miss + release; at most {} s per size\n",
+        "µs per ibv_reg_mr + ibv_dereg_mr, median (min-max) over rounds alternating libibverbs alone, the cache's hit + release, and (every third round) a miss + release on fresh memory beside libibverbs alone on fresh memory (fresh µs, median); at most {} s per size\n",
         o.seconds
     );
     let _ = writeln!(
         s,
-        "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>14} {:>6}  default",
+        "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  default",
         "size",
         "access",
         "libibverbs µs",
         "cached µs",
         "speed-up",
         "miss µs",
+        "fresh µs",
         "revoke µs",
         "rounds"
     );
     for r in &o.rows {
         let _ = writeln!(
             s,
-            "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>14} {:>6}  {}",
+            "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  {}",
             size_text(r.size),
             access_name(r.access),
             spread(&r.alone),
             spread(&r.cached),
             speedup(r).map_or("-".into(), |x| format!("{x:.1}x")),
             spread(&r.miss),
+            us(r.fresh_alone.median),
             revoke_text(r),
             r.rounds,
             verdict_text(r.verdict)
@@ -254,6 +256,7 @@ pub fn json(o: &Outcome) -> String {
                 "passed_through": r.passed_through,
                 "speedup": speedup(r),
                 "miss_us": spread_json(&r.miss),
+                "libibverbs_fresh_us": spread_json(&r.fresh_alone),
                 "revoke_us": r.revoke_ns.map(|n| n / 1000.0),
                 "rounds": r.rounds,
                 "misses": r.misses,
