@@ -17,7 +17,7 @@ const LOCAL: u32 = mrcache::access::LOCAL_WRITE;
 const REMOTE: u32 =
     mrcache::access::LOCAL_WRITE | mrcache::access::REMOTE_READ | mrcache::access::REMOTE_WRITE;
 const MAX_ROUNDS: usize = 25;
-/// A miss (fresh memory, drained afterwards) in the first round and every this many.
+/// A miss round (fresh memory, drained afterwards) every this many rounds, and one at least.
 const MISS_EVERY: usize = 3;
 
 /// Median and range of a set of figures, in ns.
@@ -233,9 +233,13 @@ fn measure(
         Access::Remote => REMOTE,
     };
     let buf = Buffer::new(size)?;
+    let mapping = t0.elapsed();
     // Warm both paths; the cache's first registration of the range is a miss that leaves
     // it cached, idle. A second one must then come back with the same lkey (a hit).
+    let t = Instant::now();
     apd.dereg(apd.reg(buf.addr, size, flags)?)?;
+    // What a miss round adds: two fresh mappings, two registrations, the drain.
+    let miss_estimate = 2 * (mapping + t.elapsed()) + Duration::from_millis(20);
     let first = gpd.reg(buf.addr, size, flags)?;
     gpd.dereg(first)?;
     let again = gpd.reg(buf.addr, size, flags)?;
@@ -254,9 +258,32 @@ fn measure(
     let mut fresh_alone = vec![];
     let mut passed_through = passed_through;
     let mut rounds = 0;
-    // How long the last round with a miss and the last one without took: the next round
-    // starts only if it fits in the budget.
-    let (mut with_miss, mut without) = (Duration::ZERO, Duration::ZERO);
+    let mut miss_part = Duration::ZERO;
+    // Two fresh buffers: one registered by libibverbs alone, one by the cache (a miss), in
+    // turns first: a first registration of fresh pages can cost more than one of pages
+    // registered before (the kernel's long-term pin), on both paths.
+    let mut miss_rounds = 0usize;
+    let mut miss_round = |miss: &mut Vec<f64>, fresh: &mut Vec<f64>| -> Result<(), String> {
+        let before = pinned();
+        let (f1, f2) = (Buffer::new(size)?, Buffer::new(size)?);
+        let time = |pd: &Pd, b: &Buffer| -> Result<f64, String> {
+            let t = Instant::now();
+            pd.dereg(pd.reg(b.addr, size, flags)?)?;
+            Ok(t.elapsed().as_nanos() as f64)
+        };
+        if miss_rounds % 2 == 0 {
+            fresh.push(time(apd, &f1)?);
+            miss.push(time(gpd, &f2)?);
+        } else {
+            miss.push(time(gpd, &f1)?);
+            fresh.push(time(apd, &f2)?);
+        }
+        miss_rounds += 1;
+        drop((f1, f2));
+        wait_unpinned(before, Duration::from_millis(500));
+        Ok(())
+    };
+    // A round starts only if it fits in what is left of the budget.
     loop {
         let r0 = Instant::now();
         // libibverbs alone, the deregistration timed apart as well.
@@ -283,53 +310,32 @@ fn measure(
             );
         }
         cached.push(c);
-        // Every MISS_EVERY rounds from the first, a miss through the cache on fresh memory
-        // (mapped and touched first; the mapping is the slow part under emulation); its
-        // entry then unmapped and drained.
-        let has_miss = rounds % MISS_EVERY == 0;
+        // Every MISS_EVERY rounds (and once at least), a miss through the cache on fresh
+        // memory beside libibverbs alone on fresh memory; then unmapped and drained.
         let plain = r0.elapsed();
-        if has_miss {
-            // Two fresh buffers: one registered by libibverbs alone, one by the cache (a
-            // miss), in turns first: a first registration of fresh pages can cost more
-            // than one of pages registered before (the kernel's long-term pin), for both.
-            let before = pinned();
-            let (f1, f2) = (Buffer::new(size)?, Buffer::new(size)?);
-            let alone_first = (rounds / MISS_EVERY) % 2 == 0;
-            let (fa, fc) = if alone_first { (&f1, &f2) } else { (&f2, &f1) };
-            let time_alone = |b: &Buffer| -> Result<f64, String> {
-                let t = Instant::now();
-                apd.dereg(apd.reg(b.addr, size, flags)?)?;
-                Ok(t.elapsed().as_nanos() as f64)
-            };
-            let time_miss = |b: &Buffer| -> Result<f64, String> {
-                let t = Instant::now();
-                gpd.dereg(gpd.reg(b.addr, size, flags)?)?;
-                Ok(t.elapsed().as_nanos() as f64)
-            };
-            if alone_first {
-                fresh_alone.push(time_alone(fa)?);
-                miss.push(time_miss(fc)?);
-            } else {
-                miss.push(time_miss(fc)?);
-                fresh_alone.push(time_alone(fa)?);
-            }
-            drop((f1, f2));
-            wait_unpinned(before, Duration::from_millis(500));
-            with_miss = r0.elapsed();
-        } else {
-            without = r0.elapsed();
+        if rounds % MISS_EVERY == MISS_EVERY - 1 {
+            miss_round(&mut miss, &mut fresh_alone)?;
+            miss_part = r0.elapsed() - plain;
         }
         rounds += 1;
-        let next = if rounds % MISS_EVERY == 0 {
-            with_miss
-        } else if without.is_zero() {
-            plain
+        let next = plain
+            + if rounds % MISS_EVERY == MISS_EVERY - 1 {
+                miss_part.max(miss_estimate)
+            } else {
+                Duration::ZERO
+            };
+        // Room for the one miss round every row has.
+        let reserve = if miss.is_empty() {
+            miss_estimate
         } else {
-            without
+            Duration::ZERO
         };
-        if rounds >= MAX_ROUNDS || t0.elapsed() + next > budget {
+        if rounds >= MAX_ROUNDS || t0.elapsed() + next + reserve > budget {
             break;
         }
+    }
+    if miss.is_empty() {
+        miss_round(&mut miss, &mut fresh_alone)?;
     }
     // Leave nothing cached for the next size: unmap, and wait for the drain.
     let before = pinned().map(|p| p.saturating_sub(super::page_round(size) as u64));

@@ -416,7 +416,8 @@ impl Drop for Pd<'_> {
     }
 }
 
-/// An anonymous private mapping, its pages touched (unmapped on drop).
+/// An anonymous private mapping, its pages populated (MAP_POPULATE: written, each a page
+/// of its own, as memory the program touched; unmapped on drop).
 pub struct Buffer {
     pub addr: *mut u8,
     pub len: usize,
@@ -430,7 +431,7 @@ impl Buffer {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
                 -1,
                 0,
             )
@@ -441,8 +442,6 @@ impl Buffer {
                 std::io::Error::last_os_error()
             ));
         }
-        // SAFETY: the mapping is ours, len bytes, writable: touch every page.
-        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x5a, len) };
         Ok(Buffer {
             addr: p.cast(),
             len,
