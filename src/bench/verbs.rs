@@ -462,6 +462,133 @@ impl Drop for Buffer {
     }
 }
 
+/// `len` populated bytes that move between the two halves of a reservation of `2 * len`
+/// with `mremap`: the pages stay (registered before, so no first pin), the address changes,
+/// and the cache's mremap hook invalidates what it held at the old one. The half left
+/// behind is reserved again (`PROT_NONE`) so nothing else is mapped where the pages return.
+pub struct Mover {
+    base: *mut u8,
+    len: usize,
+    upper: bool,
+}
+
+impl Mover {
+    pub fn new(len: usize) -> Result<Mover, String> {
+        // SAFETY: a fresh reservation; nothing else refers to it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(format!(
+                "cannot reserve {} bytes ({})",
+                2 * len,
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: the lower half of our own reservation, replaced by populated memory.
+        let p = unsafe {
+            libc::mmap(
+                base,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        let m = Mover {
+            base: base.cast(),
+            len,
+            upper: false,
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "cannot map {len} bytes ({})",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(m)
+    }
+
+    /// Where the pages are now.
+    pub fn addr(&self) -> *mut u8 {
+        if self.upper {
+            self.base.wrapping_add(self.len)
+        } else {
+            self.base
+        }
+    }
+
+    /// Move the pages to the other half.
+    pub fn flip(&mut self) -> Result<(), String> {
+        let (from, to) = (
+            self.addr(),
+            if self.upper {
+                self.base
+            } else {
+                self.base.wrapping_add(self.len)
+            },
+        );
+        // SAFETY: both halves are ours: the pages move onto the other half's reservation.
+        let p = unsafe {
+            libc::mremap(
+                from.cast(),
+                self.len,
+                self.len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                to.cast::<c_void>(),
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "mremap of {} bytes failed ({})",
+                self.len,
+                std::io::Error::last_os_error()
+            ));
+        }
+        self.upper = !self.upper;
+        // SAFETY: reserve the half just vacated again, only if it is still free.
+        let r = unsafe {
+            libc::mmap(
+                from.cast(),
+                self.len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if r != from.cast() {
+            if r != libc::MAP_FAILED {
+                // SAFETY: a mapping we just made elsewhere (an old kernel ignoring NOREPLACE).
+                unsafe { libc::munmap(r, self.len) };
+            }
+            return Err(
+                "the address range the bench moves its pages back to was taken by another mapping"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mover {
+    fn drop(&mut self) {
+        // SAFETY: our reservation (both halves); the registrations of it were released.
+        unsafe { libc::munmap(self.base.cast(), 2 * self.len) };
+    }
+}
+
 /// libmrcache.so is loaded in this process (its self-test export is there).
 pub fn preloaded() -> bool {
     // SAFETY: dlsym on RTLD_DEFAULT for a name; nothing is called.
