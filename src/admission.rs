@@ -154,8 +154,13 @@ pub fn break_even(costs: &Costs) -> Option<f64> {
     Some(evict / (gain + evict))
 }
 
-/// A passed-through class gets one cached trial in this many of its misses.
+/// A passed-through class gets one cached trial after this many of its misses; the
+/// interval doubles after each trial, up to `PROBE_MAX`, and comes back to this when a
+/// figure moves by more than a quarter (`Figures::settle`).
 pub const PROBE_EVERY: u64 = 32;
+pub const PROBE_MAX: u64 = 1024;
+/// A trial's entry serves this many hits (each timed) before the class passes through again.
+pub const TRIAL_HITS: u32 = 4;
 
 /// A decaying mean: each new sample weighs 1/4 (a change of cost is followed within a few
 /// samples); 0 until the first.
@@ -187,10 +192,10 @@ pub struct Figures {
     pub hit: Mean,
     /// ... and a release (with its unbind for remote).
     pub release: Mean,
-    /// A miss's own bookkeeping (lock, lookup, insert) without the provider call: what a
-    /// local hit costs at most (it does less), used while no local hit was timed (the
-    /// lock-free hits are not: timing them would cost every hit).
-    pub bookkeeping: Mean,
+    /// A local cached round as the lock-free path does it (the table probe, the claim and
+    /// the release of a reference), timed by the cache itself on a new entry of the class
+    /// (the app's lock-free hits are not timed: that would cost every hit).
+    pub round: Mean,
     /// Eviction bookkeeping per evicted entry (the clock, the removal).
     pub evict: Mean,
     /// Misses of this class since it was last passed through or tried.
@@ -201,16 +206,32 @@ pub struct Figures {
     pub trials: u64,
     /// The verdict of the last miss.
     pub verdict: Option<Verdict>,
+    /// Misses between trials now (0: `PROBE_EVERY`).
+    pub probe_every: u64,
+    /// Hits left in the current trial: a passed-through class's cached entries serve this
+    /// many hits after a trial (timing its cached round), then are evicted at the next.
+    pub trial_hits: u32,
 }
 
 impl Figures {
+    /// After new samples (`before`: the costs until then): a move of more than a quarter in
+    /// the miss or the cached round brings trials back to every `PROBE_EVERY` misses, so
+    /// a change of cost is followed quickly while steady figures are re-probed rarely.
+    pub fn settle(&mut self, access: Access, before: &Costs) {
+        let now = self.costs(access);
+        let moved = |a: f64, b: f64| known(a) && known(b) && ((a - b).abs() > 0.25 * a.min(b));
+        if moved(before.miss_ns, now.miss_ns) || moved(before.cached_ns, now.cached_ns) {
+            self.probe_every = PROBE_EVERY;
+        }
+    }
+
     /// The model's costs from these figures.
     pub fn costs(&self, access: Access) -> Costs {
         let miss_ns = self.reg.value + self.dereg.value;
-        let cached_ns = if self.hit.samples > 0 && self.release.samples > 0 {
+        let cached_ns = if access == Access::Local && self.round.samples > 0 {
+            self.round.value
+        } else if self.hit.samples > 0 && self.release.samples > 0 {
             self.hit.value + self.release.value
-        } else if access == Access::Local {
-            self.bookkeeping.value
         } else {
             0.0
         };
@@ -270,14 +291,34 @@ impl Classes {
             return Decision::Cache;
         }
         f.misses += 1;
-        if f.misses >= PROBE_EVERY {
+        if f.probe_every == 0 {
+            f.probe_every = PROBE_EVERY;
+        }
+        if f.misses >= f.probe_every {
             f.misses = 0;
+            f.probe_every = (2 * f.probe_every).min(PROBE_MAX);
             f.trials += 1;
+            f.trial_hits = TRIAL_HITS;
             Decision::Trial
         } else {
             f.passed += 1;
             Decision::PassThrough
         }
+    }
+
+    /// A cached entry of `len` bytes was found: whether it may serve the hit. Not in a
+    /// passed-through class (the caller evicts it if idle and takes the miss path), except
+    /// the `TRIAL_HITS` hits after a trial.
+    pub fn allow_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
+        let f = self.get_mut(access, len);
+        if !auto || verdict(access, &f.costs(access)) == Verdict::Cache {
+            return true;
+        }
+        if f.trial_hits > 0 {
+            f.trial_hits -= 1;
+            return true;
+        }
+        false
     }
 
     /// Every class that has figures, as (access, class, figures).
@@ -286,6 +327,36 @@ impl Classes {
             let access = Access::ALL[i / CLASSES];
             (f.reg.samples > 0 || f.hit.samples > 0).then_some((access, (i % CLASSES) as u32, f))
         })
+    }
+
+    /// The measured classes for the statistics report.
+    pub fn to_report(&self) -> Vec<crate::stats::AdmissionClass> {
+        self.measured()
+            .map(|(a, c, f)| {
+                let k = f.costs(a);
+                let from = if a == Access::Local && f.round.samples > 0 {
+                    ("lock-free round", f.round.samples)
+                } else if f.hit.samples > 0 && f.release.samples > 0 {
+                    ("locked rounds", f.hit.samples.min(f.release.samples))
+                } else {
+                    ("none yet", 0)
+                };
+                crate::stats::AdmissionClass {
+                    access: a.name().into(),
+                    class: class_name(c),
+                    verdict: verdict(a, &k).to_string(),
+                    miss_ns: k.miss_ns.round(),
+                    reg_ns: f.reg.value.round(),
+                    dereg_ns: f.dereg.value.round(),
+                    cached_ns: k.cached_ns.round(),
+                    cached_from: from.0.into(),
+                    evict_ns: k.evict_ns.round(),
+                    samples: [f.reg.samples, f.dereg.samples, from.1],
+                    passed: f.passed,
+                    trials: f.trials,
+                }
+            })
+            .collect()
     }
 
     /// One line per measured class: what was decided and on which figures.
@@ -297,7 +368,7 @@ impl Classes {
                     "{} {}: {} (miss {:.0} ns = reg {:.0} + dereg {:.0}; cached round {:.0} ns; eviction {:.0} ns; passed {}, trials {})",
                     a.name(),
                     class_name(c),
-                    f.verdict.unwrap_or(Verdict::Cache),
+                    verdict(a, &k),
                     k.miss_ns,
                     f.reg.value,
                     f.dereg.value,
@@ -466,14 +537,33 @@ mod tests {
         f.hit.add(6_000.0);
         f.release.add(4_000.0);
         let mut seen = Vec::new();
-        for _ in 0..(2 * PROBE_EVERY) {
+        // Trials after 32, then 64 more misses (the interval doubles).
+        for _ in 0..(3 * PROBE_EVERY) {
             seen.push(k.decide(Access::Remote, len, true));
         }
-        let trials = seen.iter().filter(|d| **d == Decision::Trial).count();
-        assert_eq!(trials, 2, "{seen:?}");
+        let trials: Vec<usize> = (0..seen.len())
+            .filter(|&i| seen[i] == Decision::Trial)
+            .collect();
+        assert_eq!(
+            trials,
+            vec![PROBE_EVERY as usize - 1, 3 * PROBE_EVERY as usize - 1],
+            "{seen:?}"
+        );
+        // After a trial its entry serves TRIAL_HITS hits, then no more.
+        let hits: Vec<bool> = (0..TRIAL_HITS + 2)
+            .map(|_| k.allow_hit(Access::Remote, len, true))
+            .collect();
+        assert_eq!(
+            hits.iter().filter(|h| **h).count() as u32,
+            TRIAL_HITS,
+            "{hits:?}"
+        );
+        assert!(!hits[TRIAL_HITS as usize]);
+        assert!(k.allow_hit(Access::Remote, len, false));
+        assert!(k.allow_hit(Access::Remote, 4096, true));
         assert_eq!(
             seen.iter().filter(|d| **d == Decision::PassThrough).count() as u64,
-            2 * PROBE_EVERY - 2
+            3 * PROBE_EVERY - 2
         );
         // Another class (4 KiB) and the local kind are untouched.
         assert_eq!(k.decide(Access::Remote, 4096, true), Decision::Cache);
@@ -497,22 +587,54 @@ mod tests {
         );
     }
 
-    /// Local classes without a timed hit use the miss's bookkeeping as the round's cost.
+    /// A local class's round is the lock-free one the cache times; without it, the timed
+    /// locked rounds; a remote class's is always the locked one (bind and unbind).
     #[test]
-    fn local_round_falls_back_to_bookkeeping() {
+    fn which_round_counts() {
         let mut f = Figures::default();
         f.reg.add(300.0);
         f.dereg.add(200.0);
-        f.bookkeeping.add(800.0);
+        assert_eq!(f.costs(Access::Local).cached_ns, 0.0);
+        f.hit.add(700.0);
+        f.release.add(100.0);
         assert_eq!(f.costs(Access::Local).cached_ns, 800.0);
         assert_eq!(
             verdict(Access::Local, &f.costs(Access::Local)),
             Verdict::PassThrough
         );
-        assert_eq!(f.costs(Access::Remote).cached_ns, 0.0);
-        f.hit.add(20.0);
-        f.release.add(10.0);
+        f.round.add(30.0);
         assert_eq!(f.costs(Access::Local).cached_ns, 30.0);
+        assert_eq!(f.costs(Access::Remote).cached_ns, 800.0);
+        assert_eq!(f.costs(Access::Local).miss_ns, 500.0);
+    }
+
+    /// The trial interval doubles up to PROBE_MAX and comes back when a figure moves.
+    #[test]
+    fn probe_interval_backs_off_and_resets_on_a_change() {
+        let mut k = Classes::default();
+        let f = k.get_mut(Access::Remote, 4096);
+        f.reg.add(1_000.0);
+        f.dereg.add(1_000.0);
+        f.hit.add(5_000.0);
+        f.release.add(5_000.0);
+        let mut at = Vec::new();
+        for i in 0..5_000u64 {
+            if k.decide(Access::Remote, 4096, true) == Decision::Trial {
+                at.push(i + 1);
+            }
+        }
+        assert_eq!(at[..6], [32, 96, 224, 480, 992, 2016]);
+        assert_eq!(at[6], 3040);
+        let f = k.get_mut(Access::Remote, 4096);
+        assert_eq!(f.probe_every, PROBE_MAX);
+        let before = f.costs(Access::Remote);
+        f.reg.add(1_050.0);
+        f.settle(Access::Remote, &before);
+        assert_eq!(f.probe_every, PROBE_MAX, "a small move keeps the interval");
+        let before = f.costs(Access::Remote);
+        f.reg.add(40_000.0);
+        f.settle(Access::Remote, &before);
+        assert_eq!(f.probe_every, PROBE_EVERY);
     }
 
     #[test]
