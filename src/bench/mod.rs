@@ -31,7 +31,9 @@ pub struct Options {
 
 /// Set in the re-executed bench so it never executes itself again.
 /// Not an `MRCACHE_*` name: the library reports those it does not know.
-const CHILD_MARK: &str = "_MRCACHE_BENCH_CHILD";
+pub const CHILD_MARK: &str = "_MRCACHE_BENCH_CHILD";
+/// Its value when the bench set `MRCACHE_ADMIT=always` itself.
+pub const ADMIT_SET: &str = "admit";
 /// The largest size the bench registers (it pins about twice that at once).
 pub const MAX_SIZE: usize = 1 << 30;
 const MAX_SIZES: usize = 16;
@@ -134,11 +136,12 @@ pub fn check_memlock(sizes: &[usize], memlock: Memlock) -> Result<(), String> {
 pub fn run(o: Options) -> Result<ExitCode, String> {
     let plan = plan(&o)?;
     check_memlock(&plan.sizes, Memlock::current())?;
-    if !verbs::preloaded() {
-        if std::env::var_os(CHILD_MARK).is_some() {
-            return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
-        }
+    // Always measured in a process of our own making (preloaded, MRCACHE_ADMIT set).
+    if std::env::var_os(CHILD_MARK).is_none() {
         return reexec(o.lib);
+    }
+    if !verbs::preloaded() {
+        return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
     }
     let result = measure::run(&plan)?;
     if plan.json {
@@ -154,13 +157,19 @@ fn reexec(lib: Option<PathBuf>) -> Result<ExitCode, String> {
     let lib = super::find_library(lib)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // Every size cached, so that "cached" is the cache's hit; the default's choice is then
+    // computed from the figures (admission's model). A MRCACHE_ADMIT the user set is kept.
+    let admit_set = std::env::var_os("MRCACHE_ADMIT").is_none();
     let mut cmd = Command::new(&exe);
+    if admit_set {
+        cmd.env("MRCACHE_ADMIT", "always");
+    }
     cmd.args(args)
         .env(
             "LD_PRELOAD",
             super::compose_preload(&lib, std::env::var_os("LD_PRELOAD")),
         )
-        .env(CHILD_MARK, "1")
+        .env(CHILD_MARK, if admit_set { ADMIT_SET } else { "1" })
         // Nothing of the cache's own at exit in the middle of the table.
         .env_remove("MRCACHE_STATS")
         .env_remove("MRCACHE_STATS_FILE");

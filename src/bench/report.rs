@@ -146,7 +146,12 @@ pub fn table(o: &Outcome) -> String {
         .collect();
     let _ = writeln!(
         s,
-        "configuration: {}",
+        "configuration: {}{}",
+        if std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET) {
+            "MRCACHE_ADMIT=always set by the bench (every size cached and measured; the default column is admission's verdict on the figures); "
+        } else {
+            ""
+        },
         if env.is_empty() {
             "the defaults (no MRCACHE_* variable set)".to_string()
         } else {
@@ -295,6 +300,7 @@ pub fn json(o: &Outcome) -> String {
         "libibverbs_alone": o.alone_from,
         "cache_hooks": o.cache_hooks,
         "environment": env,
+        "admit_always_set_by_bench": std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET),
         "monitor": sys.monitor,
         "seconds_per_size": o.seconds,
         "hit_path": hit,
