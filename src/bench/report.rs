@@ -153,7 +153,7 @@ pub fn table(o: &Outcome) -> String {
             ""
         },
         if env.is_empty() {
-            "the defaults (no MRCACHE_* variable set)".to_string()
+            "otherwise the defaults (no MRCACHE_* variable set)".to_string()
         } else {
             env.join(" ")
         }
