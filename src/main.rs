@@ -2,6 +2,8 @@
 //! preloaded (keeping any LD_PRELOAD already set); `mrcache info` says what the library
 //! would do here; `mrcache stats FILES...` aggregates the JSON statistics of a job's ranks.
 
+mod bench;
+
 use clap::{Parser, Subcommand};
 use mrcache::config::{self, VARIABLES};
 use mrcache::stats::{Counter, Report};
@@ -72,6 +74,25 @@ enum Cmd {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Will the cache help here? Measure ibv_reg_mr + ibv_dereg_mr by libibverbs alone and
+    /// through the cache on this device, local and remote, and what the default would do.
+    Bench {
+        /// The RDMA device (default: the first with an active port)
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
+        /// Registration sizes, comma-separated (binary multiples: k, m, g; at most 1g)
+        #[arg(long, value_name = "SIZES", default_value = "4k,64k,1m,16m,64m")]
+        sizes: String,
+        /// At most this many seconds per size
+        #[arg(long, value_name = "N", default_value = "1")]
+        seconds: String,
+        /// Print the results as one JSON object
+        #[arg(long)]
+        json: bool,
+        /// The library to preload (as for run)
+        #[arg(long, value_name = "PATH")]
+        lib: Option<PathBuf>,
+    },
     /// Print the path of libmrcache.so.
     Lib,
     #[command(hide = true, name = "__selftest")]
@@ -110,6 +131,19 @@ fn main() -> ExitCode {
         }
         Cmd::Info { lib } => info(lib),
         Cmd::Stats { files } => stats(&files),
+        Cmd::Bench {
+            device,
+            sizes,
+            seconds,
+            json,
+            lib,
+        } => bench::run(bench::Options {
+            device,
+            sizes,
+            seconds,
+            json,
+            lib,
+        }),
         Cmd::Lib => find_library(None).map(|p| {
             println!("{}", p.display());
             ExitCode::SUCCESS

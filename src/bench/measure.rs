@@ -1,0 +1,456 @@
+//! The measurements of `mrcache bench` (docs/design.md, "`mrcache bench`").
+//!
+//! Per size and access, for half of `--seconds` each: rounds, each made of a phase of
+//! `ibv_reg_mr` + `ibv_dereg_mr` by libibverbs alone, a phase of the same through the cache
+//! on a range it holds (hit and release), and one miss through the cache on fresh memory
+//! (registration and release; the entry is then unmapped and the cache's drain thread
+//! deregisters it, awaited outside the timing through the process's pinned pages). Each
+//! round gives one figure per phase (its time divided by its pairs); a row is the median
+//! and the range of its rounds' figures.
+
+use super::admission::{self, Access, Costs, Verdict};
+use super::verbs::{Buffer, Copy, DeviceInfo, Mover, Pd, Verbs};
+use super::{HIT_REGION_BYTES, HIT_REGIONS, Plan};
+use std::time::{Duration, Instant};
+
+const LOCAL: u32 = mrcache::access::LOCAL_WRITE;
+const REMOTE: u32 =
+    mrcache::access::LOCAL_WRITE | mrcache::access::REMOTE_READ | mrcache::access::REMOTE_WRITE;
+const MAX_ROUNDS: usize = 25;
+/// A miss round (fresh memory, drained afterwards) every this many rounds, and one at least.
+const MISS_EVERY: usize = 3;
+
+/// Median and range of a set of figures, in ns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(v: &[f64]) -> Spread {
+        let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if s.is_empty() {
+            return Spread {
+                median: f64::NAN,
+                min: f64::NAN,
+                max: f64::NAN,
+            };
+        }
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: s[0],
+            max: s[n - 1],
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub size: usize,
+    pub access: Access,
+    /// libibverbs alone: registration + deregistration, and the deregistration alone.
+    pub alone: Spread,
+    pub alone_dereg: Spread,
+    /// Through the cache on a range it holds: hit + release (for remote access under
+    /// revoke: with the window bind and unbind).
+    pub cached: Spread,
+    /// Why the cache did not keep the registration (then `cached` is a pass-through).
+    pub passed_through: Option<String>,
+    /// Through the cache on fresh memory: the miss's registration + its release.
+    pub miss: Spread,
+    /// libibverbs alone on fresh memory, beside each miss.
+    pub fresh_alone: Spread,
+    /// Remote rows: what the window bind and unbind add (cached remote less cached local).
+    pub revoke_ns: Option<f64>,
+    pub rounds: usize,
+    pub misses: usize,
+    /// The figures the default's admission is given, and its verdict.
+    pub costs: Costs,
+    pub verdict: Verdict,
+    pub verdict_why: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct HitPath {
+    pub regions: usize,
+    pub ns: Spread,
+    pub batches: usize,
+    pub hits: bool,
+}
+
+pub struct Outcome {
+    pub device: String,
+    pub info: DeviceInfo,
+    pub provider: String,
+    pub cache_hooks: String,
+    pub alone_from: String,
+    pub seconds: f64,
+    pub rows: Vec<Row>,
+    pub hit_path: Vec<HitPath>,
+    pub elapsed: Duration,
+    pub environment: Vec<(String, String)>,
+}
+
+/// `VmPin` of this process, in bytes: pages pinned by registrations (ib_umem).
+fn pinned() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Wait (at most `limit`) until no more than `bytes` are pinned: the cache's drain thread
+/// has deregistered what an unmap invalidated.
+fn wait_unpinned(bytes: Option<u64>, limit: Duration) {
+    let Some(bytes) = bytes else { return };
+    let t = Instant::now();
+    while pinned().is_some_and(|p| p > bytes) && t.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn is_ours(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|b| b.starts_with("libmrcache"))
+}
+
+pub fn run(plan: &Plan) -> Result<Outcome, String> {
+    let t0 = Instant::now();
+    let global = Verbs::open(Copy::Global)?;
+    let alone = Verbs::open(Copy::Alone)?;
+    // The two paths are what they claim: the cache's hooks, libibverbs' own functions.
+    if !is_ours(&global.reg_from) || !is_ours(&global.dereg_from) {
+        return Err(format!(
+            "through the cache, ibv_reg_mr resolves to {} and ibv_dereg_mr to {}, not libmrcache.so's hooks",
+            global.reg_from, global.dereg_from
+        ));
+    }
+    if is_ours(&alone.reg_from) || is_ours(&alone.dereg_from) {
+        return Err("libibverbs alone resolves to libmrcache.so's hooks".into());
+    }
+    let gctx = global.open_device(plan.device.as_deref())?;
+    let actx = alone
+        .open_device(Some(&gctx.name))
+        .map_err(|e| format!("{} (libibverbs alone, in its own namespace)", e))?;
+    let info = gctx
+        .info()
+        .ok_or_else(|| format!("{}: ibv_query_device failed", gctx.name))?;
+    let gpd = gctx.alloc_pd()?;
+    let apd = actx.alloc_pd()?;
+    let budget = Duration::from_secs_f64(plan.seconds);
+
+    let hit_path = hit_path(&gpd, budget)?;
+
+    let mut rows: Vec<Row> = Vec::new();
+    for &size in &plan.sizes {
+        for access in [Access::Local, Access::Remote] {
+            let mut row = measure(&gpd, &apd, size, access, budget / 2, info.max_mw)?;
+            if access == Access::Remote
+                && row.passed_through.is_none()
+                && let Some(local) = rows.iter().find(|r| {
+                    r.size == size && r.access == Access::Local && r.passed_through.is_none()
+                })
+            {
+                row.revoke_ns = Some((row.cached.median - local.cached.median).max(0.0));
+            }
+            rows.push(row);
+        }
+    }
+    let environment = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            // MRCACHE_ADMIT=always when the bench set it (the header says so).
+            let ours = k == "MRCACHE_ADMIT"
+                && std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET);
+            (mrcache::config::VARIABLES.iter().any(|var| var.name == k) && !ours)
+                .then(|| (k, v.to_string_lossy().into_owned()))
+        })
+        .collect();
+    let out = Outcome {
+        device: gctx.name.clone(),
+        info,
+        provider: gctx.provider(),
+        cache_hooks: global.reg_from.clone(),
+        alone_from: alone.reg_from.clone(),
+        seconds: plan.seconds,
+        rows,
+        hit_path,
+        elapsed: t0.elapsed(),
+        environment,
+    };
+    drop((gpd, apd));
+    drop((gctx, actx));
+    Ok(out)
+}
+
+/// `n` pairs of `f`, at least one, until `slice` has passed: (ns per pair, pairs).
+fn phase(
+    slice: Duration,
+    batch: usize,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<(f64, usize), String> {
+    let t = Instant::now();
+    let mut n = 0usize;
+    loop {
+        for _ in 0..batch {
+            f()?;
+        }
+        n += batch;
+        if t.elapsed() >= slice {
+            break;
+        }
+    }
+    Ok((t.elapsed().as_nanos() as f64 / n as f64, n))
+}
+
+fn measure(
+    gpd: &Pd,
+    apd: &Pd,
+    size: usize,
+    access: Access,
+    budget: Duration,
+    max_mw: i32,
+) -> Result<Row, String> {
+    let flags = match access {
+        Access::Local => LOCAL,
+        Access::Remote => REMOTE,
+    };
+    // The budget counts from when the memory is mapped and populated (under emulation
+    // populating 64 MiB twice can take longer than a whole row's budget).
+    let buf = Buffer::new(size)?;
+    let mut mover = Mover::new(size)?;
+    let t0 = Instant::now();
+    // Warm both paths; the cache's first registration of the range is a miss that leaves
+    // it cached, idle. A second one must then come back with the same lkey (a hit).
+    let t = Instant::now();
+    apd.dereg(apd.reg(buf.addr, size, flags)?)?;
+    // What a miss round adds: a registration, two moves, the drain.
+    let miss_estimate = 2 * t.elapsed() + Duration::from_millis(20);
+    let first = gpd.reg(buf.addr, size, flags)?;
+    gpd.dereg(first)?;
+    let again = gpd.reg(buf.addr, size, flags)?;
+    gpd.dereg(again)?;
+    let passed_through = if again.lkey == first.lkey {
+        None
+    } else if access == Access::Remote && max_mw <= 0 {
+        Some("passed through: the device has no memory windows (max_mw 0)".to_string())
+    } else {
+        Some("passed through: the cache did not keep the registration".to_string())
+    };
+
+    let slice_alone = budget / 12;
+    let slice_cached = budget / 40;
+    let (mut alone, mut alone_dereg, mut cached, mut miss) = (vec![], vec![], vec![], vec![]);
+    let mut fresh_alone = vec![];
+    let mut passed_through = passed_through;
+    let mut rounds = 0;
+    let mut miss_part = Duration::ZERO;
+    // The misses' memory: populated once, registered first by libibverbs alone on its
+    // fresh pages ("fresh"), then moved between two addresses (mremap), so each miss is
+    // a registration the cache does not hold, of pages registered before, as libibverbs
+    // alone's are.
+    let t = Instant::now();
+    apd.dereg(apd.reg(mover.addr(), size, flags)?)?;
+    fresh_alone.push(t.elapsed().as_nanos() as f64);
+    let mut miss_round = |miss: &mut Vec<f64>| -> Result<(), String> {
+        let before = pinned();
+        mover.flip()?;
+        let t = Instant::now();
+        gpd.dereg(gpd.reg(mover.addr(), size, flags)?)?;
+        miss.push(t.elapsed().as_nanos() as f64);
+        // The entry goes with the pages' next move; wait for the drain thread.
+        mover.flip()?;
+        wait_unpinned(before, Duration::from_millis(500));
+        Ok(())
+    };
+    // A round starts only if it fits in what is left of the budget.
+    loop {
+        let r0 = Instant::now();
+        // libibverbs alone, the deregistration timed apart as well.
+        let mut dereg_ns = 0.0;
+        let (a, n) = phase(slice_alone, 1, || {
+            let mr = apd.reg(buf.addr, size, flags)?;
+            let t = Instant::now();
+            apd.dereg(mr)?;
+            dereg_ns += t.elapsed().as_nanos() as f64;
+            Ok(())
+        })?;
+        alone.push(a);
+        alone_dereg.push(dereg_ns / n as f64);
+        // Through the cache, on the range it holds.
+        let mut lost = false;
+        let (c, _) = phase(slice_cached, 16, || {
+            let mr = gpd.reg(buf.addr, size, flags)?;
+            lost |= mr.lkey != first.lkey;
+            gpd.dereg(mr)
+        })?;
+        if lost && passed_through.is_none() {
+            passed_through = Some(
+                "passed through: the cache stopped keeping the registration during the run (evicted: MRCACHE_MAX_BYTES; or its admission passed the class through)".into(),
+            );
+        }
+        cached.push(c);
+        // Every MISS_EVERY rounds (and once at least), a miss through the cache on fresh
+        // memory beside libibverbs alone on fresh memory; then unmapped and drained.
+        let plain = r0.elapsed();
+        if rounds % MISS_EVERY == MISS_EVERY - 1 {
+            miss_round(&mut miss)?;
+            miss_part = r0.elapsed() - plain;
+        }
+        rounds += 1;
+        let next = plain
+            + if rounds % MISS_EVERY == MISS_EVERY - 1 {
+                miss_part.max(miss_estimate)
+            } else {
+                Duration::ZERO
+            };
+        // Room for the one miss round every row has.
+        let reserve = if miss.is_empty() {
+            miss_estimate
+        } else {
+            Duration::ZERO
+        };
+        if rounds >= MAX_ROUNDS || t0.elapsed() + next + reserve > budget {
+            break;
+        }
+    }
+    if miss.is_empty() {
+        miss_round(&mut miss)?;
+    }
+    // Leave nothing cached for the next size: unmap, and wait for the drain.
+    let before = pinned().map(|p| p.saturating_sub(super::page_round(size) as u64));
+    drop(buf);
+    wait_unpinned(before, Duration::from_millis(500));
+
+    let miss_count = miss.len();
+    let (alone, alone_dereg, cached, miss) = (
+        Spread::of(&alone),
+        Spread::of(&alone_dereg),
+        Spread::of(&cached),
+        Spread::of(&miss),
+    );
+    let costs = admission::costs(alone.median, cached.median);
+    let (verdict, verdict_why) = if let Some(why) = &passed_through {
+        (Verdict::PassThrough, why.clone())
+    } else {
+        admission::describe(access, &costs)
+    };
+    Ok(Row {
+        size,
+        access,
+        alone,
+        alone_dereg,
+        cached,
+        passed_through,
+        miss,
+        fresh_alone: Spread::of(&fresh_alone),
+        revoke_ns: None,
+        rounds,
+        misses: miss_count,
+        costs,
+        verdict,
+        verdict_why,
+    })
+}
+
+pub fn access_name(a: Access) -> &'static str {
+    match a {
+        Access::Local => "local",
+        Access::Remote => "remote",
+    }
+}
+
+/// ns per hit + release at 1 and `HIT_REGIONS` regions of 4 KiB a gap page apart, visited
+/// in a fixed pseudo-random order; a tenth of `budget` each, in batches of 1,000 pairs.
+fn hit_path(pd: &Pd, budget: Duration) -> Result<Vec<HitPath>, String> {
+    let stride = 2 * HIT_REGION_BYTES;
+    let before = pinned();
+    let buf = Buffer::new(HIT_REGIONS * stride)?;
+    let mut keys = Vec::with_capacity(HIT_REGIONS);
+    // The regions' first registrations are misses: under emulation they can take seconds
+    // in all; stop at 10 budgets and measure the regions registered by then.
+    let t = Instant::now();
+    for i in 0..HIT_REGIONS {
+        if i > 0 && t.elapsed() > budget * 10 {
+            break;
+        }
+        let mr = pd.reg(buf.at(i * stride), HIT_REGION_BYTES, LOCAL)?;
+        keys.push(mr.lkey);
+        pd.dereg(mr)?;
+    }
+    let mut out = Vec::new();
+    let registered = keys.len();
+    for regions in [1, registered] {
+        // A fixed permutation of the regions (an LCG), repeated to 1,000 visits.
+        let mut order: Vec<usize> = (0..regions).collect();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for i in (1..regions).rev() {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            order.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        let visits: Vec<usize> = (0..1000).map(|i| order[i % regions]).collect();
+        let mut hits = true;
+        for &i in &visits {
+            let mr = pd.reg(buf.at(i * stride), HIT_REGION_BYTES, LOCAL)?;
+            hits &= mr.lkey == keys[i];
+            pd.dereg(mr)?;
+        }
+        let t = Instant::now();
+        let mut figures = Vec::new();
+        while figures.len() < 5 || (t.elapsed() < budget / 10 && figures.len() < 1001) {
+            let b = Instant::now();
+            for &i in &visits {
+                let mr = pd.reg(buf.at(i * stride), HIT_REGION_BYTES, LOCAL)?;
+                pd.dereg(mr)?;
+            }
+            figures.push(b.elapsed().as_nanos() as f64 / visits.len() as f64);
+        }
+        out.push(HitPath {
+            regions,
+            ns: Spread::of(&figures),
+            batches: figures.len(),
+            hits,
+        });
+    }
+    drop(buf);
+    wait_unpinned(before, Duration::from_millis(1000));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_median_and_range() {
+        assert_eq!(
+            Spread::of(&[3.0, 1.0, 2.0]),
+            Spread {
+                median: 2.0,
+                min: 1.0,
+                max: 3.0
+            }
+        );
+        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert!(Spread::of(&[]).median.is_nan());
+    }
+}

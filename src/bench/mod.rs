@@ -1,0 +1,247 @@
+//! `mrcache bench`: will the cache help on this device? Measures, in one process, on real
+//! memory through the real provider, `ibv_reg_mr` + `ibv_dereg_mr` by libibverbs alone and
+//! through the cache (hit and release, a miss, the window bind and unbind of
+//! `MRCACHE_REMOTE=revoke`), local and remote, in alternating rounds, and says what the
+//! default (the cost-aware admission) would do for each size on these figures.
+//!
+//! How it is one process (docs/design.md, "`mrcache bench`"): the launcher re-executes
+//! itself with libmrcache.so preloaded; there the global libibverbs answers `ibv_reg_mr`
+//! with the cache's hook, and a second copy of libibverbs loaded with `dlmopen` into a
+//! link-map namespace of its own, which no preload reaches, is libibverbs alone.
+
+mod admission;
+mod measure;
+mod report;
+mod verbs;
+
+use mrcache::node::Memlock;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+/// The command line of `mrcache bench`, as given (validated here, with one line per error).
+pub struct Options {
+    pub device: Option<String>,
+    pub sizes: String,
+    pub seconds: String,
+    pub json: bool,
+    pub lib: Option<PathBuf>,
+}
+
+/// Set in the re-executed bench so it never executes itself again.
+/// Not an `MRCACHE_*` name: the library reports those it does not know.
+pub const CHILD_MARK: &str = "_MRCACHE_BENCH_CHILD";
+/// Its value when the bench set `MRCACHE_ADMIT=always` itself.
+pub const ADMIT_SET: &str = "admit";
+/// The largest size the bench registers (it pins about twice that at once).
+pub const MAX_SIZE: usize = 1 << 30;
+const MAX_SIZES: usize = 16;
+/// The hit-path figures' regions: this many 4 KiB buffers, a gap page apart.
+pub const HIT_REGIONS: usize = 1000;
+pub const HIT_REGION_BYTES: usize = 4096;
+const PAGE: usize = 4096;
+
+/// What the bench runs with, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub device: Option<String>,
+    pub sizes: Vec<usize>,
+    pub seconds: f64,
+    pub json: bool,
+}
+
+/// `4k,64k,1m,16m,64m`: sizes of 1 byte to 1 GiB, binary multiples (k, m, g).
+pub fn parse_sizes(v: &str) -> Result<Vec<usize>, String> {
+    let bad = |what: &str| {
+        format!(
+            "--sizes \"{v}\" is not valid ({what}); allowed: a comma-separated list of 1 to {MAX_SIZES} sizes from 1 to 1g, e.g. 4k,64k,1m,16m,64m"
+        )
+    };
+    let mut sizes = Vec::new();
+    for part in v.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(bad("an empty size"));
+        }
+        let b = mrcache::config::parse_bytes(part, 0)
+            .filter(|&b| b != u64::MAX && !part.eq_ignore_ascii_case("auto"))
+            .ok_or_else(|| bad(&format!("\"{part}\" is not a size")))?;
+        if b > MAX_SIZE as u64 {
+            return Err(bad(&format!("{part} is larger than 1g")));
+        }
+        sizes.push(b as usize);
+    }
+    if sizes.len() > MAX_SIZES {
+        return Err(bad(&format!("{} sizes", sizes.len())));
+    }
+    Ok(sizes)
+}
+
+/// Seconds per size: a number from 0.1 to 600.
+pub fn parse_seconds(v: &str) -> Result<f64, String> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && (0.1..=600.0).contains(s))
+        .ok_or_else(|| format!("--seconds \"{v}\" is not valid; allowed: a number of seconds per size from 0.1 to 600"))
+}
+
+pub fn plan(o: &Options) -> Result<Plan, String> {
+    if let Some(d) = &o.device
+        && (d.is_empty() || d.len() > 64 || !d.chars().all(|c| c.is_ascii_graphic()))
+    {
+        return Err(format!(
+            "--device \"{d}\" is not valid; allowed: an RDMA device name as ibv_devices lists it (e.g. mlx5_0, rxe0)"
+        ));
+    }
+    Ok(Plan {
+        device: o.device.clone(),
+        sizes: parse_sizes(&o.sizes)?,
+        seconds: parse_seconds(&o.seconds)?,
+        json: o.json,
+    })
+}
+
+fn page_round(n: usize) -> usize {
+    n.div_ceil(PAGE) * PAGE
+}
+
+/// The bytes the bench may have pinned at once, charged against `RLIMIT_MEMLOCK`: a size's
+/// cached entry plus one more registration of the same size (libibverbs alone, or a miss),
+/// and the cache's byte cap is 3/4 of the limit without CAP_IPC_LOCK, so it must hold two
+/// entries of the largest size; and the hit-path regions.
+pub fn memlock_needed(sizes: &[usize]) -> u64 {
+    let largest = sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64;
+    let hit = (HIT_REGIONS * HIT_REGION_BYTES) as u64;
+    // 2 entries under a 3/4 cap: 8/3 of the largest; rounded up to whole MiB.
+    let bytes = (largest * 8).div_ceil(3) + hit + (1 << 20);
+    bytes.div_ceil(1 << 20) << 20
+}
+
+/// Refuse to start when `RLIMIT_MEMLOCK` would fail the largest size's registrations.
+pub fn check_memlock(sizes: &[usize], memlock: Memlock) -> Result<(), String> {
+    let need = memlock_needed(sizes);
+    match memlock {
+        Memlock::Limit(have) if have < need => Err(format!(
+            "RLIMIT_MEMLOCK is {have} bytes (ulimit -l {}); mrcache bench --sizes up to {} needs {need} bytes (ulimit -l {}): raise it or give smaller --sizes",
+            have / 1024,
+            report::size_text(sizes.iter().copied().max().unwrap_or(0)),
+            need / 1024
+        )),
+        _ => Ok(()),
+    }
+}
+
+pub fn run(o: Options) -> Result<ExitCode, String> {
+    let plan = plan(&o)?;
+    check_memlock(&plan.sizes, Memlock::current())?;
+    // Always measured in a process of our own making (preloaded, MRCACHE_ADMIT set).
+    if std::env::var_os(CHILD_MARK).is_none() {
+        return reexec(o.lib);
+    }
+    if !verbs::preloaded() {
+        return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
+    }
+    let result = measure::run(&plan)?;
+    if plan.json {
+        println!("{}", report::json(&result));
+    } else {
+        print!("{}", report::table(&result));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Run this same command again with libmrcache.so preloaded (the exit status is its own).
+fn reexec(lib: Option<PathBuf>) -> Result<ExitCode, String> {
+    let lib = super::find_library(lib)?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // Every size cached, so that "cached" is the cache's hit; the default's choice is then
+    // computed from the figures (admission's model). A MRCACHE_ADMIT the user set is kept.
+    let admit_set = std::env::var_os("MRCACHE_ADMIT").is_none();
+    let mut cmd = Command::new(&exe);
+    if admit_set {
+        cmd.env("MRCACHE_ADMIT", "always");
+    }
+    cmd.args(args)
+        .env(
+            "LD_PRELOAD",
+            super::compose_preload(&lib, std::env::var_os("LD_PRELOAD")),
+        )
+        .env(CHILD_MARK, if admit_set { ADMIT_SET } else { "1" })
+        // Nothing of the cache's own at exit in the middle of the table.
+        .env_remove("MRCACHE_STATS")
+        .env_remove("MRCACHE_STATS_FILE");
+    let err = cmd.exec();
+    Err(format!("cannot run {}: {err}", exe.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_bad_ones_name_what_is_allowed() {
+        assert_eq!(
+            parse_sizes("4k,64k,1m,16m,64m").unwrap(),
+            vec![4096, 65536, 1 << 20, 16 << 20, 64 << 20]
+        );
+        assert_eq!(parse_sizes("1g, 100").unwrap(), vec![1 << 30, 100]);
+        for bad in [
+            "",
+            "4k,",
+            "x",
+            "0",
+            "2g",
+            "auto",
+            "unlimited",
+            "-4k",
+            "4k,,8k",
+        ] {
+            let e = parse_sizes(bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("--sizes \"{bad}\" is not valid")),
+                "{e}"
+            );
+            assert!(e.contains("allowed:") && !e.contains('\n'), "{e}");
+        }
+        assert!(parse_sizes(&vec!["4k"; 17].join(",")).is_err());
+    }
+
+    #[test]
+    fn seconds_parse() {
+        assert_eq!(parse_seconds("1").unwrap(), 1.0);
+        assert_eq!(parse_seconds("0.5").unwrap(), 0.5);
+        for bad in ["0", "-1", "x", "", "1e9", "nan", "inf", "0.01"] {
+            assert!(
+                parse_seconds(bad)
+                    .unwrap_err()
+                    .contains("allowed: a number of seconds"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn memlock_check_names_the_value_needed() {
+        let sizes = [4096, 64 << 20];
+        let need = memlock_needed(&sizes);
+        // Two 64 MiB entries under a cap of 3/4 of the limit, and the hit regions.
+        assert!(need as f64 * 0.75 >= (2 * (64 << 20) + HIT_REGIONS * HIT_REGION_BYTES) as f64);
+        assert!(need < 200 << 20);
+        let e = check_memlock(&sizes, Memlock::Limit(65536)).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "RLIMIT_MEMLOCK is 65536 bytes (ulimit -l 64); mrcache bench --sizes up to 64 MiB needs {need} bytes (ulimit -l {}): raise it or give smaller --sizes",
+                need / 1024
+            )
+        );
+        assert!(check_memlock(&sizes, Memlock::Limit(need)).is_ok());
+        assert!(check_memlock(&sizes, Memlock::Limit(need - 1)).is_err());
+        for m in [Memlock::Unlimited, Memlock::CapIpcLock, Memlock::Unknown] {
+            assert!(check_memlock(&sizes, m).is_ok());
+        }
+    }
+}

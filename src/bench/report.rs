@@ -1,0 +1,329 @@
+//! The table and the JSON of `mrcache bench`.
+
+use super::admission::{Access, Verdict};
+use super::measure::{Outcome, Row, Spread, access_name};
+use std::fmt::Write as _;
+
+/// `4 KiB`, `64 MiB`, `1 GiB`, `100 B`, `1.5 MiB`.
+pub fn size_text(b: usize) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        let u = 1usize << shift;
+        if b >= u {
+            return if b % u == 0 {
+                format!("{} {unit}", b / u)
+            } else {
+                format!("{:.1} {unit}", b as f64 / u as f64)
+            };
+        }
+    }
+    format!("{b} B")
+}
+
+/// Microseconds from ns, three significant figures.
+fn us(ns: f64) -> String {
+    let u = ns / 1000.0;
+    if !u.is_finite() {
+        "-".into()
+    } else if u < 1.0 {
+        format!("{u:.3}")
+    } else if u < 10.0 {
+        format!("{u:.2}")
+    } else if u < 100.0 {
+        format!("{u:.1}")
+    } else {
+        format!("{u:.0}")
+    }
+}
+
+fn spread(s: &Spread) -> String {
+    format!("{} ({}-{})", us(s.median), us(s.min), us(s.max))
+}
+
+fn verdict_text(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Cache => "cache",
+        Verdict::PassThrough => "pass through",
+    }
+}
+
+fn speedup(r: &Row) -> Option<f64> {
+    r.passed_through
+        .is_none()
+        .then(|| r.alone.median / r.cached.median)
+}
+
+fn revoke_text(r: &Row) -> String {
+    match (r.access, &r.passed_through, r.revoke_ns) {
+        (Access::Local, _, _) => "-".into(),
+        (Access::Remote, Some(_), _) => "passed through".into(),
+        (Access::Remote, None, Some(ns)) => us(ns),
+        (Access::Remote, None, None) => "?".into(),
+    }
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+pub struct System {
+    pub host: String,
+    pub cpu: String,
+    pub cpus: usize,
+    pub kernel: String,
+    pub load: String,
+    pub monitor: String,
+}
+
+pub fn system() -> System {
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let load = read("/proc/loadavg")
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    System {
+        host: read("/proc/sys/kernel/hostname"),
+        cpu,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel: read("/proc/sys/kernel/osrelease"),
+        load,
+        monitor: match std::env::var("MRCACHE_MONITOR") {
+            Ok(m) => format!("{m} (MRCACHE_MONITOR; the default is patch)"),
+            Err(_) => "patch (the default)".into(),
+        },
+    }
+}
+
+pub fn table(o: &Outcome) -> String {
+    let sys = system();
+    let i = &o.info;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "mrcache bench {}: will the cache help on {}?",
+        mrcache::VERSION,
+        o.device
+    );
+    let _ = writeln!(
+        s,
+        "device: {}, provider {}, fw_ver {}, vendor_id 0x{:04x}, vendor_part_id {}, hw_ver 0x{:x}, memory windows: {}",
+        o.device,
+        o.provider,
+        i.fw_ver,
+        i.vendor_id,
+        i.vendor_part_id,
+        i.hw_ver,
+        if i.max_mw > 0 {
+            format!("yes (max_mw {})", i.max_mw)
+        } else {
+            "none (max_mw 0)".into()
+        }
+    );
+    let _ = writeln!(
+        s,
+        "host: {}, cpu {} ({} CPUs), kernel {}, load average {}",
+        sys.host, sys.cpu, sys.cpus, sys.kernel, sys.load
+    );
+    let _ = writeln!(
+        s,
+        "libibverbs alone: {} in a link-map namespace of its own (dlmopen); through the cache: {}",
+        o.alone_from, o.cache_hooks
+    );
+    let env: Vec<String> = o
+        .environment
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "configuration: {}{}",
+        if std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET) {
+            "MRCACHE_ADMIT=always set by the bench (every size cached and measured; the default column is admission's verdict on the figures); "
+        } else {
+            ""
+        },
+        if env.is_empty() {
+            "otherwise the defaults (no MRCACHE_* variable set)".to_string()
+        } else {
+            env.join(" ")
+        }
+    );
+    let hp: Vec<String> = o
+        .hit_path
+        .iter()
+        .map(|h| {
+            format!(
+                "{} {}: {:.0} ns ({:.0}-{:.0}){}",
+                h.regions,
+                if h.regions == 1 { "region" } else { "regions" },
+                h.ns.median,
+                h.ns.min,
+                h.ns.max,
+                if h.hits { "" } else { " NOT HITS" }
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "hit path, ns per ibv_reg_mr + ibv_dereg_mr hit (monitor {}; 4 KiB regions, median (min-max) of batches of 1,000): {}",
+        sys.monitor,
+        hp.join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "µs per ibv_reg_mr + ibv_dereg_mr, median (min-max) over rounds alternating libibverbs alone, the cache's hit + release, and (every third round) a miss + release on a range the cache does not hold (pages registered before, moved there with mremap); fresh µs: libibverbs alone on freshly mapped memory, once per row; at most {} s per size\n",
+        o.seconds
+    );
+    let _ = writeln!(
+        s,
+        "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  default",
+        "size",
+        "access",
+        "libibverbs µs",
+        "cached µs",
+        "speed-up",
+        "miss µs",
+        "fresh µs",
+        "revoke µs",
+        "rounds"
+    );
+    for r in &o.rows {
+        let _ = writeln!(
+            s,
+            "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  {}",
+            size_text(r.size),
+            access_name(r.access),
+            spread(&r.alone),
+            spread(&r.cached),
+            speedup(r).map_or("-".into(), |x| format!("{x:.1}x")),
+            spread(&r.miss),
+            us(r.fresh_alone.median),
+            revoke_text(r),
+            r.rounds,
+            verdict_text(r.verdict)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\ndefault: what the cache's cost-aware admission decides on this row's figures: mrcache::admission::verdict(access, Costs {{ miss_ns: libibverbs µs, cached_ns: cached µs, evict_ns: 0 }}) (medians; the cache measures its own provider calls and hits the same way)"
+    );
+    for r in o.rows.iter().filter(|r| r.passed_through.is_some()) {
+        let _ = writeln!(
+            s,
+            "  {} {}: {}",
+            size_text(r.size),
+            access_name(r.access),
+            r.passed_through.as_deref().unwrap_or_default()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all",
+        o.elapsed.as_secs_f64()
+    );
+    s
+}
+
+fn spread_json(s: &Spread) -> serde_json::Value {
+    let f = |v: f64| {
+        if v.is_finite() {
+            serde_json::json!(v / 1000.0)
+        } else {
+            serde_json::Value::Null
+        }
+    };
+    serde_json::json!({"median": f(s.median), "min": f(s.min), "max": f(s.max)})
+}
+
+pub fn json(o: &Outcome) -> String {
+    let sys = system();
+    let rows: Vec<serde_json::Value> = o
+        .rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "size": r.size,
+                "access": access_name(r.access),
+                "libibverbs_us": spread_json(&r.alone),
+                "libibverbs_dereg_us": spread_json(&r.alone_dereg),
+                "cached_us": spread_json(&r.cached),
+                "cached": r.passed_through.is_none(),
+                "passed_through": r.passed_through,
+                "speedup": speedup(r),
+                "miss_us": spread_json(&r.miss),
+                "libibverbs_fresh_us": spread_json(&r.fresh_alone),
+                "revoke_us": r.revoke_ns.map(|n| n / 1000.0),
+                "rounds": r.rounds,
+                "misses": r.misses,
+                "default": verdict_text(r.verdict),
+                "default_why": r.verdict_why,
+                "default_figures_ns": {"miss_ns": r.costs.miss_ns, "cached_ns": r.costs.cached_ns, "evict_ns": r.costs.evict_ns},
+            })
+        })
+        .collect();
+    let hit: Vec<serde_json::Value> = o
+        .hit_path
+        .iter()
+        .map(|h| serde_json::json!({"regions": h.regions, "ns": {"median": h.ns.median, "min": h.ns.min, "max": h.ns.max}, "batches": h.batches, "hits": h.hits}))
+        .collect();
+    let env: serde_json::Map<String, serde_json::Value> = o
+        .environment
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+        .collect();
+    serde_json::json!({
+        "mrcache": mrcache::VERSION,
+        "host": sys.host,
+        "cpu": sys.cpu,
+        "cpus": sys.cpus,
+        "kernel": sys.kernel,
+        "load_average": sys.load,
+        "device": {
+            "name": o.device,
+            "provider": o.provider,
+            "fw_ver": o.info.fw_ver,
+            "vendor_id": o.info.vendor_id,
+            "vendor_part_id": o.info.vendor_part_id,
+            "hw_ver": o.info.hw_ver,
+            "max_mw": o.info.max_mw,
+        },
+        "libibverbs_alone": o.alone_from,
+        "cache_hooks": o.cache_hooks,
+        "environment": env,
+        "admit_always_set_by_bench": std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET),
+        "monitor": sys.monitor,
+        "seconds_per_size": o.seconds,
+        "hit_path": hit,
+        "rows": rows,
+        "elapsed_s": o.elapsed.as_secs_f64(),
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_microseconds_read_well() {
+        assert_eq!(size_text(4096), "4 KiB");
+        assert_eq!(size_text(64 << 20), "64 MiB");
+        assert_eq!(size_text(1 << 30), "1 GiB");
+        assert_eq!(size_text(100), "100 B");
+        assert_eq!(size_text(1536 << 10), "1.5 MiB");
+        assert_eq!(us(72.0), "0.072");
+        assert_eq!(us(9810.0), "9.81");
+        assert_eq!(us(123_456.0), "123");
+        assert_eq!(us(f64::NAN), "-");
+    }
+}
