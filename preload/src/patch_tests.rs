@@ -7,12 +7,20 @@ use std::sync::atomic::AtomicUsize;
 static CALLS: AtomicUsize = AtomicUsize::new(0);
 /// Held by tests that change a patched site: the others read every site at once.
 static SITE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// This thread's calls of `test_hook` and the last length it passed: a test that makes
+    /// one call counts its own, while other tests' threads call `test_hook` in rounds.
+    static MY_CALLS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
 
 extern "C" fn test_hook(_addr: *mut c_void, len: usize) -> c_int {
     CALLS.fetch_add(1, Relaxed);
-    LAST_LEN.store(len, Relaxed);
+    MY_CALLS.with(|c| c.set((c.get().0 + 1, len)));
     0
+}
+
+fn my_calls() -> usize {
+    MY_CALLS.with(|c| c.get().0)
 }
 
 /// A function in executable memory made of `code` (padded with `int3`).
@@ -60,10 +68,10 @@ fn endbr64_stub_is_patched_and_keeps_endbr64_at_the_entry() {
     assert_eq!(entry, ENDBR64, "endbr64 must stay at the entry");
     // SAFETY: f now jumps to test_hook, which has this prototype.
     let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
-    let before = CALLS.load(Relaxed);
+    let before = my_calls();
     assert_eq!(call(std::ptr::null_mut(), 12345), 0);
-    assert_eq!(CALLS.load(Relaxed), before + 1, "the hook caught the call");
-    assert_eq!(LAST_LEN.load(Relaxed), 12345);
+    assert_eq!(my_calls(), before + 1, "the hook caught the call");
+    assert_eq!(MY_CALLS.with(|c| c.get().1), 12345);
 }
 
 #[test]
@@ -457,9 +465,9 @@ fn a_short_first_instruction_becomes_a_short_jump_to_the_padding() {
     assert_eq!(code[5], 0xe9, "jmp rel32 in the padding");
     // SAFETY: now a jump to test_hook, which has this prototype.
     let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(entry) };
-    let before = CALLS.load(Relaxed);
+    let before = my_calls();
     assert_eq!(call(std::ptr::null_mut(), 777), 0);
-    assert_eq!(CALLS.load(Relaxed), before + 1);
+    assert_eq!(my_calls(), before + 1);
     // Without the padding it knows, the function is refused untouched.
     let mut bare = SHORT_FIRST;
     bare[..10].fill(0x90);

@@ -153,7 +153,9 @@ impl<R: Registrar> Cache<R> {
     /// The app's handle `ptr` (a copy of `mr`, after `take_sole_grant`) is now `mr`'s own:
     /// its `ibv_dereg_mr` deregisters `mr`, its `ibv_rereg_mr` re-registers it.
     pub fn adopt_alias(&self, ptr: usize, mr: Mr) {
-        self.lock().handles.insert(ptr, Handle::Uncached { mr, len: 0 });
+        self.lock()
+            .handles
+            .insert(ptr, Handle::Uncached { mr, len: 0 });
     }
 
     /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
