@@ -217,7 +217,8 @@ fn mrcache_vars() -> impl Iterator<Item = (String, String)> {
 }
 
 /// Prepend our library to an existing LD_PRELOAD so the user's own preloads still load,
-/// without adding it twice.
+/// without adding it twice: every entry whose file name is `libmrcache*.so*` is dropped
+/// (another copy of the library, at another path, would hook every call twice).
 fn compose_preload(lib: &Path, existing: Option<OsString>) -> OsString {
     let mut out = OsString::from(lib.as_os_str());
     if let Some(existing) = existing {
@@ -225,7 +226,7 @@ fn compose_preload(lib: &Path, existing: Option<OsString>) -> OsString {
             .to_str()
             .unwrap_or_default()
             .split([' ', ':'])
-            .filter(|p| !p.is_empty() && Path::new(p) != lib)
+            .filter(|p| !p.is_empty() && Path::new(p) != lib && !bench::is_libmrcache(p))
             .collect();
         if !kept.is_empty() {
             out.push(":");
@@ -623,6 +624,18 @@ mod tests {
         assert_eq!(
             compose_preload(lib, Some("/opt/mrcache/lib/libmrcache.so:a.so".into())),
             OsString::from("/opt/mrcache/lib/libmrcache.so:a.so")
+        );
+        // Another copy of the library, at any path or under any version suffix, is dropped.
+        assert_eq!(
+            compose_preload(
+                lib,
+                Some("/tmp/cp2/libmrcache.so a.so:libmrcache.so.1:/x/libmrcache-old.so".into())
+            ),
+            OsString::from("/opt/mrcache/lib/libmrcache.so:a.so")
+        );
+        assert_eq!(
+            compose_preload(lib, Some("/x/libmrcachex.txt:/y/mylibmrcache.so".into())),
+            OsString::from("/opt/mrcache/lib/libmrcache.so:/x/libmrcachex.txt:/y/mylibmrcache.so")
         );
     }
 }

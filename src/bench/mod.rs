@@ -70,6 +70,9 @@ pub fn parse_sizes(v: &str) -> Result<Vec<usize>, String> {
         if b > MAX_SIZE as u64 {
             return Err(bad(&format!("{part} is larger than 1g")));
         }
+        if sizes.contains(&(b as usize)) {
+            return Err(bad(&format!("{part} is given twice")));
+        }
         sizes.push(b as usize);
     }
     if sizes.len() > MAX_SIZES {
@@ -133,12 +136,120 @@ pub fn check_memlock(sizes: &[usize], memlock: Memlock) -> Result<(), String> {
     }
 }
 
+/// The memory the bench maps and populates at once: a size's buffer and the misses' memory
+/// (twice the largest size), the hit-path regions (a gap page each), and a margin.
+pub fn memory_needed(sizes: &[usize]) -> u64 {
+    let largest = sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64;
+    2 * largest + (2 * HIT_REGIONS * HIT_REGION_BYTES) as u64 + MEMORY_MARGIN
+}
+const MEMORY_MARGIN: u64 = 64 << 20;
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Refuse to start when what the bench maps exceeds 3/4 of `MemAvailable` (populating
+/// more would invite the OOM killer); unknown `MemAvailable`: no check.
+pub fn check_memory(sizes: &[usize], available: Option<u64>) -> Result<(), String> {
+    let need = memory_needed(sizes);
+    match available {
+        Some(have) if need > have / 4 * 3 => Err(format!(
+            "bench --sizes up to {} maps {need} bytes (twice the largest size, and {} MiB more), more than 3/4 of MemAvailable ({have} bytes): give smaller --sizes or free memory",
+            report::size_text(sizes.iter().copied().max().unwrap_or(0)),
+            (need - 2 * sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64) >> 20
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A path whose file name is `libmrcache*.so*`: a copy of the library.
+pub fn is_libmrcache(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .and_then(|name| name.strip_prefix("libmrcache"))
+        .is_some_and(|rest| rest.contains(".so"))
+}
+
+/// The distinct copies of the library mapped, from /proc/self/maps' text.
+pub fn mapped_copies(maps: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in maps.lines() {
+        // address perms offset dev inode path
+        let Some(path) = line.split_whitespace().nth(5) else {
+            continue;
+        };
+        if is_libmrcache(path) && !out.iter().any(|p| p == path) {
+            out.push(path.to_string());
+        }
+    }
+    out
+}
+
+/// The inherited `MRCACHE_*` variables the library reads: a fatal problem or
+/// `MRCACHE_ENABLE=0` is an error (the bench measures the cache); else the names of those
+/// set, which the benchmark process runs without (its figures are the default's).
+pub fn inherited(vars: &[(String, String)]) -> Result<Vec<String>, String> {
+    let read: Vec<(String, String)> = vars
+        .iter()
+        .filter(|(k, _)| mrcache::config::VARIABLES.iter().any(|v| v.name == k))
+        .cloned()
+        .collect();
+    let (cfg, problems) = mrcache::config::parse(read.iter().cloned(), 0);
+    if let Some(p) = problems.iter().find(|p| p.is_fatal()) {
+        return Err(format!(
+            "{}; mrcache bench measures the default configuration: unset it",
+            p.to_string()
+                .trim_start_matches("mrcache: ")
+                .replace("; the cache is off for this process", "")
+        ));
+    }
+    if !cfg.enabled {
+        return Err(
+            "MRCACHE_ENABLE turns the cache off in this environment: mrcache bench measures the cache; unset MRCACHE_ENABLE".into(),
+        );
+    }
+    Ok(read.into_iter().map(|(k, _)| k).collect())
+}
+
+fn mrcache_vars() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            k.starts_with("MRCACHE_")
+                .then(|| (k, v.to_string_lossy().into_owned()))
+        })
+        .collect()
+}
+
 pub fn run(o: Options) -> Result<ExitCode, String> {
     let plan = plan(&o)?;
     check_memlock(&plan.sizes, Memlock::current())?;
-    // Always measured in a process of our own making (preloaded, MRCACHE_ADMIT set).
+    check_memory(&plan.sizes, mem_available())?;
+    // Always measured in a process of our own making (preloaded, the default
+    // configuration with MRCACHE_ADMIT=always).
     if std::env::var_os(CHILD_MARK).is_none() {
-        return reexec(o.lib);
+        let stripped = inherited(&mrcache_vars())?;
+        return reexec(o.lib, &stripped);
+    }
+    let copies = std::fs::read_to_string("/proc/self/maps")
+        .map(|m| mapped_copies(&m))
+        .unwrap_or_default();
+    if copies.len() > 1 {
+        return Err(format!(
+            "{} copies of libmrcache are loaded ({}); the benchmark process needs exactly one: remove the others from LD_PRELOAD",
+            copies.len(),
+            copies.join(", ")
+        ));
     }
     if !verbs::preloaded() {
         return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
@@ -152,25 +263,38 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Run this same command again with libmrcache.so preloaded (the exit status is its own).
-fn reexec(lib: Option<PathBuf>) -> Result<ExitCode, String> {
+/// Run this same command again with libmrcache.so preloaded (the exit status is its own),
+/// in the default configuration: without the inherited variables `strip` (said on one
+/// stderr line), with MRCACHE_ADMIT=always.
+fn reexec(lib: Option<PathBuf>, strip: &[String]) -> Result<ExitCode, String> {
     let lib = super::find_library(lib)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    // Every size cached, so that "cached" is the cache's hit; the default's choice is then
-    // computed from the figures (admission's model). A MRCACHE_ADMIT the user set is kept.
-    let admit_set = std::env::var_os("MRCACHE_ADMIT").is_none();
     let mut cmd = Command::new(&exe);
-    if admit_set {
-        cmd.env("MRCACHE_ADMIT", "always");
+    // Nothing of the cache's own at exit in the middle of the table (not worth a line).
+    let said: Vec<&str> = strip
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !matches!(*k, "MRCACHE_STATS" | "MRCACHE_STATS_FILE"))
+        .collect();
+    if !said.is_empty() {
+        eprintln!(
+            "mrcache: bench measures the default configuration; not applied: {}",
+            said.join(", ")
+        );
     }
-    cmd.args(args)
+    for k in strip {
+        cmd.env_remove(k);
+    }
+    // Every size cached, so that "cached" is the cache's hit; the default's choice is then
+    // computed from the figures (admission's model).
+    cmd.env("MRCACHE_ADMIT", "always")
+        .args(args)
         .env(
             "LD_PRELOAD",
             super::compose_preload(&lib, std::env::var_os("LD_PRELOAD")),
         )
-        .env(CHILD_MARK, if admit_set { ADMIT_SET } else { "1" })
-        // Nothing of the cache's own at exit in the middle of the table.
+        .env(CHILD_MARK, ADMIT_SET)
         .env_remove("MRCACHE_STATS")
         .env_remove("MRCACHE_STATS_FILE");
     let err = cmd.exec();
@@ -207,6 +331,86 @@ mod tests {
             assert!(e.contains("allowed:") && !e.contains('\n'), "{e}");
         }
         assert!(parse_sizes(&vec!["4k"; 17].join(",")).is_err());
+        // The same size twice (in any spelling) would give duplicate rows.
+        for dup in ["4k,4k,4k", "4k,4096", "1m,64k,1024k"] {
+            let e = parse_sizes(dup).unwrap_err();
+            assert!(e.contains("is given twice") && !e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn memory_check_names_what_is_mapped() {
+        let gib = 1u64 << 30;
+        // 1 GiB on a 2 GiB guest: 2 GiB and more mapped.
+        let e = check_memory(&[1 << 30], Some(gib * 17 / 10)).unwrap_err();
+        let need = memory_needed(&[1 << 30]);
+        assert!(need > 2 * gib);
+        assert!(
+            e.contains(&format!("maps {need} bytes"))
+                && e.contains("MemAvailable")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let sizes = [4096, 64 << 20];
+        let need = memory_needed(&sizes);
+        assert!(check_memory(&sizes, Some(need / 3 * 4 + 4096)).is_ok());
+        assert!(check_memory(&sizes, Some(need)).is_err());
+        assert!(check_memory(&sizes, None).is_ok());
+    }
+
+    #[test]
+    fn copies_of_the_library_are_found_in_maps() {
+        for p in [
+            "/a/libmrcache.so",
+            "libmrcache.so.1",
+            "/tmp/cp2/libmrcache-1.2.so",
+        ] {
+            assert!(is_libmrcache(p), "{p}");
+        }
+        for p in [
+            "/a/libmrcachex.txt",
+            "/a/mylibmrcache.so",
+            "/libmrcache/x.so",
+            "",
+        ] {
+            assert!(!is_libmrcache(p), "{p}");
+        }
+        let maps = "7f00-7f01 r--p 00000000 08:01 12 /w/target/release/libmrcache.so\n\
+                    7f01-7f02 r-xp 00001000 08:01 12 /w/target/release/libmrcache.so\n\
+                    7f02-7f03 rw-p 00000000 00:00 0 \n\
+                    7f03-7f04 r--p 00000000 08:01 99 /tmp/cp2/libmrcache.so\n\
+                    7f04-7f05 r--p 00000000 08:01 7 /usr/lib/libibverbs.so.1.14\n";
+        assert_eq!(
+            mapped_copies(maps),
+            vec!["/w/target/release/libmrcache.so", "/tmp/cp2/libmrcache.so"]
+        );
+        assert_eq!(
+            mapped_copies(&maps.lines().take(3).collect::<Vec<_>>().join("\n")).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn inherited_variables_fail_or_are_not_applied() {
+        let v = |k: &str, x: &str| (k.to_string(), x.to_string());
+        let e = inherited(&[v("MRCACHE_ENABLE", "0")]).unwrap_err();
+        assert!(e.contains("MRCACHE_ENABLE") && !e.contains('\n'), "{e}");
+        let e = inherited(&[v("MRCACHE_MAX_BYTES", "garbage")]).unwrap_err();
+        assert!(
+            e.starts_with("MRCACHE_MAX_BYTES=\"garbage\" is not valid") && e.contains("unset it"),
+            "{e}"
+        );
+        // A valid cap is not applied: the figures are the default's.
+        assert_eq!(
+            inherited(&[
+                v("MRCACHE_MAX_BYTES", "1m"),
+                v("MRCACHE_BIN", "/x"),
+                v("MRCACHE_ADMIT", "auto")
+            ])
+            .unwrap(),
+            vec!["MRCACHE_MAX_BYTES", "MRCACHE_ADMIT"]
+        );
+        assert!(inherited(&[v("MRCACHE_PRELOAD", "/x")]).unwrap().is_empty());
     }
 
     #[test]
