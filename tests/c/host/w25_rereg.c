@@ -217,17 +217,14 @@ int main(int argc, char **argv) {
         return ok ? 0 : 1;
     }
     if (!strcmp(s, "recycle")) {
-        struct ibv_mr *seen[3] = {0};
+        struct ibv_mr *seen[200] = {0};
         int distinct = 0, bad = 0;
         for (int n = 0; n < 200; n++) {
             struct ibv_mr *m = ibv_reg_mr(&pd, buf, len, access);
             if (!m) { bad++; break; }
             int k = 0;
             while (k < distinct && seen[k] != m) k++;
-            if (k == distinct) {
-                if (distinct < 3) seen[distinct] = m;
-                distinct++;
-            }
+            if (k == distinct) seen[distinct++] = m;
             bad += ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, LW | RR) != 0;
             bad += ibv_dereg_mr(m) != 0;
         }
