@@ -104,6 +104,9 @@ impl Registrar for Hca {
         st.spare.push(handle);
         Ok(())
     }
+    fn recycle_grant(&self, handle: usize) {
+        self.state.lock().unwrap().spare.push(handle);
+    }
 }
 
 const LIMITS: Limits = Limits {
@@ -200,5 +203,80 @@ fn bypass_and_devices_without_windows_pass_remote_requests_through() {
     assert_eq!(
         no_windows.acquire(&req(LOCAL_WRITE)).unwrap().1,
         Outcome::Miss
+    );
+}
+
+/// `ibv_rereg_mr` of the app's only handle (issue 25, the rev25 review): the entry is
+/// reserved while the provider is asked. Refused: `abort_sole` leaves everything as it was
+/// (the handle's key live, the entry hit again, the handle released as before); refused
+/// after the memory went away meanwhile: the entry stays dead and goes at the release.
+/// Done: `commit_sole` makes the handle an alias whose release deregisters the MR and
+/// recycles the handle, and the revoke is counted.
+#[test]
+fn a_reserved_sole_handle_is_as_it_was_after_a_refused_rereg() {
+    let hca = Hca {
+        windows: true,
+        ..Hca::default()
+    };
+    let cache = Cache::new(hca, LIMITS).with_remote(RemoteMode::Revoke);
+    let r = req(LOCAL_WRITE | REMOTE_WRITE);
+    let (h, _) = cache.acquire(&r).unwrap();
+    let k = cache.registrar().rkey(h);
+    let g = cache
+        .reserve_sole(h, r.addr, r.len)
+        .expect("the only handle");
+    assert_eq!(g.access, r.access, "the handle's own rights");
+    assert!(
+        cache.reserve_sole(h, r.addr, r.len).is_none(),
+        "reserved twice"
+    );
+    // Meanwhile another registration of the range cannot take the reserved entry (it is
+    // registered afresh or passed to libibverbs).
+    if let Ok((other, o)) = cache.acquire(&r) {
+        assert_ne!(o, Outcome::Hit, "a hit on a reserved entry");
+        cache.release(other);
+    }
+    cache.abort_sole(h, g);
+    assert!(cache.registrar().live(k), "a refused rereg revoked the key");
+    assert_eq!(cache.release(h), Released::Kept);
+    let (h2, o) = cache.acquire(&r).unwrap();
+    assert_eq!(
+        o,
+        Outcome::Hit,
+        "the entry is not live again after the refusal"
+    );
+
+    // Refused, the memory invalidated while the provider was asked: dead for good.
+    let g = cache.reserve_sole(h2, r.addr, r.len).unwrap();
+    cache.invalidate(r.addr, r.addr + r.len);
+    cache.abort_sole(h2, g);
+    assert_eq!(
+        cache.release(h2),
+        Released::Deregistered,
+        "revived a dead entry"
+    );
+
+    // Done: the alias.
+    let (h3, o) = cache.acquire(&r).unwrap();
+    assert_eq!(o, Outcome::Miss);
+    let g = cache.reserve_sole(h3, r.addr, r.len).unwrap();
+    // The preload revokes the window only (the handle is the app's until its release).
+    {
+        let mut st = cache.registrar().state.lock().unwrap();
+        let key = st.grants.remove(&h3).unwrap();
+        st.live_keys.retain(|&k| k != key);
+    }
+    cache.commit_sole(h3, g);
+    let mrs = cache.registrar().state.lock().unwrap().mrs.len();
+    assert_eq!(cache.release(h3), Released::Deregistered);
+    assert_eq!(cache.registrar().state.lock().unwrap().mrs.len(), mrs - 1);
+    assert_eq!(cache.release(h3), Released::DoubleRelease);
+    let (h4, _) = cache.acquire(&r).unwrap();
+    assert_eq!(h4, h3, "the alias's handle was not recycled");
+    let s = cache.snapshot().counts;
+    assert_eq!(
+        s[Counter::RemoteGrants],
+        s[Counter::RemoteRevokes] + 1,
+        "the sole rereg's revoke is not counted"
     );
 }

@@ -257,6 +257,20 @@ impl Registrar for Provider {
         Ok(())
     }
 
+    fn recycle_grant(&self, handle: usize) {
+        // Revoked at the rereg; if that failed (logged then), once more now: a slot whose
+        // window is still bound is never handed out again (it leaks instead).
+        if crate::window::revoke(handle).is_err() {
+            return;
+        }
+        // SAFETY: handle is our shadow slot, its window revoked.
+        unsafe { (*(handle as *mut IbvMr)).rkey = 0 };
+        self.spare_grants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(handle);
+    }
+
     fn alloc_shadow(&self) -> Option<usize> {
         // SAFETY: plain allocation; the cache keeps and reuses it for the process lifetime.
         let p = unsafe { libc::calloc(1, SHADOW_BYTES) };

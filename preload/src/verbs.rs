@@ -300,10 +300,10 @@ fn rereg_inner(
             }
             Detached::Shared
                 if mrcache::access::rereg_args_valid(flags, addr as usize, len, access)
-                    && !has_placeholder_rereg(mr)
-                    && let Some((m, rights)) = take_sole_grant(cache, mr) =>
+                    && has_rereg_op(mr)
+                    && let Some(h) = reserve_sole(cache, mr) =>
             {
-                sole_grant_rereg(cache, mr, m, rights, flags, pd, addr, len, access)
+                sole_rereg(cache, mr, h, flags, pd, addr, len, access)
             }
             Detached::Shared => refused(mr, flags, pd, addr, len, access, || {
                 log(
@@ -313,12 +313,12 @@ fn rereg_inner(
                     ),
                 )
             }),
-            Detached::Sole(m) if m.ptr != mr as usize => {
-                // The app's handle is a copy of m (a window's handle taken over by an
-                // earlier rereg): re-register m, then bring the copy level with it.
+            Detached::Alias(m) => {
+                // The app's handle is a copy of m (a shadow or window's handle taken over
+                // by an earlier rereg): re-register m, then bring the copy level with it
+                // (a refused rereg changed nothing: the copy is as it was).
                 let rc = provider_rereg(m.ptr as *mut IbvMr, flags, pd, addr, len, access);
                 copy_mr(mr, m);
-                cache.adopt_alias(mr as usize, m);
                 rc
             }
             Detached::Sole(m) => {
@@ -335,41 +335,57 @@ fn rereg_inner(
     })
 }
 
-/// `ibv_rereg_mr` of the app's only handle of a revocable registration (its rkey a
-/// window's): the window is revoked, the MR leaves the cache and is re-registered by the
-/// provider with the app's rights (it had local rights and MW_BIND only: CHANGE_ACCESS with
-/// the rights the app registered with, unless the app changes them itself), and the app's
-/// handle, a copy, takes the MR's new fields and is the MR's own from then on (issue 25).
+/// `ibv_rereg_mr` of the app's only handle of a registration, a shadow or a revocable
+/// registration's handle (its rkey a window's), reserved by `Cache::reserve_sole` (issue
+/// 25). The provider is asked first, on the cached MR, with the handle's own rights (a
+/// revocable MR had local rights and MW_BIND only, a shared one its first registrant's:
+/// CHANGE_ACCESS with the rights the handle registered with, unless the app changes them
+/// itself). Refused: the entry and the handle are as they were, window bound, the
+/// provider's answer returned: a failed rereg changes nothing the program can see. Done:
+/// the window is revoked, the entry leaves the cache, and the app's handle, a copy, takes
+/// the MR's new fields and is the MR's own from then on.
 #[allow(clippy::too_many_arguments)]
-fn sole_grant_rereg(
+fn sole_rereg(
     cache: &Cache<Provider>,
     mr: *mut IbvMr,
-    m: mrcache::cache::Mr,
-    rights: u32,
+    h: mrcache::cache::SoleHandle,
     flags: i32,
     pd: *mut IbvPd,
     addr: *mut c_void,
     len: usize,
     access: i32,
 ) -> i32 {
-    // The window's key must reach nothing once the handle is the MR's own. Only the
-    // window: the registrar's revoke would also hand the slot out again as a spare, and
-    // the app keeps it. A failed revoke (the window could be neither unbound nor
-    // deallocated) is the command's error.
-    if let Err(e) = crate::window::revoke(mr as usize) {
-        cache.adopt_alias(mr as usize, m);
-        real::set_errno(e);
-        return ffi::IBV_REREG_MR_ERR_CMD;
-    }
-    let (flags, access) = if flags & mrcache::access::REREG_CHANGE_ACCESS != 0 {
+    let change_access = mrcache::access::REREG_CHANGE_ACCESS;
+    let (flags, access) = if flags & change_access != 0 || (!h.grant && h.access == h.entry_access)
+    {
         (flags, access)
     } else {
-        (flags | mrcache::access::REREG_CHANGE_ACCESS, rights as i32)
+        (flags | change_access, h.access as i32)
     };
-    let rc = provider_rereg(m.ptr as *mut IbvMr, flags, pd, addr, len, access);
-    copy_mr(mr, m);
-    cache.adopt_alias(mr as usize, m);
-    rc
+    let rc = provider_rereg(h.mr.ptr as *mut IbvMr, flags, pd, addr, len, access);
+    if rc != 0 {
+        // The provider's errno, not our lock's.
+        let e = crate::sys::errno();
+        cache.abort_sole(mr as usize, h);
+        crate::sys::set_errno(e);
+        return rc;
+    }
+    // The window's key must reach nothing once the handle is the MR's own. Only the
+    // window: the registrar's revoke would also hand the slot out again as a spare, and
+    // the app keeps it (it goes back at the alias's dereg).
+    if h.grant
+        && let Err(e) = crate::window::revoke(mr as usize)
+    {
+        log(
+            LogLevel::Error,
+            format_args!(
+                "ibv_rereg_mr({mr:p}): re-registered, but the old remote key's memory window could be neither unbound nor deallocated (errno {e}); it stays bound until this handle's ibv_dereg_mr"
+            ),
+        );
+    }
+    copy_mr(mr, h.mr);
+    cache.commit_sole(mr as usize, h);
+    0
 }
 
 /// The app's handle `mr`, a copy of the provider's MR `m`, takes m's fields (keys, kernel
@@ -382,19 +398,19 @@ fn copy_mr(mr: *mut IbvMr, m: mrcache::cache::Mr) {
     };
 }
 
-/// `Cache::take_sole_grant` for the app's handle `mr` over the range it shows.
-fn take_sole_grant(cache: &Cache<Provider>, mr: *mut IbvMr) -> Option<(mrcache::cache::Mr, u32)> {
+/// `Cache::reserve_sole` for the app's handle `mr` over the range it shows.
+fn reserve_sole(cache: &Cache<Provider>, mr: *mut IbvMr) -> Option<mrcache::cache::SoleHandle> {
     // SAFETY: a handle the cache handed out (a shadow slot), readable.
     let (addr, len) = unsafe { ((*mr).addr as usize, (*mr).length) };
-    cache.take_sole_grant(mr as usize, addr, len)
+    cache.reserve_sole(mr as usize, addr, len)
 }
 
-/// Whether the provider of `mr`'s context has no rereg op of its own (libibverbs'
-/// placeholder answers for it, changing nothing).
-fn has_placeholder_rereg(mr: *mut IbvMr) -> bool {
+/// Whether the provider of `mr`'s context has a rereg op of its own (neither none nor
+/// libibverbs' placeholder, which answers for it changing nothing).
+fn has_rereg_op(mr: *mut IbvMr) -> bool {
     // SAFETY: a handle the cache handed out: its context is the app's live context.
     let op = unsafe { (*(*mr).context).ops._compat_rereg_mr };
-    !op.is_null() && libibverbs_placeholder(op)
+    !op.is_null() && !libibverbs_placeholder(op)
 }
 
 /// A rereg the cache cannot hand to the provider for this handle (the registration is

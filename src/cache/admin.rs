@@ -86,6 +86,7 @@ impl<R: Registrar> Cache<R> {
                 st.handles.remove(&ptr);
                 Detached::Sole(mr)
             }
+            Some(&Handle::Alias { mr, .. }) => Detached::Alias(mr),
             // A granted handle is not the provider's object: it cannot change in place.
             Some(Handle::Shadow { .. } | Handle::Granted { .. }) => Detached::Shared,
             None => {
@@ -122,40 +123,77 @@ impl<R: Registrar> Cache<R> {
         }
     }
 
-    /// `ibv_rereg_mr` of a granted handle (a revocable registration's, whose remote key is
-    /// a window's) that is the entry's only reference: the entry leaves the cache and its
-    /// MR is returned with the rights the app asked for, to be re-registered for the app
-    /// (issue 25). The caller revokes the grant and then `adopt_alias`es the handle. None:
-    /// not a granted handle, others share the registration, or it covers more than the
-    /// handle's range `[addr, addr + len)` (re-registered with the app's remote rights, the
-    /// wider range would be reachable remotely).
-    pub fn take_sole_grant(&self, ptr: usize, addr: usize, len: usize) -> Option<(Mr, u32)> {
+    /// `ibv_rereg_mr` of a shadow or granted handle (a granted one's remote key is a
+    /// window's) that is its entry's only reference, over the entry's whole range: reserve
+    /// the entry for the provider's rereg of its MR (issue 25). The entry is marked dead (no
+    /// hit, grant or shadow can take it meanwhile) and stays in the cache; the caller asks
+    /// the provider, then `commit_sole`s (the entry leaves the cache, the handle becomes an
+    /// alias of the MR) or `abort_sole`s (the entry and the handle as they were). None: not
+    /// such a handle, others share the registration, or it covers more than the handle's
+    /// range `[addr, addr + len)` (re-registered with the app's rights, the wider range
+    /// would be the app's, reachable remotely).
+    pub fn reserve_sole(&self, ptr: usize, addr: usize, len: usize) -> Option<SoleHandle> {
         let mut st = self.lock();
-        let Some(&Handle::Granted { id }) = st.handles.get(&ptr) else {
-            return None;
+        let (id, access, grant) = match st.handles.get(&ptr) {
+            Some(&Handle::Granted { id, access }) => (id, access, true),
+            Some(&Handle::Shadow { id, access }) => (id, access, false),
+            _ => return None,
         };
-        let req = st.entry(&self.fast, id)?.req;
-        if (req.addr, req.len) != (addr, len) {
+        let e = st.entry(&self.fast, id)?;
+        if (e.req.addr, e.req.len) != (addr, len) {
             return None;
         }
-        let access = req.access;
-        if !self.fast.slots.get(id)?.kill_if_sole_other() {
-            return None;
-        }
+        let prev = self.fast.slots.get(id)?.kill_if_sole_other()?;
         st.handles.remove(&ptr);
-        let mr = st.remove(&self.fast, id)?;
-        // Handed to the app, not to a deregistration.
-        st.unbury(mr.ptr);
-        st.land(mr.ptr);
-        Some((mr, access))
+        Some(SoleHandle {
+            mr: e.mr,
+            access,
+            entry_access: e.req.access,
+            grant,
+            id,
+            was_dead: slots::dead(prev),
+        })
     }
 
-    /// The app's handle `ptr` (a copy of `mr`, after `take_sole_grant`) is now `mr`'s own:
-    /// its `ibv_dereg_mr` deregisters `mr`, its `ibv_rereg_mr` re-registers it.
-    pub fn adopt_alias(&self, ptr: usize, mr: Mr) {
-        self.lock()
-            .handles
-            .insert(ptr, Handle::Uncached { mr, len: 0 });
+    /// The provider re-registered `h.mr` (and a granted handle's window is revoked): the
+    /// entry leaves the cache, the app's handle `ptr` (a copy of the MR) is its alias.
+    pub fn commit_sole(&self, ptr: usize, h: SoleHandle) {
+        let mut st = self.lock();
+        if let Some(mr) = st.remove(&self.fast, h.id) {
+            // Handed to the app, not to a deregistration.
+            st.unbury(mr.ptr);
+            st.land(mr.ptr);
+        }
+        st.handles.insert(
+            ptr,
+            Handle::Alias {
+                mr: h.mr,
+                grant: h.grant,
+            },
+        );
+        if h.grant {
+            self.stats.add(Counter::RemoteRevokes, 1);
+        }
+    }
+
+    /// The provider refused the rereg: the entry is live again (unless it was dead before
+    /// or its memory was invalidated meanwhile) and `ptr` is the handle it was.
+    pub fn abort_sole(&self, ptr: usize, h: SoleHandle) {
+        let mut st = self.lock();
+        if let Some(slot) = self.fast.slots.get(h.id)
+            && !h.was_dead
+            && slot.present()
+            && slot.indexed()
+        {
+            slot.revive();
+        }
+        let (id, access) = (h.id, h.access);
+        let handle = if h.grant {
+            Handle::Granted { id, access }
+        } else {
+            Handle::Shadow { id, access }
+        };
+        st.handles.insert(ptr, handle);
     }
 
     /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the

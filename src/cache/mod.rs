@@ -569,7 +569,13 @@ impl<R: Registrar> Cache<R> {
                 match granted {
                     Ok(h) => {
                         st.released_grants.remove(&h);
-                        st.handles.insert(h, Handle::Granted { id });
+                        st.handles.insert(
+                            h,
+                            Handle::Granted {
+                                id,
+                                access: req.access,
+                            },
+                        );
                         self.stats.add(Counter::RemoteGrants, 1);
                         Some(h)
                     }
@@ -604,7 +610,13 @@ impl<R: Registrar> Cache<R> {
                 }
                 match filled {
                     Some(s) => {
-                        st.handles.insert(s, Handle::Shadow { id });
+                        st.handles.insert(
+                            s,
+                            Handle::Shadow {
+                                id,
+                                access: req.access,
+                            },
+                        );
                         Some(s)
                     }
                     None => {
@@ -676,11 +688,30 @@ impl<R: Registrar> Cache<R> {
                     }
                 };
             }
-            Handle::Shadow { id } => {
+            Handle::Alias { mr, grant } => {
+                // Marked released first: a second ibv_dereg_mr of it is a double release.
+                st.released_grants.insert(ptr);
+                drop(st);
+                if let Err(e) = self.registrar.deregister(mr) {
+                    let mut st = self.lock();
+                    st.released_grants.remove(&ptr);
+                    st.handles.insert(ptr, Handle::Alias { mr, grant });
+                    return Released::Failed(e);
+                }
+                if grant {
+                    self.registrar.recycle_grant(ptr);
+                } else {
+                    let mut st = self.lock();
+                    st.released_grants.remove(&ptr);
+                    st.spare_shadows.insert(ptr);
+                }
+                return Released::Deregistered;
+            }
+            Handle::Shadow { id, .. } => {
                 st.spare_shadows.insert(ptr);
                 st.unref(&self.fast, id)
             }
-            Handle::Granted { id } => {
+            Handle::Granted { id, access } => {
                 // The key must be dead before ibv_dereg_mr returns; without the lock. Marked
                 // released first, so a racing second ibv_dereg_mr of it is a double release,
                 // never passed to libibverbs.
@@ -689,7 +720,7 @@ impl<R: Registrar> Cache<R> {
                 if let Err(e) = self.registrar.revoke(ptr) {
                     let mut st = self.lock();
                     st.released_grants.remove(&ptr);
-                    st.handles.insert(ptr, Handle::Granted { id });
+                    st.handles.insert(ptr, Handle::Granted { id, access });
                     return Released::Failed(e);
                 }
                 self.stats.add(Counter::RemoteRevokes, 1);

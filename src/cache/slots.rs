@@ -274,9 +274,17 @@ impl Slot {
 
     /// Mark dead if the only reference is one other than the provider's pointer (a grant
     /// or a shadow), dead already or not: its holder takes it for `ibv_rereg_mr` (issue 25).
-    pub fn kill_if_sole_other(&self) -> bool {
+    /// The previous state, or None when others hold it too.
+    pub fn kill_if_sole_other(&self) -> Option<u64> {
         self.update(|s| (refs(s) == 1 && holders(s) == 0).then_some(s | DEAD))
-            .is_ok()
+            .ok()
+    }
+
+    /// Undo `kill_if_sole_other` (cache lock held): the provider refused the rereg, the
+    /// entry is as it was. Only for an entry that was not dead before and is still indexed
+    /// (not invalidated meanwhile).
+    pub fn revive(&self) {
+        self.state.fetch_and(!DEAD, AcqRel);
     }
 
     /// The eviction hand passes: an idle entry used since the last pass loses its clock bit

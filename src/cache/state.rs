@@ -106,18 +106,29 @@ pub struct Entry {
 }
 
 pub enum Handle {
+    /// `access`: the rights its own registration asked for (the entry's may be wider).
     Shadow {
         id: u32,
+        access: u32,
     },
     /// A handle with its own remote key (`Registrar::grant`), revoked at release.
     Granted {
         id: u32,
+        access: u32,
     },
     Uncached {
         mr: Mr,
         /// The registration's length (0: not known, after `ibv_rereg_mr`), for the
         /// admission figures.
         len: usize,
+    },
+    /// A shadow or granted handle whose entry left the cache for the app's `ibv_rereg_mr`
+    /// (issue 25): a copy of `mr`, now the app's own registration. Its dereg deregisters
+    /// `mr` and returns the handle's memory to the pool it came from (`grant`: the
+    /// registrar's spare grants, else the spare shadows).
+    Alias {
+        mr: Mr,
+        grant: bool,
     },
 }
 
@@ -494,7 +505,13 @@ impl State {
         f.by_mr.insert(mr_hash(mr.ptr), id, |i| f.slot_mr_hash(i));
         if let Some(h) = grant {
             self.released_grants.remove(&h);
-            self.handles.insert(h, Handle::Granted { id });
+            self.handles.insert(
+                h,
+                Handle::Granted {
+                    id,
+                    access: req.access,
+                },
+            );
         }
         self.count += 1;
         self.bytes += req.len as u64;

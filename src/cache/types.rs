@@ -76,6 +76,9 @@ pub trait Registrar: Sync {
     fn revoke(&self, _handle: usize) -> Result<(), i32> {
         Ok(())
     }
+    /// `handle` (from `grant`), its key revoked already, is free again: the next `grant`
+    /// may reuse it (the alias of a sole-grant `ibv_rereg_mr` was deregistered, issue 25).
+    fn recycle_grant(&self, _handle: usize) {}
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +136,25 @@ pub enum Detached {
     /// grant, the provider's pointer of an entry nobody holds, a deregistered MR): a use
     /// after `ibv_dereg_mr`, answered as a double release, never passed to libibverbs.
     Released,
+    /// The app's handle is an alias (`Handle::Alias`) of this MR, its own since a sole
+    /// handle's `ibv_rereg_mr`: re-register the MR, then copy its fields to the handle.
+    Alias(Mr),
     NotOurs,
+}
+
+/// A handle reserved by `Cache::reserve_sole` for the provider's `ibv_rereg_mr` of its
+/// entry's MR.
+#[derive(Debug, Clone, Copy)]
+pub struct SoleHandle {
+    pub mr: Mr,
+    /// The rights the handle's own registration asked for.
+    pub access: u32,
+    /// The rights the entry's MR was registered with (the first registrant's).
+    pub entry_access: u32,
+    /// A granted handle (its remote key a window's), else a shadow.
+    pub grant: bool,
+    pub(crate) id: u32,
+    pub(crate) was_dead: bool,
 }
 
 /// A copy of the cache's counters and its size, for reporting.
