@@ -3,7 +3,8 @@
 
     ci/bench-report.py SECTION ARGS...
 
-Sections: regmr FILE DAT | unmap DAT LABEL=FILE... | selftest FILE | evict FILE |
+Sections: grid STATS_DIR DAT FILE... | patterns STATS_DIR DAT FILE... |
+unmap DAT LABEL=FILE... | selftest STATS_DIR |
 remote FILE | riostream STATS_DIR FILE... . A section whose runs are missing or failed says
 so and goes on: the benchmarks are never pass/fail.
 """
@@ -27,23 +28,175 @@ def read(path):
         return ""
 
 
-def regmr(path, dat_path):
-    """Lines 'plain|preload BENCH size= ...', alternating runs; the median per size."""
-    pat = r"^(plain|preload) BENCH size=(\d+) iters=\d+ ns_per_pair=(\S+) regs_per_s=(\S+)"
-    d = {"plain": {}, "preload": {}}
-    for m in re.finditer(pat, read(path), re.M):
-        d[m[1]].setdefault(int(m[2]), []).append(float(m[4]))
-    sizes = sorted(set(d["plain"]) & set(d["preload"]))
-    if not sizes:
-        print("regmr: no figures (the runs failed?)")
+def fmt_ratio(r, x="x"):
+    if r is None:
+        return "-"
+    return f"{r:.2f}{x}" if r < 10 else f"{r:.1f}{x}" if r < 100 else f"{r:.0f}{x}"
+
+
+def size_label(b):
+    return f"{b >> 20}Mi" if b >= 1 << 20 and b % (1 << 20) == 0 else f"{b >> 10}Ki"
+
+
+def read_runs(pat, paths):
+    """Lines 'R<round> <mode> <label> BENCH ...' of every FILE: {label: {mode: {round: rate}}}."""
+    runs = {}
+    for path in paths:
+        for m in re.finditer(pat, read(path), re.M):
+            runs.setdefault(m["label"], {}).setdefault(m["mode"], {})[int(m["round"])] = float(m["rate"])
+    return runs
+
+
+def ratio(by_mode, mode):
+    """Median rate of MODE over the median of plain, and the range of the rounds' ratios."""
+    plain, other = by_mode.get("plain", {}), by_mode.get(mode, {})
+    if not plain or not other:
+        return None, None, None, 0
+    r = median(list(other.values())) / median(list(plain.values()))
+    per = [other[k] / plain[k] for k in other if k in plain]
+    return r, min(per) if per else None, max(per) if per else None, len(per)
+
+
+def read_stats(stats_dir, group):
+    """{(label, mode): [report, ...]} from STATS_DIR/<group>-<label>-<mode>-<round>.json."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(stats_dir, f"{group}-*.json"))):
+        name = os.path.basename(path)[:-5]
+        rest, mode, _ = name.rsplit("-", 2)
+        label = rest.split("-", 1)[1]
+        for line in read(path).splitlines():
+            try:
+                s = json.loads(line)
+            except ValueError:
+                continue
+            out.setdefault((label, mode), []).append(s)
+    return out
+
+
+def cache_did(reports):
+    """What the cache did over the runs: the share of registrations that hit, missed and
+    were passed through uncached (summed over the runs)."""
+    if not reports:
+        return "(no statistics)"
+    hits = sum(s.get("hits", 0) + s.get("hits_containing", 0) for s in reports)
+    misses = sum(s.get("misses", 0) for s in reports)
+    unc = sum(s.get("uncached", 0) for s in reports)
+    total = hits + misses + unc
+    if not total:
+        return "(no registrations)"
+    return f"hit {100 * hits / total:.0f}% miss {100 * misses / total:.0f}% uncached {100 * unc / total:.0f}%"
+
+
+def decisions(reports):
+    """Any admission decision the statistics carry (keys naming admission), as printed."""
+    seen = []
+    for s in reports:
+        for k, v in s.items():
+            if "admi" in k.lower() and v not in (None, "", {}, [], 0):
+                t = f"{k}={json.dumps(v, separators=(',', ':'))}"
+                if t not in seen:
+                    seen.append(t)
+    return "; ".join(seen)
+
+
+MODES = [("default", "default (revoke)"), ("keep", "keep"), ("bypass", "bypass")]
+
+
+def grid(stats_dir, dat_path, *paths):
+    """bench/regmr runs by access and size: the speed-up of each mode over plain."""
+    pat = (r"^R(?P<round>\d+) (?P<mode>\S+) (?P<label>\S+) BENCH size=\d+ access=\S+ iters=\d+ "
+           r"ns_per_pair=\S+ regs_per_s=(?P<rate>\S+)")
+    runs = read_runs(pat, paths)
+    stats = read_stats(stats_dir, "grid")
+    keys = []
+    for label in runs:
+        access, size = label.split(":")
+        mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[size[-1]]
+        keys.append((access != "local", int(size[:-1]) * mult, label))
+    if not keys:
+        print("grid: no figures (the runs failed?)")
         return
-    print(f"{'buffer':>10} {'no cache reg/s':>15} {'mrcache reg/s':>15} {'ratio':>8}  runs"
-          "   (reg+dereg of one buffer, rxe under TCG; median)")
+    print("reg+dereg of one buffer (one process per size and mode): speed-up over libibverbs alone,")
+    print("median pairs/s of the preloaded runs over the median of the plain ones (range of the")
+    print("rounds' own ratios); 'the default did': the cache's statistics over the default's runs")
+    print(f"{'access':<7}{'buffer':>6} {'libibverbs':>11}  {'default (revoke)':<21} {'keep':<21}"
+          f" {'bypass':<21} runs  the default did")
+    notes = []
     with open(dat_path, "w") as dat:
-        for size in sizes:
-            a, b = median(d["plain"][size]), median(d["preload"][size])
-            print(f"{size // 1024:>8}Ki {a:>15,.0f} {b:>15,.0f} {b / a:>7.2f}x  {len(d['plain'][size])}")
-            dat.write(f"{size // 1024} {b / a:.2f}\n")
+        dat.write("size_KiB local_default local_keep local_bypass remote_default remote_keep remote_bypass\n")
+        rows = {}
+        for remote, size, label in sorted(keys):
+            by_mode = runs[label]
+            base = median(list(by_mode.get("plain", {}).values()))
+            cells, n = [], 0
+            for mode, _ in MODES:
+                r, lo, hi, k = ratio(by_mode, mode)
+                n = max(n, k)
+                cells.append(f"{fmt_ratio(r)} ({fmt_ratio(lo, '')}-{fmt_ratio(hi, '')})" if r else "-")
+                rows.setdefault(size, {})[("remote" if remote else "local", mode)] = r
+            b = f"{base:>9,.0f}/s" if base else f"{'-':>11}"
+            print(f"{'remote' if remote else 'local':<7}{size_label(size):>6} {b}  {cells[0]:<21}"
+                  f" {cells[1]:<21} {cells[2]:<21} {n:>4}  {cache_did(stats.get((label, 'default'), []))}")
+            d = decisions(stats.get((label, "default"), []))
+            if d:
+                notes.append(f"  {'remote' if remote else 'local'} {size_label(size)}: {d}")
+        for size in sorted(rows):
+            vals = [rows[size].get((a, m)) for a in ("local", "remote") for m, _ in MODES]
+            dat.write(f"{size // 1024} " + " ".join(f"{v:.3f}" if v else "-" for v in vals) + "\n")
+    if notes:
+        print("what the default's admission decided (from its statistics):")
+        print("\n".join(notes))
+
+
+PATTERNS = [
+    ("cyclic-1.5x", "48 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=32 (1.5x the cache)"),
+    ("cyclic-2x", "64 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=32 (2x)"),
+    ("cyclic-4x", "128 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=32 (4x)"),
+    ("zipf", "256 x 64 KiB, Zipf-like (1/k), MRCACHE_MAX_ENTRIES=32"),
+    ("bytes-2x", "8 x 1 MiB, cyclic, MRCACHE_MAX_BYTES=4M (2x by bytes)"),
+    ("fits", "64 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=128 (fits)"),
+    ("remote-cyclic-2x", "64 x 64 KiB remote, cyclic, MAX_ENTRIES=32 (2x)"),
+]
+
+
+def patterns(stats_dir, dat_path, *paths):
+    """bench/evict runs by pattern: the speed-up of each mode over plain, and the hit ratio."""
+    pat = (r"^R(?P<round>\d+) (?P<mode>\S+) (?P<label>\S+) BENCH evict pattern=\S+ buffers=\d+ "
+           r"size=\d+ access=\S+ iters=\d+ ns_per_pair=\d+ pairs_per_s=(?P<rate>\d+)")
+    runs = read_runs(pat, paths)
+    stats = read_stats(stats_dir, "patterns")
+    if not runs:
+        print("patterns: no figures (the runs failed?)")
+        return
+    print("working sets and the cache: N buffers registered and deregistered in turn (local access")
+    print("unless said); speed-up over libibverbs alone (range of the rounds' ratios); what the")
+    print("default's cache did (statistics of its runs)")
+    print(f"{'pattern':<53} {'libibverbs':>11}  {'default':<21} runs  the default did")
+    notes = []
+    with open(dat_path, "w") as dat:
+        dat.write('pattern "default (revoke)" "keep" "bypass"\n')
+        for label, text in PATTERNS:
+            by_mode = runs.get(label)
+            if not by_mode:
+                continue
+            base = median(list(by_mode.get("plain", {}).values()))
+            vals = []
+            for mode, name in MODES:
+                r, lo, hi, k = ratio(by_mode, mode)
+                vals.append(r)
+                if r is None:
+                    continue
+                cell = f"{fmt_ratio(r)} ({fmt_ratio(lo, '')}-{fmt_ratio(hi, '')})"
+                lead = text if mode == "default" else f"  {name}"
+                b = f"{base:>9,.0f}/s" if mode == "default" and base else " " * 11
+                print(f"{lead:<53} {b}  {cell:<21} {k:>4}  {cache_did(stats.get((label, mode), []))}")
+            d = decisions(stats.get((label, "default"), []))
+            if d:
+                notes.append(f"  {label}: {d}")
+            dat.write(f"{label} " + " ".join(f"{v:.3f}" if v else "-" for v in vals) + "\n")
+    if notes:
+        print("what the default's admission decided (from its statistics):")
+        print("\n".join(notes))
 
 
 def unmap(dat_path, *labelled):
@@ -85,28 +238,17 @@ def unmap(dat_path, *labelled):
             dat.write(op + " " + " ".join(f"{vals[c]:.3f}" if c in vals else "-" for c in cols) + "\n")
 
 
-def selftest(path):
-    us = [int(m[1]) for m in re.finditer(r"self-test .* in (\d+) us", read(path))]
+def selftest(stats_dir):
+    us = []
+    for path in glob.glob(os.path.join(stats_dir, "*.json")):
+        for line in read(path).splitlines():
+            try:
+                us.append(json.loads(line)["selftest_us"])
+            except (ValueError, KeyError, TypeError):
+                continue
     if us:
         print(f"startup self-test (at the first registration, in the VM): {median(us):,.0f} us"
-              f" (median of {len(us)})")
-
-
-def evict(path):
-    pat = r"^(plain|small|fits) BENCH evict buffers=\d+ iters=\d+ ns_per_pair=\d+ pairs_per_s=(\d+)"
-    d = {}
-    for m in re.finditer(pat, read(path), re.M):
-        d.setdefault(m[1], []).append(float(m[2]))
-    if "plain" not in d:
-        print("evict: no figures (the runs failed?)")
-        return
-    base = median(d["plain"])
-    for k, label in (("plain", "libibverbs alone"),
-                     ("small", "preload, MRCACHE_MAX_ENTRIES=32 (evicts every call)"),
-                     ("fits", "preload, MRCACHE_MAX_ENTRIES=128 (all hits)")):
-        if k in d:
-            v = median(d[k])
-            print(f"{label:<52} {v:>10,.0f}/s {v / base:>6.2f}x")
+              f" (median of {len(us)} processes)")
 
 
 def remote(path):
@@ -198,5 +340,5 @@ def riostream(stats_dir, *paths):
 
 if __name__ == "__main__":
     section, args = sys.argv[1], sys.argv[2:]
-    {"regmr": regmr, "unmap": unmap, "selftest": selftest, "evict": evict, "remote": remote,
+    {"grid": grid, "patterns": patterns, "unmap": unmap, "selftest": selftest, "remote": remote,
      "riostream": riostream}[section](*args)
