@@ -6,7 +6,8 @@
 #   ci/bench-guest.sh grid|patterns ROUND SECONDS BIN LIB
 # grid      bench/regmr: reg+dereg of one buffer, 4 KiB to 64 MiB, local and remote access,
 #           one process per size; modes plain (libibverbs alone), default (the preload as
-#           shipped: MRCACHE_REMOTE=revoke), keep, bypass (MRCACHE_REMOTE=keep|bypass).
+#           shipped: MRCACHE_REMOTE=revoke), and for remote access keep and bypass
+#           (MRCACHE_REMOTE=keep|bypass).
 # patterns  bench/evict: working sets larger than the cache (cyclic 1.5x, 2x, 4x through a
 #           32-entry cache, a Zipf-like mix, 2x the cache by bytes), a set that fits, and
 #           the cyclic 2x with remote access under each MRCACHE_REMOTE mode.
@@ -36,11 +37,16 @@ run() {
 }
 case $group in
   grid)
-    for access in local remote; do
-      for size in 4k 16k 64k 256k 1m 4m 16m 64m; do
-        for mode in $(modes plain default keep bypass); do
-          run "$access:$size" "$mode" -- "$bin/regmr" "$secs" "$access" "$size"
-        done
+    # MRCACHE_REMOTE governs remote access only: local-only registrations run plain and
+    # default (keep and bypass would run the same code).
+    for size in 4k 64k 256k 1m 4m 16m 64m; do
+      for mode in $(modes plain default); do
+        run "local:$size" "$mode" -- "$bin/regmr" "$secs" local "$size"
+      done
+    done
+    for size in 4k 64k 256k 1m 4m 16m 64m; do
+      for mode in $(modes plain default keep bypass); do
+        run "remote:$size" "$mode" -- "$bin/regmr" "$secs" remote "$size"
       done
     done ;;
   patterns)

@@ -74,29 +74,44 @@ def read_stats(stats_dir, group):
 
 
 def cache_did(reports):
-    """What the cache did over the runs: the share of registrations that hit, missed and
-    were passed through uncached (summed over the runs)."""
+    """What the cache did over the runs: the share of registrations that hit, missed (and
+    were cached) and were passed to libibverbs uncached or bypassed (summed over the runs)."""
     if not reports:
         return "(no statistics)"
     hits = sum(s.get("hits", 0) + s.get("hits_containing", 0) for s in reports)
     misses = sum(s.get("misses", 0) for s in reports)
-    unc = sum(s.get("uncached", 0) for s in reports)
-    total = hits + misses + unc
+    passed = sum(s.get("uncached", 0) + sum((s.get("bypassed") or {}).values()) for s in reports)
+    total = hits + misses + passed
     if not total:
         return "(no registrations)"
-    return f"hit {100 * hits / total:.0f}% miss {100 * misses / total:.0f}% uncached {100 * unc / total:.0f}%"
+    return (f"hit {100 * hits / total:.0f}%, miss {100 * misses / total:.0f}%,"
+            f" passed through {100 * passed / total:.0f}%")
 
 
 def decisions(reports):
-    """Any admission decision the statistics carry (keys naming admission), as printed."""
-    seen = []
+    """What admission decided (the statistics' "admission" list, when the library has one):
+    per access kind and size class, the verdict of each run and the median figures."""
+    classes = {}
     for s in reports:
-        for k, v in s.items():
-            if "admi" in k.lower() and v not in (None, "", {}, [], 0):
-                t = f"{k}={json.dumps(v, separators=(',', ':'))}"
-                if t not in seen:
-                    seen.append(t)
-    return "; ".join(seen)
+        for c in s.get("admission") or []:
+            if isinstance(c, dict):
+                classes.setdefault((c.get("access", "?"), c.get("class", "?")), []).append(c)
+    out = []
+    for (access, cls), cs in sorted(classes.items()):
+        verdicts = "/".join(c.get("verdict", "?") for c in cs)
+        miss = median([c.get("miss_ns", 0) for c in cs]) / 1e3
+        cached = median([c.get("cached_ns", 0) for c in cs]) / 1e3
+        evict = median([c.get("evict_ns", 0) for c in cs]) / 1e3
+        src = cs[-1].get("cached_from", "")
+        passed = sum(c.get("passed", 0) for c in cs)
+        trials = sum(c.get("trials", 0) for c in cs)
+        out.append(f"{access} {cls}: {verdicts} (miss {miss:,.1f} us, cached round {cached:,.1f} us"
+                   f" [{src}], eviction {evict:,.1f} us; passed {passed}, trials {trials})")
+    counts = {k: sum(s.get(k, 0) for s in reports)
+              for k in ("admission_passed_cost", "admission_passed_scan", "admission_trials")}
+    if any(counts.values()):
+        out.append(", ".join(f"{k} {v}" for k, v in counts.items()))
+    return "; ".join(out)
 
 
 MODES = [("default", "default (revoke)"), ("keep", "keep"), ("bypass", "bypass")]
@@ -118,7 +133,8 @@ def grid(stats_dir, dat_path, *paths):
         return
     print("reg+dereg of one buffer (one process per size and mode): speed-up over libibverbs alone,")
     print("median pairs/s of the preloaded runs over the median of the plain ones (range of the")
-    print("rounds' own ratios); 'the default did': the cache's statistics over the default's runs")
+    print("rounds' own ratios); 'the default did': the cache's statistics over the default's runs;")
+    print("MRCACHE_REMOTE (keep, bypass) applies to remote access only")
     print(f"{'access':<7}{'buffer':>6} {'libibverbs':>11}  {'default (revoke)':<21} {'keep':<21}"
           f" {'bypass':<21} runs  the default did")
     notes = []
@@ -149,13 +165,13 @@ def grid(stats_dir, dat_path, *paths):
 
 
 PATTERNS = [
-    ("cyclic-1.5x", "48 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=32 (1.5x the cache)"),
-    ("cyclic-2x", "64 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=32 (2x)"),
-    ("cyclic-4x", "128 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=32 (4x)"),
-    ("zipf", "256 x 64 KiB, Zipf-like (1/k), MRCACHE_MAX_ENTRIES=32"),
-    ("bytes-2x", "8 x 1 MiB, cyclic, MRCACHE_MAX_BYTES=4M (2x by bytes)"),
-    ("fits", "64 x 64 KiB, cyclic, MRCACHE_MAX_ENTRIES=128 (fits)"),
-    ("remote-cyclic-2x", "64 x 64 KiB remote, cyclic, MAX_ENTRIES=32 (2x)"),
+    ("cyclic-1.5x", "cyclic 48 x 64Ki, 32 entries (1.5x)"),
+    ("cyclic-2x", "cyclic 64 x 64Ki, 32 entries (2x)"),
+    ("cyclic-4x", "cyclic 128 x 64Ki, 32 entries (4x)"),
+    ("zipf", "Zipf-like 256 x 64Ki, 32 entries"),
+    ("bytes-2x", "cyclic 8 x 1Mi, MAX_BYTES=4M (2x)"),
+    ("fits", "cyclic 64 x 64Ki, 128 entries (fits)"),
+    ("remote-cyclic-2x", "remote, cyclic 64 x 64Ki, 32 entries"),
 ]
 
 
@@ -168,10 +184,10 @@ def patterns(stats_dir, dat_path, *paths):
     if not runs:
         print("patterns: no figures (the runs failed?)")
         return
-    print("working sets and the cache: N buffers registered and deregistered in turn (local access")
-    print("unless said); speed-up over libibverbs alone (range of the rounds' ratios); what the")
-    print("default's cache did (statistics of its runs)")
-    print(f"{'pattern':<53} {'libibverbs':>11}  {'default':<21} runs  the default did")
+    print("working sets and the cache: N buffers registered and deregistered in turn, local access")
+    print("unless said, the cache limited by MRCACHE_MAX_ENTRIES or MRCACHE_MAX_BYTES; speed-up")
+    print("over libibverbs alone (range of the rounds' ratios); what the cache did (statistics)")
+    print(f"{'pattern':<38} {'libibverbs':>11}  {'speed-up':<21} runs  the cache did")
     notes = []
     with open(dat_path, "w") as dat:
         dat.write('pattern "default (revoke)" "keep" "bypass"\n')
@@ -187,9 +203,11 @@ def patterns(stats_dir, dat_path, *paths):
                 if r is None:
                     continue
                 cell = f"{fmt_ratio(r)} ({fmt_ratio(lo, '')}-{fmt_ratio(hi, '')})"
-                lead = text if mode == "default" else f"  {name}"
+                if mode == "default" and len(by_mode) > 2:
+                    print(text)
+                lead = text if mode == "default" and len(by_mode) <= 2 else f"  {name}"
                 b = f"{base:>9,.0f}/s" if mode == "default" and base else " " * 11
-                print(f"{lead:<53} {b}  {cell:<21} {k:>4}  {cache_did(stats.get((label, mode), []))}")
+                print(f"{lead:<38} {b}  {cell:<21} {k:>4}  {cache_did(stats.get((label, mode), []))}")
             d = decisions(stats.get((label, "default"), []))
             if d:
                 notes.append(f"  {label}: {d}")
