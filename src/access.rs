@@ -39,6 +39,12 @@ pub enum Bypass {
     /// A range the CPU cannot read (device memory of a peer-memory client): its pages can
     /// change with no unmap to see (`Registrar::uncacheable`, asked on a miss only).
     DeviceMemory,
+    /// Remote access under `MRCACHE_REMOTE=revoke`, and a cached round (hit, bind, unbind,
+    /// release) of its size class measured dearer than a registration (`admission`).
+    NotWorthCaching,
+    /// Remote access under `MRCACHE_REMOTE=revoke`, the cache full, and the clock's victim
+    /// used more often lately than this registration was seen (scan resistance).
+    Scan,
 }
 
 /// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).

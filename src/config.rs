@@ -7,7 +7,7 @@ use crate::node::{self, LocalRanks, Memlock, Node};
 use std::fmt;
 
 mod values;
-pub use values::{ForkMode, LogLevel, Monitor, RemoteMode, StatsMode};
+pub use values::{Admit, ForkMode, LogLevel, Monitor, RemoteMode, StatsMode};
 
 /// Every variable the library reads. docs/configuration.md is checked against this table.
 pub const VARIABLES: &[Variable] = &[
@@ -46,6 +46,12 @@ pub const VARIABLES: &[Variable] = &[
         default: "revoke",
         allowed: "revoke, keep, bypass",
         about: "registrations with remote access: revoke = cached, but the app's rkey is a memory window bound at each registration and unbound before ibv_dereg_mr returns, so an old key reaches nothing (a fresh key at every hit); keep = the registration's own rkey stays valid while it is cached (a peer holding it can still write into the memory after ibv_dereg_mr, even after free: only for peers you trust); bypass = not cached, passed to libibverbs",
+    },
+    Variable {
+        name: "MRCACHE_ADMIT",
+        default: "auto",
+        allowed: "auto, always",
+        about: "auto = cache a registration's size class (power of two of its length) and access kind (local, remote under revoke) only while its measured cached round (hit + release, with the window bind and unbind for remote) costs less than the provider's reg + dereg, else pass it through (one cached trial in 32 re-measures); and when the cache is full, evict for a new registration only if it was seen more often lately than the victim was used (scan resistance); always = cache every registration, evict least recently used (the figures are still measured and reported)",
     },
     Variable {
         name: "MRCACHE_MONITOR",
@@ -118,6 +124,8 @@ pub struct Config {
     pub shadow: bool,
     pub remote_superset: bool,
     pub remote: RemoteMode,
+    /// `MRCACHE_ADMIT`.
+    pub admit: Admit,
     pub stats: StatsMode,
     pub stats_file: Option<String>,
     pub log_file: Option<String>,
@@ -153,6 +161,7 @@ impl Config {
             shadow: true,
             remote_superset: false,
             remote: RemoteMode::Revoke,
+            admit: Admit::Auto,
             stats: StatsMode::Off,
             stats_file: None,
             log_file: None,
@@ -309,6 +318,7 @@ where
             }
             "MRCACHE_REMOTE" => RemoteMode::parse(value).map(|m| cfg.remote = m),
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
+            "MRCACHE_ADMIT" => Admit::parse(value).map(|a| cfg.admit = a),
             "MRCACHE_VERIFY" => match value {
                 "off" => Some(false),
                 "pfn" => Some(true),

@@ -5,10 +5,12 @@
 //! - [`cache::Cache`]: the registration cache policy over a [`cache::Registrar`].
 //! - [`invalidation::InvalidationQueue`]: how memory hooks report unmaps, lock-free.
 //! - [`access`]: which registrations may be cached and which entry may serve a request.
+//! - [`admission`]: whether caching a size class pays (cost model), and the scan-resistant rule.
 //! - [`config`]: the `MRCACHE_*` environment variables.
 //! - [`node`]: what the default byte cap depends on (ranks per node, the memlock limit).
 
 pub mod access;
+pub mod admission;
 pub mod cache;
 pub mod config;
 pub mod fork;

@@ -60,6 +60,13 @@ named_enum! {
         /// ... and revoked at `ibv_dereg_mr`.
         RemoteRevokes = "remote_revokes",
         TraceRecordsDropped = "trace_records_dropped",
+        /// Misses passed through (local: registered uncached; remote: to libibverbs)
+        /// because caching their size class did not pay at the measured costs.
+        AdmissionPassedCost = "admission_passed_cost",
+        /// ... because the cache was full of entries used more often (scan resistance).
+        AdmissionPassedScan = "admission_passed_scan",
+        /// Cached trials of a passed-through size class (its figures re-measured).
+        AdmissionTrials = "admission_trials",
     }
 }
 
@@ -94,6 +101,10 @@ named_enum! {
         /// that get_user_pages refuses: a peer-memory client's (GPU memory), which can
         /// change behind an address without any unmap we could see.
         DeviceMemory = "device-memory",
+        /// Caching its size class does not pay at the measured costs (`admission`).
+        NotWorthCaching = "not-worth-caching",
+        /// The cache was full of entries used more often (scan resistance).
+        Scan = "scan",
     }
 }
 
@@ -109,6 +120,8 @@ impl From<crate::access::Bypass> for Bypassed {
             Bypass::Disabled => Bypassed::Disabled,
             Bypass::Remote => Bypassed::RemoteAccess,
             Bypass::DeviceMemory => Bypassed::DeviceMemory,
+            Bypass::NotWorthCaching => Bypassed::NotWorthCaching,
+            Bypass::Scan => Bypassed::Scan,
         }
     }
 }
@@ -273,6 +286,37 @@ pub struct Report {
     pub memlock: String,
     pub selftest_us: u64,
     pub selftest: BTreeMap<String, String>,
+    /// `MRCACHE_ADMIT`: auto or always.
+    #[serde(default)]
+    pub admit: String,
+    /// What admission decided per size class and access kind, and on which figures.
+    #[serde(default)]
+    pub admission: Vec<AdmissionClass>,
+}
+
+/// One size class's admission decision and the measured figures it rests on (ns per
+/// operation; decaying means).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdmissionClass {
+    /// "local" or "remote".
+    pub access: String,
+    /// The power of two at or above the lengths: "4KiB", "64KiB", ...
+    pub class: String,
+    /// "cache" or "pass-through".
+    pub verdict: String,
+    pub miss_ns: f64,
+    pub reg_ns: f64,
+    pub dereg_ns: f64,
+    pub cached_ns: f64,
+    /// Where `cached_ns` comes from: "lock-free round" (local, timed by the cache on a new
+    /// entry), "locked rounds" (hits and releases timed whole, with bind and unbind for
+    /// remote), or "none yet".
+    pub cached_from: String,
+    pub evict_ns: f64,
+    /// Samples behind reg_ns, dereg_ns and cached_ns.
+    pub samples: [u64; 3],
+    pub passed: u64,
+    pub trials: u64,
 }
 
 impl std::ops::Index<Counter> for Report {

@@ -77,6 +77,37 @@ pub fn summary(r: &Report) -> Vec<String> {
         ),
         ("fork policy", r.fork_decision.clone()),
     ];
+    if !r.admit.is_empty() {
+        rows.push((
+            "admission",
+            format!(
+                "MRCACHE_ADMIT={}: {} passed through (caching did not pay), {} (scan: cache full of busier entries), {} cached trials",
+                r.admit,
+                n(Counter::AdmissionPassedCost),
+                n(Counter::AdmissionPassedScan),
+                n(Counter::AdmissionTrials),
+            ),
+        ));
+    }
+    for a in &r.admission {
+        rows.push((
+            "",
+            format!(
+                "{} {}: {}: miss {} ns (reg {} + dereg {}), cached round {} ns ({}), eviction {} ns; {} passed, {} trials",
+                a.access,
+                a.class,
+                a.verdict,
+                a.miss_ns,
+                a.reg_ns,
+                a.dereg_ns,
+                a.cached_ns,
+                a.cached_from,
+                a.evict_ns,
+                a.passed,
+                a.trials
+            ),
+        ));
+    }
     // The byte cap, one part of its reason a line (so no part is broken across lines).
     let cap = if r.max_bytes == u64::MAX {
         "unlimited".to_string()

@@ -86,6 +86,7 @@ pub fn set_up() -> Runtime {
             &QUEUE,
         )
         .with_remote(config.remote)
+        .with_admit(config.admit)
     });
     if let Some(cache) = &cache {
         if let Some(why) = blind {

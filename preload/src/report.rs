@@ -44,6 +44,8 @@ pub fn report() -> Option<Report> {
         remote_keys: cache.remote().as_str().into(),
         selftest_us: rt.coverage.as_ref().map_or(0, |c| c.nanos / 1000),
         caching_off: cache.caching_stopped().unwrap_or_default().into(),
+        admit: cache.admit().as_str().into(),
+        admission: cache.admission().to_report(),
         ..Report::default()
     };
     crate::budget::fill(&mut r);

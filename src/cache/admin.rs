@@ -81,7 +81,7 @@ impl<R: Registrar> Cache<R> {
     pub fn detach(&self, ptr: usize) -> Detached {
         let mut st = self.lock();
         match st.handles.get(&ptr) {
-            Some(Handle::Uncached { mr }) => {
+            Some(Handle::Uncached { mr, .. }) => {
                 let mr = *mr;
                 st.handles.remove(&ptr);
                 Detached::Sole(mr)
@@ -125,7 +125,9 @@ impl<R: Registrar> Cache<R> {
     /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
     /// path that made it.
     pub fn adopt_uncached(&self, mr: Mr) {
-        self.lock().handles.insert(mr.ptr, Handle::Uncached { mr });
+        self.lock()
+            .handles
+            .insert(mr.ptr, Handle::Uncached { mr, len: 0 });
     }
 
     /// A registration made outside the cache (passed through to libibverbs) has this
@@ -153,7 +155,9 @@ impl<R: Registrar> Cache<R> {
     /// a thread that does not exist in the child), so nothing of it is deregistered: the
     /// child cannot use the parent's verbs objects.
     pub fn renewed(&self, registrar: R) -> Cache<R> {
-        let fresh = Cache::with_queue(registrar, self.limits, self.queue).with_remote(self.remote);
+        let fresh = Cache::with_queue(registrar, self.limits, self.queue)
+            .with_remote(self.remote)
+            .with_admit(self.admit);
         if let Some(why) = self.caching_stopped() {
             fresh.stop_caching(why);
         }

@@ -23,7 +23,8 @@ pub use slots::MAX_SLOTS;
 pub use types::*;
 
 use crate::access::{self, Bypass};
-use crate::config::RemoteMode;
+use crate::admission::{self, Access, Classes, Decision, Figures, Verdict};
+use crate::config::{Admit, RemoteMode};
 use crate::invalidation::InvalidationQueue;
 use crate::stats::{Counter, Counters};
 use state::{Claim, Fast, Handle, State, key_hash};
@@ -50,6 +51,11 @@ pub struct Cache<R: Registrar> {
     /// Set once by `stop_caching`: why the cache no longer caches.
     stopped: std::sync::OnceLock<String>,
     remote: RemoteMode,
+    /// `MRCACHE_ADMIT`.
+    admit: Admit,
+    /// The admission figures of each size class and access kind (never taken on the
+    /// lock-free path; never held across a registrar call).
+    classes: Mutex<Classes>,
     /// The lookup structures the hit path reads without the lock.
     fast: Fast,
     /// The count of invalidations begun as of the last drain that found none in flight
@@ -87,6 +93,8 @@ impl<R: Registrar> Cache<R> {
             queue,
             stopped: std::sync::OnceLock::new(),
             remote: RemoteMode::Keep,
+            admit: Admit::Always,
+            classes: Mutex::new(Classes::default()),
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),
             stranded: AtomicBool::new(false),
@@ -182,7 +190,7 @@ impl<R: Registrar> Cache<R> {
             return Err(AcquireError::Bypass(b));
         }
         if self.stopped.get().is_some() {
-            return self.register_uncached(req);
+            return self.register_uncached(req, Access::Local);
         }
         let remote = req.access & access::REMOTE != 0;
         if remote && self.remote == RemoteMode::Bypass {
@@ -195,6 +203,15 @@ impl<R: Registrar> Cache<R> {
         {
             return Ok((h, Outcome::Hit));
         }
+        let kind = if revocable {
+            Access::Remote
+        } else {
+            Access::Local
+        };
+        let auto = self.admit == Admit::Auto;
+        // The locked path: timed, a hit's round for the admission figures (the lock-free
+        // hits above are not: timing them would cost every hit).
+        let t_start = Instant::now();
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
         if !stale.is_empty() {
@@ -202,11 +219,32 @@ impl<R: Registrar> Cache<R> {
             self.deregister_all(&stale);
             st = self.lock();
         }
+        if auto {
+            st.see(req, self.limits);
+        }
         let exact = self.fast.exact(req);
         let found = exact.map(|id| (id, Outcome::Hit)).or_else(|| {
             st.find_containing(&self.fast, req, self.limits)
                 .map(|id| (id, Outcome::HitContaining))
         });
+        // A passed-through class's entry (cached before its costs changed, or a trial's
+        // whose hits are spent): evicted if idle, and the call takes the miss path.
+        let found = match found {
+            Some((id, _)) if auto && !self.classes().allow_hit(kind, req.len, auto) => {
+                let idle = self.fast.slots.get(id).is_some_and(|s| s.kill_if_idle());
+                if idle {
+                    let gone: Vec<Mr> = st.remove(&self.fast, id).into_iter().collect();
+                    drop(st);
+                    self.stats.add(Counter::Evictions, gone.len() as u64);
+                    self.deregister_all(&gone);
+                    st = self.lock();
+                    None
+                } else {
+                    found
+                }
+            }
+            _ => found,
+        };
         if let Some((id, outcome)) = found
             && let Some(claim) = st.claim(&self.fast, id, req, self.limits.shadow)
         {
@@ -217,6 +255,8 @@ impl<R: Registrar> Cache<R> {
                         Outcome::Hit => self.hits.add(0, 1),
                         _ => self.stats.add(Counter::HitsContaining, 1),
                     }
+                    let ns = t_start.elapsed().as_nanos() as f64;
+                    self.figures(kind, req.len, |f| f.hit.add(ns));
                     return Ok((h, outcome));
                 }
             }
@@ -227,12 +267,52 @@ impl<R: Registrar> Cache<R> {
         if let Some(b) = self.registrar.uncacheable(req) {
             return Err(AcquireError::Bypass(b));
         }
+        let decision = self.classes().decide(kind, req.len, auto);
+        match decision {
+            Decision::PassThrough => {
+                self.stats.add(Counter::AdmissionPassedCost, 1);
+                return if revocable {
+                    Err(AcquireError::Bypass(Bypass::NotWorthCaching))
+                } else {
+                    self.register_uncached(req, kind)
+                };
+            }
+            Decision::Trial => self.stats.add(Counter::AdmissionTrials, 1),
+            Decision::Cache => {}
+        }
         let mut st = self.lock();
-        let (evicted, fits) = st.make_room(&self.fast, req.len as u64, self.limits);
+        let t_room = Instant::now();
+        let room = st.make_room(
+            &self.fast,
+            req.len as u64,
+            self.limits,
+            auto.then(|| key_hash(req)),
+        );
+        let room_ns = t_room.elapsed().as_nanos() as f64;
         drop(st);
+        let (evicted, fits) = (room.evicted, room.fits);
+        if !evicted.is_empty() {
+            let per = room_ns / evicted.len() as f64;
+            self.figures(kind, req.len, |f| f.evict.add(per));
+        }
         self.deregister_all(&evicted);
-        let (started, quiet) = self.quiet_moment();
         self.stats.add(Counter::Evictions, evicted.len() as u64);
+        if room.refused {
+            // Scan resistance: the cache is full of entries used more often than this one
+            // was seen; as without the cache.
+            self.stats.add(Counter::AdmissionPassedScan, 1);
+            return if revocable {
+                Err(AcquireError::Bypass(Bypass::Scan))
+            } else {
+                self.register_uncached(req, kind)
+            };
+        }
+        if revocable && !fits {
+            // It could not be cached: a revocable registration and its grant would only be
+            // given back (an uncached handle needs the registration's own remote rights).
+            return Err(self.bypass_remote());
+        }
+        let (started, quiet) = self.quiet_moment();
 
         let t0 = Instant::now();
         let register = || {
@@ -255,12 +335,13 @@ impl<R: Registrar> Cache<R> {
                 result = Err(e);
             }
         }
-        self.stats
-            .add(Counter::RegistrationNs, t0.elapsed().as_nanos() as u64);
+        let reg_ns = t0.elapsed().as_nanos();
+        self.stats.add(Counter::RegistrationNs, reg_ns as u64);
         if revocable && result == Err(UNSUPPORTED) {
             return Err(self.bypass_remote());
         }
         let mr = result.map_err(AcquireError::Failed)?;
+        self.figures(kind, req.len, |f| f.reg.add(reg_ns as f64));
         let grant = if revocable {
             match self.registrar.grant(mr, req) {
                 Ok(h) => Some(h),
@@ -290,7 +371,11 @@ impl<R: Registrar> Cache<R> {
             && st.insert(&self.fast, *req, mr, grant)
         {
             self.note_peak(&st);
+            let round = (kind == Access::Local).then(|| self.time_round(req, mr.ptr));
             drop(st);
+            if let Some(Some(ns)) = round {
+                self.figures(kind, req.len, |f| f.round.add(ns));
+            }
             self.deregister_all(&stale);
             self.stats.add(Counter::Misses, 1);
             if grant.is_some() {
@@ -308,7 +393,8 @@ impl<R: Registrar> Cache<R> {
             Err(self.bypass_remote())
         } else {
             st.unbury(mr.ptr);
-            st.handles.insert(mr.ptr, Handle::Uncached { mr });
+            st.handles
+                .insert(mr.ptr, Handle::Uncached { mr, len: req.len });
             drop(st);
             self.deregister_all(&stale);
             self.stats.add(Counter::Uncached, 1);
@@ -316,19 +402,104 @@ impl<R: Registrar> Cache<R> {
         }
     }
 
-    /// A registration the app owns, released by its `ibv_dereg_mr` (after `stop_caching`).
-    fn register_uncached(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
+    /// A registration the app owns, released by its `ibv_dereg_mr` (after `stop_caching`,
+    /// and a miss passed through by admission).
+    fn register_uncached(
+        &self,
+        req: &Request,
+        kind: Access,
+    ) -> Result<(usize, Outcome), AcquireError> {
         let t0 = Instant::now();
         let result = self.registrar.register(req);
-        self.stats
-            .add(Counter::RegistrationNs, t0.elapsed().as_nanos() as u64);
+        let ns = t0.elapsed().as_nanos();
+        self.stats.add(Counter::RegistrationNs, ns as u64);
         let mr = result.map_err(AcquireError::Failed)?;
+        if self.stopped.get().is_none() {
+            self.figures(kind, req.len, |f| f.reg.add(ns as f64));
+        }
         let mut st = self.lock();
         st.unbury(mr.ptr);
-        st.handles.insert(mr.ptr, Handle::Uncached { mr });
+        st.handles
+            .insert(mr.ptr, Handle::Uncached { mr, len: req.len });
         drop(st);
         self.stats.add(Counter::Uncached, 1);
         Ok((mr.ptr, Outcome::Uncached))
+    }
+
+    /// What a local cached round costs, timed on the entry just inserted for `req` (cache
+    /// lock held, so nothing can drain it, and the app's coming reference keeps ours from
+    /// being the last): the lock-free hit's probe and claim, and the lock-free release's
+    /// probe and release, of one extra reference. The best of a few; `None` when the class
+    /// has enough samples (one new one in `ROUND_EVERY` misses then).
+    fn time_round(&self, req: &Request, ptr: usize) -> Option<f64> {
+        const ROUND_EVERY: u64 = 64;
+        let n = self.classes().get(Access::Local, req.len).round.samples;
+        let misses = self.stats.get(Counter::Misses);
+        if n >= 4 && misses % ROUND_EVERY != 0 {
+            return None;
+        }
+        let hash = key_hash(req);
+        let mut best = f64::INFINITY;
+        for _ in 0..4 {
+            let t = Instant::now();
+            let claimed = self.fast.exact_candidates(hash, |id, slot| {
+                (slot.has_key(req) && slot.claim_other()).then_some(id)
+            })?;
+            let released = self.fast.mr_candidates(ptr, |id, slot| {
+                (id == claimed && slot.mr_ptr() == ptr).then(|| slot.release_other())
+            });
+            let ns = t.elapsed().as_nanos() as f64;
+            if released.is_none() {
+                // Not found by its pointer (cannot happen under the lock): give it back.
+                self.fast.slots.get(claimed)?.release_other();
+                return None;
+            }
+            best = best.min(ns.max(1.0));
+        }
+        Some(best)
+    }
+
+    fn classes(&self) -> MutexGuard<'_, Classes> {
+        self.classes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Update one class's admission figures (never with the state lock held). When that
+    /// turns the class to pass-through, its idle entries go (local hits take the lock-free
+    /// path, which does not look at the verdict).
+    fn figures(&self, kind: Access, len: usize, f: impl FnOnce(&mut Figures)) {
+        let flipped = {
+            let mut c = self.classes();
+            let fig = c.get_mut(kind, len);
+            let before = admission::verdict(kind, &fig.costs(kind));
+            f(fig);
+            let after = admission::verdict(kind, &fig.costs(kind));
+            before == Verdict::Cache && after == Verdict::PassThrough
+        };
+        if flipped && self.admit == Admit::Auto {
+            let class = admission::size_class(len);
+            let remote = self.remote;
+            let idle = self.lock().evict_idle(&self.fast, |e| {
+                let revocable = e.req.access & access::REMOTE != 0 && remote == RemoteMode::Revoke;
+                admission::size_class(e.req.len) == class && revocable == (kind == Access::Remote)
+            });
+            self.stats.add(Counter::Evictions, idle.len() as u64);
+            self.deregister_all(&idle);
+        }
+    }
+
+    /// `MRCACHE_ADMIT` (`Always` unless set: every registration caches).
+    pub fn with_admit(mut self, admit: Admit) -> Cache<R> {
+        self.admit = admit;
+        self
+    }
+
+    pub fn admit(&self) -> Admit {
+        self.admit
+    }
+
+    /// The admission figures and decisions of every measured class.
+    pub fn admission(&self) -> Classes {
+        self.classes().clone()
     }
 
     fn bypass_remote(&self) -> AcquireError {
@@ -433,6 +604,7 @@ impl<R: Registrar> Cache<R> {
 
     /// The app's `ibv_dereg_mr(ptr)`.
     pub fn release(&self, ptr: usize) -> Released {
+        let t_start = Instant::now();
         self.drain_pending();
         // The provider's own pointer, not the last reference of a dead entry: no lock.
         if let Some(released) = self.try_release(ptr) {
@@ -460,18 +632,25 @@ impl<R: Registrar> Cache<R> {
             };
         };
         let to_dereg = match handle {
-            Handle::Uncached { mr } => {
+            Handle::Uncached { mr, len } => {
                 // Tombstoned before the provider can free it (and so reuse the address): a
                 // second ibv_dereg_mr of it is then a double release, never handed to
                 // libibverbs with freed memory.
                 st.bury(ptr);
                 drop(st);
+                let t = Instant::now();
                 return match self.registrar.deregister(mr) {
-                    Ok(()) => Released::Deregistered,
+                    Ok(()) => {
+                        if len > 0 {
+                            let ns = t.elapsed().as_nanos() as f64;
+                            self.figures(Access::Local, len, |f| f.dereg.add(ns));
+                        }
+                        Released::Deregistered
+                    }
                     Err(e) => {
                         let mut st = self.lock();
                         st.unbury(ptr);
-                        st.handles.insert(ptr, Handle::Uncached { mr });
+                        st.handles.insert(ptr, Handle::Uncached { mr, len });
                         Released::Failed(e)
                     }
                 };
@@ -494,7 +673,15 @@ impl<R: Registrar> Cache<R> {
                 }
                 self.stats.add(Counter::RemoteRevokes, 1);
                 st = self.lock();
-                st.unref(&self.fast, id)
+                let len = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
+                let gone = st.unref(&self.fast, id);
+                drop(st);
+                if len > 0 {
+                    let ns = t_start.elapsed().as_nanos() as f64;
+                    self.figures(Access::Remote, len, |f| f.release.add(ns));
+                }
+                st = self.lock();
+                gone
             }
         };
         drop(st);
@@ -530,20 +717,32 @@ impl<R: Registrar> Cache<R> {
     /// Deregister MRs that `State::remove` took out of the cache.
     fn deregister_all(&self, mrs: &[Mr]) {
         /// Takes the MR off the in-flight list when the provider call returns or unwinds.
-        struct Landed<'a>(&'a Mutex<State>, usize);
+        /// With the deregistration's time when it succeeded: an admission figure.
+        struct Landed<'a>(&'a Mutex<State>, usize, &'a Mutex<Classes>, Option<f64>);
         impl Drop for Landed<'_> {
             fn drop(&mut self) {
                 let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
-                st.land(self.1);
+                let class = st.land(self.1);
+                drop(st);
+                if let (Some(ns), Some((len, revocable))) = (self.3, class) {
+                    let kind = if revocable {
+                        Access::Remote
+                    } else {
+                        Access::Local
+                    };
+                    let mut c = self.2.lock().unwrap_or_else(|e| e.into_inner());
+                    c.get_mut(kind, len).dereg.add(ns);
+                }
             }
         }
         let mut panicked = None;
         for &mr in mrs {
-            let _landed = Landed(&self.state, mr.ptr);
+            let mut landed = Landed(&self.state, mr.ptr, &self.classes, None);
+            let t = Instant::now();
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.registrar.deregister(mr)
             })) {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => landed.3 = Some(t.elapsed().as_nanos() as f64),
                 Ok(Err(_)) => {
                     self.stats.add(Counter::DeregFailures, 1);
                 }

@@ -286,6 +286,20 @@ impl Slot {
         self.kill_if_idle()
     }
 
+    /// `clock_evict` without the eviction: true for an idle entry not used since the last
+    /// pass (the caller then evicts it with `kill_if_idle`, or keeps it).
+    pub fn clock_idle(&self) -> bool {
+        let s = self.state.load(Acquire);
+        if s & DEAD != 0 || refs(s) != 0 {
+            return false;
+        }
+        if s & USED != 0 {
+            self.state.fetch_and(!USED, AcqRel);
+            return false;
+        }
+        true
+    }
+
     pub fn load(&self) -> u64 {
         self.state.load(Acquire)
     }

@@ -115,6 +115,9 @@ pub enum Handle {
     },
     Uncached {
         mr: Mr,
+        /// The registration's length (0: not known, after `ibv_rereg_mr`), for the
+        /// admission figures.
+        len: usize,
     },
 }
 
@@ -156,6 +159,23 @@ pub struct State {
     pub in_flight: HashMap<usize, Vec<(usize, usize)>>,
     /// Where the eviction clock hand stands.
     hand: usize,
+    /// `MRCACHE_ADMIT=auto`: how often each key was seen lately (misses and locked hits,
+    /// and the lock-free hits the slots count, added as the clock hand passes).
+    pub sketch: Option<crate::admission::Sketch>,
+    /// MRs on their way to deregistration (as `in_flight`): their length and whether they
+    /// were revocable, for the admission figures.
+    landing: HashMap<usize, (usize, bool)>,
+    /// Per slot id: its lock-free hit count when the hand last passed (or at insert).
+    seen_hits: Vec<u16>,
+}
+
+/// What `make_room` did.
+pub struct Room {
+    pub evicted: Vec<Mr>,
+    /// One more entry of the length asked for fits now.
+    pub fits: bool,
+    /// The admission rule refused to evict for this key (scan resistance).
+    pub refused: bool,
 }
 
 impl State {
@@ -174,13 +194,15 @@ impl State {
     }
 
     /// One deregistration of `ptr` returned (or the MR went back to the app).
-    pub fn land(&mut self, ptr: usize) {
+    /// Its length and whether it was revocable, if known.
+    pub fn land(&mut self, ptr: usize) -> Option<(usize, bool)> {
         if let Some(v) = self.in_flight.get_mut(&ptr) {
             v.remove(0);
             if v.is_empty() {
                 self.in_flight.remove(&ptr);
             }
         }
+        self.landing.remove(&ptr)
     }
 
     pub fn bury(&mut self, ptr: usize) {
@@ -337,11 +359,24 @@ impl State {
     }
 
     /// Evict idle entries (approximately least recently used first: a clock) until one more
-    /// entry of `len` bytes fits. Returns the evicted MRs and whether it now fits.
-    pub fn make_room(&mut self, f: &Fast, len: u64, limits: Limits) -> (Vec<Mr>, bool) {
+    /// entry of `len` bytes fits. With `candidate` (the key hash of the miss, under
+    /// `MRCACHE_ADMIT=auto`), a victim is evicted only if the candidate was seen more often
+    /// lately than the victim was used (`Sketch::admits`); else nothing more is evicted and
+    /// `refused` is set.
+    pub fn make_room(
+        &mut self,
+        f: &Fast,
+        len: u64,
+        limits: Limits,
+        candidate: Option<u64>,
+    ) -> Room {
         let mut evicted = Vec::new();
         if len > limits.max_bytes {
-            return (evicted, false);
+            return Room {
+                evicted,
+                fits: false,
+                refused: false,
+            };
         }
         while !self.fits(len, limits) {
             // Two passes: the first may only clear clock bits.
@@ -350,14 +385,74 @@ impl State {
                 let id = self.hand % n.max(1);
                 self.hand = id + 1;
                 let slot = f.slots.get(id as u32)?;
-                (slot.present() && slot.indexed() && slot.clock_evict()).then_some(id as u32)
+                if !(slot.present() && slot.indexed()) {
+                    return None;
+                }
+                if candidate.is_some() {
+                    self.note_uses(f, id as u32);
+                }
+                let pick = if candidate.is_some() {
+                    slot.clock_idle()
+                } else {
+                    slot.clock_evict()
+                };
+                pick.then_some(id as u32)
             });
             let Some(id) = victim else {
-                return (evicted, false);
+                return Room {
+                    evicted,
+                    fits: false,
+                    refused: false,
+                };
             };
+            if let (Some(c), Some(sk)) = (candidate, &self.sketch) {
+                let v = f.slots.get(id).map_or(0, |s| key_hash(&s.request()));
+                if !crate::admission::Sketch::admits(sk.frequency(c), sk.frequency(v)) {
+                    return Room {
+                        evicted,
+                        fits: false,
+                        refused: true,
+                    };
+                }
+                if !f.slots.get(id).is_some_and(|s| s.kill_if_idle()) {
+                    continue; // claimed meanwhile by a lock-free hit
+                }
+            }
             evicted.extend(self.remove(f, id));
         }
-        (evicted, true)
+        Room {
+            evicted,
+            fits: true,
+            refused: false,
+        }
+    }
+
+    /// `MRCACHE_ADMIT=auto`: the key `req` was seen (a miss or a locked hit).
+    pub fn see(&mut self, req: &Request, limits: Limits) {
+        let sk = self.sketch.get_or_insert_with(|| {
+            let entries = limits.max_entries.clamp(16, 1 << 17);
+            let bits = (usize::BITS - (8 * entries - 1).leading_zeros()).min(20);
+            crate::admission::Sketch::new(bits, 10 * entries as u64)
+        });
+        sk.see(key_hash(req), 1);
+    }
+
+    /// The hand passes slot `id`: add the lock-free hits it counted since the last pass
+    /// (or its insert) to its key's frequency.
+    fn note_uses(&mut self, f: &Fast, id: u32) {
+        let Some(slot) = f.slots.get(id) else { return };
+        let now = (slots::hits(slot.load()) & 0x3fff) as u16;
+        let i = id as usize;
+        if self.seen_hits.len() <= i {
+            self.seen_hits.resize(i + 1, now);
+        }
+        let delta = now.wrapping_sub(self.seen_hits[i]) & 0x3fff;
+        self.seen_hits[i] = now;
+        if delta > 0
+            && let Some(sk) = &mut self.sketch
+        {
+            sk.see(key_hash(&slot.request()), delta as u64);
+        }
     }
 
     pub fn evict_idle(&mut self, f: &Fast, pred: impl Fn(&Entry) -> bool) -> Vec<Mr> {
@@ -382,6 +477,14 @@ impl State {
             return false;
         };
         slot.reset(&req, mr, grant.is_some());
+        if self.sketch.is_some() {
+            let now = (slots::hits(slot.load()) & 0x3fff) as u16;
+            let i = id as usize;
+            if self.seen_hits.len() <= i {
+                self.seen_hits.resize(i + 1, 0);
+            }
+            self.seen_hits[i] = now;
+        }
         if self.free_ids.pop().is_none() {
             self.next_id += 1;
         }
@@ -419,6 +522,11 @@ impl State {
     pub fn remove(&mut self, f: &Fast, id: u32) -> Option<Mr> {
         self.unindex(f, id);
         let e = self.entry(f, id)?;
+        let revocable = f
+            .slots
+            .get(id)
+            .is_some_and(|s| s.load() & slots::REVOCABLE != 0);
+        self.landing.insert(e.mr.ptr, (e.req.len, revocable));
         f.by_mr.remove(mr_hash(e.mr.ptr), id, |i| f.slot_mr_hash(i));
         f.slots.get(id)?.set_absent();
         self.bury(e.mr.ptr);

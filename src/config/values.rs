@@ -26,6 +26,31 @@ impl LogLevel {
     }
 }
 
+/// Which registrations the cache keeps (`MRCACHE_ADMIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Only the size classes where caching pays, and scan-resistant when full.
+    Auto,
+    /// Every registration, least recently used evicted (as before admission existed).
+    Always,
+}
+
+impl Admit {
+    pub fn parse(v: &str) -> Option<Admit> {
+        match v {
+            "auto" => Some(Admit::Auto),
+            "always" => Some(Admit::Always),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Admit::Auto => "auto",
+            Admit::Always => "always",
+        }
+    }
+}
+
 /// What happens at `fork()` (`MRCACHE_FORK`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForkMode {

@@ -1,0 +1,610 @@
+//! Cost-aware admission: whether caching a registration pays, from measured figures.
+//!
+//! The pure model, per size class (the power of two at or above the registration length)
+//! and access kind (local-only, or remote under `MRCACHE_REMOTE=revoke`):
+//!
+//! - `miss_ns`: what a registration costs without the cache, the provider's reg + dereg.
+//! - `cached_ns`: what a cached round costs, a hit and its release; for `Remote` also the
+//!   window bind at the hit and its unbind at the release (the remote key's guarantee).
+//! - `evict_ns`: the bookkeeping of one eviction beyond the deregistration it performs
+//!   (which `miss_ns` already counts).
+//!
+//! [`verdict`] caches a class only where a cached round is cheaper than a miss.
+//! [`verdict_at`] says the same at an observed hit ratio `h`: a cache that misses `1 - h`
+//! of the time pays `h * cached + (1 - h) * (miss + evict)` per call against `miss`
+//! without it; [`verdict`] is `verdict_at(.., 1.0)`.
+//!
+//! [`Figures`] keeps the running figures of one class (a decaying mean, so a change in
+//! cost is followed) and [`Classes`] all of them, with the decision and its re-probe: a
+//! class passed through still gets one cached trial in [`PROBE_EVERY`] of its misses, so
+//! its figures stay current and a change of cost brings it back. Both are plain data (the
+//! cache keeps them under a lock of their own, never on the lock-free hit path).
+//!
+//! Neither branch weakens the remote-key guarantee: a cached remote registration is always
+//! revocable (revoke), a passed-through one is libibverbs' own; nothing is ever kept.
+
+use std::fmt;
+
+/// What a registration's rights make of it for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// No remote rights: a hit is the lock-free claim, a release its undo.
+    Local,
+    /// Remote rights under `MRCACHE_REMOTE=revoke`: a hit binds a window, a release
+    /// unbinds it.
+    Remote,
+}
+
+impl Access {
+    pub const ALL: [Access; 2] = [Access::Local, Access::Remote];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Local => "local",
+            Access::Remote => "remote",
+        }
+    }
+}
+
+/// The number of size classes: 2^0 .. 2^63 bytes.
+pub const CLASSES: usize = 64;
+
+/// The size class of a registration of `len` bytes: the exponent of the smallest power of
+/// two at or above `len` (0 for 0 and 1; 12 for 4 KiB; 13 for 4 KiB + 1).
+pub fn size_class(len: usize) -> u32 {
+    if len <= 1 {
+        0
+    } else {
+        usize::BITS - (len - 1).leading_zeros()
+    }
+}
+
+/// A class's name for reports: "4KiB", "64KiB", "1MiB", ...
+pub fn class_name(class: u32) -> String {
+    let (n, unit) = match class {
+        0..=9 => (1u64 << class, "B"),
+        10..=19 => (1u64 << (class - 10), "KiB"),
+        20..=29 => (1u64 << (class - 20), "MiB"),
+        30..=39 => (1u64 << (class - 30), "GiB"),
+        _ => (1u64 << (class.min(63) - 40), "TiB"),
+    };
+    format!("{n}{unit}")
+}
+
+/// Measured costs of one size class and access kind, per operation, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Costs {
+    /// Provider reg + dereg: what the registration costs without the cache.
+    pub miss_ns: f64,
+    /// A hit and its release (for `Remote`, including the window bind and unbind).
+    pub cached_ns: f64,
+    /// One eviction's bookkeeping beyond the deregistration `miss_ns` counts.
+    pub evict_ns: f64,
+}
+
+/// What the cache does with a class's misses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Register and keep: later calls hit.
+    Cache,
+    /// Register through the provider uncached (local) or through libibverbs (remote),
+    /// as without the cache.
+    PassThrough,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Cache => "cache",
+            Verdict::PassThrough => "pass-through",
+        })
+    }
+}
+
+fn known(x: f64) -> bool {
+    x.is_finite() && x > 0.0
+}
+
+/// Cache `access`'s class with these `costs` where a cached round is cheaper than a miss.
+/// A figure not measured yet (zero, negative or not finite) caches: the first misses
+/// measure it, as the cache without admission would.
+pub fn verdict(access: Access, costs: &Costs) -> Verdict {
+    verdict_at(access, costs, 1.0)
+}
+
+/// `verdict` at hit ratio `hit_ratio` (clamped to 0..=1): caching costs
+/// `h * cached_ns + (1 - h) * (miss_ns + evict_ns)` per call, passing through `miss_ns`.
+pub fn verdict_at(_access: Access, costs: &Costs, hit_ratio: f64) -> Verdict {
+    if !known(costs.miss_ns) || !known(costs.cached_ns) {
+        return Verdict::Cache;
+    }
+    let h = if hit_ratio.is_nan() {
+        1.0
+    } else {
+        hit_ratio.clamp(0.0, 1.0)
+    };
+    let evict = if known(costs.evict_ns) {
+        costs.evict_ns
+    } else {
+        0.0
+    };
+    let cached = h * costs.cached_ns + (1.0 - h) * (costs.miss_ns + evict);
+    if cached < costs.miss_ns {
+        Verdict::Cache
+    } else {
+        Verdict::PassThrough
+    }
+}
+
+/// The hit ratio above which caching pays (`None`: never, a cached round costs at least a
+/// miss; `Some(0.0)`: a figure is missing).
+pub fn break_even(costs: &Costs) -> Option<f64> {
+    if !known(costs.miss_ns) || !known(costs.cached_ns) {
+        return Some(0.0);
+    }
+    let gain = costs.miss_ns - costs.cached_ns;
+    if gain <= 0.0 {
+        return None;
+    }
+    let evict = if known(costs.evict_ns) {
+        costs.evict_ns
+    } else {
+        0.0
+    };
+    Some(evict / (gain + evict))
+}
+
+/// A passed-through class gets one cached trial in this many of its misses.
+pub const PROBE_EVERY: u64 = 32;
+/// A trial's entry serves this many hits (each timed) before the class passes through again.
+pub const TRIAL_HITS: u32 = 4;
+
+/// A decaying mean: each new sample weighs 1/4 (a change of cost is followed within a few
+/// samples); 0 until the first.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Mean {
+    pub value: f64,
+    pub samples: u64,
+}
+
+impl Mean {
+    pub fn add(&mut self, ns: f64) {
+        self.value = if self.samples == 0 {
+            ns
+        } else {
+            self.value + (ns - self.value) / 4.0
+        };
+        self.samples += 1;
+    }
+}
+
+/// The running figures of one class.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Figures {
+    /// Provider registrations (misses, uncached, trials).
+    pub reg: Mean,
+    /// Provider deregistrations.
+    pub dereg: Mean,
+    /// Cached rounds measured whole: a locked hit (with its bind for remote) ...
+    pub hit: Mean,
+    /// ... and a release (with its unbind for remote).
+    pub release: Mean,
+    /// A local cached round as the lock-free path does it (the table probe, the claim and
+    /// the release of a reference), timed by the cache itself on a new entry of the class
+    /// (the app's lock-free hits are not timed: that would cost every hit).
+    pub round: Mean,
+    /// Eviction bookkeeping per evicted entry (the clock, the removal).
+    pub evict: Mean,
+    /// Misses of this class since it was last passed through or tried.
+    pub misses: u64,
+    /// Misses passed through because caching did not pay.
+    pub passed: u64,
+    /// Cached trials of a passed-through class.
+    pub trials: u64,
+    /// The verdict of the last miss.
+    pub verdict: Option<Verdict>,
+    /// Hits left in the current trial: a passed-through class's cached entries serve this
+    /// many hits after a trial (timing its cached round), then are evicted at the next.
+    pub trial_hits: u32,
+}
+
+impl Figures {
+    /// The model's costs from these figures.
+    pub fn costs(&self, access: Access) -> Costs {
+        let miss_ns = self.reg.value + self.dereg.value;
+        let cached_ns = if access == Access::Local && self.round.samples > 0 {
+            self.round.value
+        } else if self.hit.samples > 0 && self.release.samples > 0 {
+            self.hit.value + self.release.value
+        } else {
+            0.0
+        };
+        Costs {
+            miss_ns,
+            cached_ns,
+            evict_ns: self.evict.value,
+        }
+    }
+}
+
+/// How a miss is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Register and cache (the class pays).
+    Cache,
+    /// A passed-through class's cached trial (its figures are refreshed).
+    Trial,
+    /// Pass through (caching does not pay at the class's figures).
+    PassThrough,
+}
+
+/// The figures of every class and access kind, and the decision for each miss.
+#[derive(Debug, Clone)]
+pub struct Classes {
+    figures: Vec<Figures>,
+}
+
+impl Default for Classes {
+    fn default() -> Self {
+        Classes {
+            figures: vec![Figures::default(); 2 * CLASSES],
+        }
+    }
+}
+
+fn slot(access: Access, class: u32) -> usize {
+    (access as usize) * CLASSES + (class as usize).min(CLASSES - 1)
+}
+
+impl Classes {
+    pub fn get(&self, access: Access, len: usize) -> &Figures {
+        &self.figures[slot(access, size_class(len))]
+    }
+
+    pub fn get_mut(&mut self, access: Access, len: usize) -> &mut Figures {
+        &mut self.figures[slot(access, size_class(len))]
+    }
+
+    /// A miss of `len` bytes: cache it, try it, or pass it through (`auto`); with `auto`
+    /// false (`MRCACHE_ADMIT=always`) every miss caches, and the figures are still kept.
+    pub fn decide(&mut self, access: Access, len: usize, auto: bool) -> Decision {
+        let f = self.get_mut(access, len);
+        let v = verdict(access, &f.costs(access));
+        f.verdict = Some(v);
+        if !auto || v == Verdict::Cache {
+            return Decision::Cache;
+        }
+        f.misses += 1;
+        if f.misses >= PROBE_EVERY {
+            f.misses = 0;
+            f.trials += 1;
+            f.trial_hits = TRIAL_HITS;
+            Decision::Trial
+        } else {
+            f.passed += 1;
+            Decision::PassThrough
+        }
+    }
+
+    /// A cached entry of `len` bytes was found: whether it may serve the hit. Not in a
+    /// passed-through class (the caller evicts it if idle and takes the miss path), except
+    /// the `TRIAL_HITS` hits after a trial.
+    pub fn allow_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
+        let f = self.get_mut(access, len);
+        if !auto || verdict(access, &f.costs(access)) == Verdict::Cache {
+            return true;
+        }
+        if f.trial_hits > 0 {
+            f.trial_hits -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// Every class that has figures, as (access, class, figures).
+    pub fn measured(&self) -> impl Iterator<Item = (Access, u32, &Figures)> {
+        self.figures.iter().enumerate().filter_map(|(i, f)| {
+            let access = Access::ALL[i / CLASSES];
+            (f.reg.samples > 0 || f.hit.samples > 0).then_some((access, (i % CLASSES) as u32, f))
+        })
+    }
+
+    /// The measured classes for the statistics report.
+    pub fn to_report(&self) -> Vec<crate::stats::AdmissionClass> {
+        self.measured()
+            .map(|(a, c, f)| {
+                let k = f.costs(a);
+                let from = if a == Access::Local && f.round.samples > 0 {
+                    ("lock-free round", f.round.samples)
+                } else if f.hit.samples > 0 && f.release.samples > 0 {
+                    ("locked rounds", f.hit.samples.min(f.release.samples))
+                } else {
+                    ("none yet", 0)
+                };
+                crate::stats::AdmissionClass {
+                    access: a.name().into(),
+                    class: class_name(c),
+                    verdict: verdict(a, &k).to_string(),
+                    miss_ns: k.miss_ns.round(),
+                    reg_ns: f.reg.value.round(),
+                    dereg_ns: f.dereg.value.round(),
+                    cached_ns: k.cached_ns.round(),
+                    cached_from: from.0.into(),
+                    evict_ns: k.evict_ns.round(),
+                    samples: [f.reg.samples, f.dereg.samples, from.1],
+                    passed: f.passed,
+                    trials: f.trials,
+                }
+            })
+            .collect()
+    }
+
+    /// One line per measured class: what was decided and on which figures.
+    pub fn report(&self) -> Vec<String> {
+        self.measured()
+            .map(|(a, c, f)| {
+                let k = f.costs(a);
+                format!(
+                    "{} {}: {} (miss {:.0} ns = reg {:.0} + dereg {:.0}; cached round {:.0} ns; eviction {:.0} ns; passed {}, trials {})",
+                    a.name(),
+                    class_name(c),
+                    verdict(a, &k),
+                    k.miss_ns,
+                    f.reg.value,
+                    f.dereg.value,
+                    k.cached_ns,
+                    k.evict_ns,
+                    f.passed,
+                    f.trials
+                )
+            })
+            .collect()
+    }
+}
+
+/// The scan-resistant admission rule applied when the cache is full: a miss may evict
+/// the clock's victim only if it was seen more often lately than the victim was used
+/// (TinyLFU's rule over the clock; see docs/design.md). Frequencies are small saturating
+/// counters, halved every `period` sightings so the past fades.
+#[derive(Debug, Clone)]
+pub struct Sketch {
+    counters: Vec<u8>,
+    mask: usize,
+    sightings: u64,
+    period: u64,
+}
+
+const SKETCH_MAX: u8 = 15;
+
+impl Sketch {
+    /// A sketch of `2^bits` counters, halved every `period` sightings.
+    pub fn new(bits: u32, period: u64) -> Sketch {
+        let n = 1usize << bits.clamp(4, 20);
+        Sketch {
+            counters: vec![0; n],
+            mask: n - 1,
+            sightings: 0,
+            period: period.max(16),
+        }
+    }
+
+    fn index(&self, hash: u64, row: u64) -> usize {
+        let h = hash
+            .wrapping_add(row.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .wrapping_mul(0xff51_afd7_ed55_8ccd);
+        ((h ^ (h >> 29)) as usize) & self.mask
+    }
+
+    /// How often `hash` was seen lately (the smallest of its 4 counters).
+    pub fn frequency(&self, hash: u64) -> u8 {
+        (0..4)
+            .map(|r| self.counters[self.index(hash, r)])
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// `hash` was seen `n` times more.
+    pub fn see(&mut self, hash: u64, n: u64) {
+        let f = self.frequency(hash);
+        let to = f
+            .saturating_add(n.min(SKETCH_MAX as u64) as u8)
+            .min(SKETCH_MAX);
+        for r in 0..4 {
+            let i = self.index(hash, r);
+            // Conservative update: raise only the counters below the new estimate.
+            if self.counters[i] < to {
+                self.counters[i] = to;
+            }
+        }
+        self.sightings += n;
+        if self.sightings >= self.period {
+            self.sightings = 0;
+            for c in &mut self.counters {
+                *c /= 2;
+            }
+        }
+    }
+
+    /// The rule: a candidate seen `candidate` times may displace a victim used `victim`
+    /// times only if strictly more (a tie keeps what is cached: in a cyclic scan larger
+    /// than the cache every key ties, and the cache keeps its share instead of thrashing).
+    pub fn admits(candidate: u8, victim: u8) -> bool {
+        candidate > victim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs(miss: f64, cached: f64, evict: f64) -> Costs {
+        Costs {
+            miss_ns: miss,
+            cached_ns: cached,
+            evict_ns: evict,
+        }
+    }
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(size_class(0), 0);
+        assert_eq!(size_class(1), 0);
+        assert_eq!(size_class(2), 1);
+        assert_eq!(size_class(3), 2);
+        assert_eq!(size_class(4096), 12);
+        assert_eq!(size_class(4097), 13);
+        assert_eq!(size_class(64 << 10), 16);
+        assert_eq!(size_class(64 << 20), 26);
+        assert_eq!(size_class(usize::MAX), 64);
+        assert_eq!(class_name(12), "4KiB");
+        assert_eq!(class_name(26), "64MiB");
+    }
+
+    #[test]
+    fn verdicts_from_injected_costs() {
+        // Registration dear, hit cheap: cache.
+        assert_eq!(
+            verdict(Access::Local, &costs(20_000.0, 50.0, 100.0)),
+            Verdict::Cache
+        );
+        // Remote: the bind and unbind cost more than the registration: pass through.
+        assert_eq!(
+            verdict(Access::Remote, &costs(8_000.0, 9_000.0, 100.0)),
+            Verdict::PassThrough
+        );
+        // A tie passes through (nothing gained, memory pinned for nothing).
+        assert_eq!(
+            verdict(Access::Remote, &costs(5_000.0, 5_000.0, 0.0)),
+            Verdict::PassThrough
+        );
+        // Unmeasured figures cache (the first misses measure them).
+        assert_eq!(
+            verdict(Access::Remote, &costs(5_000.0, 0.0, 0.0)),
+            Verdict::Cache
+        );
+        assert_eq!(
+            verdict(Access::Local, &costs(f64::NAN, 10.0, 0.0)),
+            Verdict::Cache
+        );
+        assert_eq!(Verdict::Cache.to_string(), "cache");
+        assert_eq!(Verdict::PassThrough.to_string(), "pass-through");
+    }
+
+    #[test]
+    fn hit_ratio_and_break_even() {
+        let c = costs(1_000.0, 100.0, 900.0);
+        // Break-even h = 900 / (900 + 900) = 0.5.
+        assert_eq!(break_even(&c), Some(0.5));
+        assert_eq!(verdict_at(Access::Local, &c, 0.6), Verdict::Cache);
+        assert_eq!(verdict_at(Access::Local, &c, 0.4), Verdict::PassThrough);
+        assert_eq!(verdict_at(Access::Local, &c, 0.5), Verdict::PassThrough);
+        assert_eq!(break_even(&costs(1_000.0, 2_000.0, 0.0)), None);
+        assert_eq!(
+            verdict_at(Access::Local, &c, 1.0),
+            verdict(Access::Local, &c)
+        );
+    }
+
+    /// A class whose cached round costs more passes through, with one trial in
+    /// PROBE_EVERY misses; when the cost changes the class caches again.
+    #[test]
+    fn decide_passes_through_probes_and_follows_a_change() {
+        let mut k = Classes::default();
+        let len = 64 << 10;
+        let f = k.get_mut(Access::Remote, len);
+        f.reg.add(3_000.0);
+        f.dereg.add(2_000.0);
+        f.hit.add(6_000.0);
+        f.release.add(4_000.0);
+        let mut seen = Vec::new();
+        for _ in 0..(2 * PROBE_EVERY) {
+            seen.push(k.decide(Access::Remote, len, true));
+        }
+        let trials = seen.iter().filter(|d| **d == Decision::Trial).count();
+        assert_eq!(trials, 2, "{seen:?}");
+        // After a trial its entry serves TRIAL_HITS hits, then no more.
+        let hits: Vec<bool> = (0..TRIAL_HITS + 2)
+            .map(|_| k.allow_hit(Access::Remote, len, true))
+            .collect();
+        assert_eq!(
+            hits.iter().filter(|h| **h).count() as u32,
+            TRIAL_HITS,
+            "{hits:?}"
+        );
+        assert!(!hits[TRIAL_HITS as usize]);
+        assert!(k.allow_hit(Access::Remote, len, false));
+        assert!(k.allow_hit(Access::Remote, 4096, true));
+        assert_eq!(
+            seen.iter().filter(|d| **d == Decision::PassThrough).count() as u64,
+            2 * PROBE_EVERY - 2
+        );
+        // Another class (4 KiB) and the local kind are untouched.
+        assert_eq!(k.decide(Access::Remote, 4096, true), Decision::Cache);
+        assert_eq!(k.decide(Access::Local, len, true), Decision::Cache);
+        // `always`: cached whatever the figures.
+        assert_eq!(k.decide(Access::Remote, len, false), Decision::Cache);
+        // A trial measures a cheap round now (the bind got cheaper), and dearer
+        // registrations: after a few samples the class caches again.
+        let f = k.get_mut(Access::Remote, len);
+        for _ in 0..8 {
+            f.reg.add(30_000.0);
+            f.hit.add(500.0);
+            f.release.add(500.0);
+        }
+        assert_eq!(k.decide(Access::Remote, len, true), Decision::Cache);
+        let r = k.report();
+        assert!(
+            r.iter()
+                .any(|l| l.starts_with("remote 64KiB: cache (miss ")),
+            "{r:?}"
+        );
+    }
+
+    /// A local class's round is the lock-free one the cache times; without it, the timed
+    /// locked rounds; a remote class's is always the locked one (bind and unbind).
+    #[test]
+    fn which_round_counts() {
+        let mut f = Figures::default();
+        f.reg.add(300.0);
+        f.dereg.add(200.0);
+        assert_eq!(f.costs(Access::Local).cached_ns, 0.0);
+        f.hit.add(700.0);
+        f.release.add(100.0);
+        assert_eq!(f.costs(Access::Local).cached_ns, 800.0);
+        assert_eq!(
+            verdict(Access::Local, &f.costs(Access::Local)),
+            Verdict::PassThrough
+        );
+        f.round.add(30.0);
+        assert_eq!(f.costs(Access::Local).cached_ns, 30.0);
+        assert_eq!(f.costs(Access::Remote).cached_ns, 800.0);
+        assert_eq!(f.costs(Access::Local).miss_ns, 500.0);
+    }
+
+    #[test]
+    fn mean_follows_a_change() {
+        let mut m = Mean::default();
+        m.add(1000.0);
+        assert_eq!(m.value, 1000.0);
+        for _ in 0..20 {
+            m.add(10.0);
+        }
+        assert!(m.value < 20.0, "{}", m.value);
+    }
+
+    #[test]
+    fn sketch_counts_fades_and_ties_keep() {
+        let mut s = Sketch::new(10, 64);
+        for _ in 0..5 {
+            s.see(7, 1);
+        }
+        assert_eq!(s.frequency(7), 5);
+        assert_eq!(s.frequency(8), 0);
+        s.see(9, 100);
+        // 105 sightings >= 64: halved once (9 saturated at 15 first).
+        assert_eq!(s.frequency(9), 7);
+        assert_eq!(s.frequency(7), 2);
+        assert!(!Sketch::admits(3, 3));
+        assert!(Sketch::admits(4, 3));
+    }
+}

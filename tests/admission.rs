@@ -1,0 +1,291 @@
+//! Admission over the real cache with a fake provider whose costs the test sets:
+//!
+//! - the scan-resistance simulation: hit ratios of cyclic working sets of 1.5x, 2x and 4x
+//!   the cache and of a Zipf-like mix, `MRCACHE_ADMIT=always` (the clock, an approximate
+//!   LRU: what main does) against `auto` (TinyLFU's rule over the clock), printed;
+//! - the cost decisions (a remote class whose bind + unbind cost more than a registration
+//!   passes through, and comes back when the costs change), deterministic in what is
+//!   decided because the injected costs differ by orders of magnitude.
+//!
+//! Run with `--nocapture` to see the table.
+
+use mrcache::admission::{Access, PROBE_EVERY};
+use mrcache::cache::{Cache, Limits, Mr, Outcome, Registrar, Request};
+use mrcache::config::{Admit, RemoteMode};
+use mrcache::stats::Counter;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct Costly {
+    next: AtomicUsize,
+    reg_ns: AtomicU64,
+    bind_ns: AtomicU64,
+    regs: AtomicU64,
+    deregs: AtomicU64,
+}
+
+fn spin(ns: u64) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_nanos(ns) {
+        std::hint::spin_loop();
+    }
+}
+
+impl Registrar for &Costly {
+    fn register(&self, _: &Request) -> Result<Mr, i32> {
+        spin(self.reg_ns.load(SeqCst));
+        self.regs.fetch_add(1, SeqCst);
+        Ok(Mr {
+            ptr: 0x1000 * (1 + self.next.fetch_add(1, SeqCst)),
+            via_wrapper: false,
+        })
+    }
+    fn deregister(&self, _: Mr) -> Result<(), i32> {
+        self.deregs.fetch_add(1, SeqCst);
+        Ok(())
+    }
+    fn alloc_shadow(&self) -> Option<usize> {
+        Some((1 << 40) + 64 * self.next.fetch_add(1, SeqCst))
+    }
+    fn fill_shadow(&self, _: usize, _: Mr, _: usize, _: usize) -> bool {
+        true
+    }
+    fn register_revocable(&self, req: &Request) -> Result<Mr, i32> {
+        self.register(req)
+    }
+    fn grant(&self, _: Mr, _: &Request) -> Result<usize, i32> {
+        spin(self.bind_ns.load(SeqCst));
+        Ok((1 << 41) + 64 * self.next.fetch_add(1, SeqCst))
+    }
+    fn revoke(&self, _: usize) -> Result<(), i32> {
+        spin(self.bind_ns.load(SeqCst));
+        Ok(())
+    }
+}
+
+const LEN: usize = 64 << 10;
+
+fn req(key: usize, access: u32) -> Request {
+    let addr = 0x10_0000_0000 + key * LEN;
+    Request {
+        pd: 0x10,
+        context: 0x20,
+        addr,
+        len: LEN,
+        iova: addr as u64,
+        access,
+    }
+}
+
+struct Run {
+    hits: u64,
+    calls: u64,
+    /// Provider registrations and deregistrations per call (no cache: 2).
+    provider_per_call: f64,
+}
+
+/// Each key registered and released in turn, as bench/evict.c does.
+fn simulate(admit: Admit, entries: usize, keys: &[usize]) -> Run {
+    let fake = Costly::default();
+    // A registration dearer than a lock-free round by three orders: local classes cache.
+    fake.reg_ns.store(3_000, SeqCst);
+    let cache = Cache::new(
+        &fake,
+        Limits {
+            max_entries: entries,
+            max_bytes: u64::MAX,
+            shadow: true,
+            remote_superset: false,
+        },
+    )
+    .with_admit(admit);
+    let mut hits = 0;
+    for &k in keys {
+        let (h, o) = cache.acquire(&req(k, 1)).unwrap();
+        if matches!(o, Outcome::Hit | Outcome::HitContaining) {
+            hits += 1;
+        }
+        cache.release(h);
+    }
+    drop(cache);
+    Run {
+        hits,
+        calls: keys.len() as u64,
+        provider_per_call: (fake.regs.load(SeqCst) + fake.deregs.load(SeqCst)) as f64
+            / keys.len() as f64,
+    }
+}
+
+fn cyclic(n: usize, rounds: usize) -> Vec<usize> {
+    (0..rounds).flat_map(|_| 0..n).collect()
+}
+
+/// A Zipf-like mix (weights 1/k over `n` keys) drawn with a fixed LCG.
+fn zipf(n: usize, draws: usize) -> Vec<usize> {
+    let weights: Vec<f64> = (1..=n).map(|k| 1.0 / k as f64).collect();
+    let total: f64 = weights.iter().sum();
+    let mut cdf = Vec::with_capacity(n);
+    let mut acc = 0.0;
+    for w in &weights {
+        acc += w / total;
+        cdf.push(acc);
+    }
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..draws)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            cdf.partition_point(|&c| c < u).min(n - 1)
+        })
+        .collect()
+}
+
+/// The scan-resistance simulation. Cyclic working sets larger than the cache: the clock
+/// (main) misses every call; `auto` keeps a share (the cache's size over the set's) and
+/// never calls the provider more than no cache would. Zipf-like: `auto` at least as good.
+#[test]
+fn scan_resistance_hit_ratios() {
+    const C: usize = 32;
+    let cases: Vec<(String, Vec<usize>)> = vec![
+        ("cyclic 1.5x".into(), cyclic(C * 3 / 2, 40)),
+        ("cyclic 2x".into(), cyclic(2 * C, 40)),
+        ("cyclic 4x".into(), cyclic(4 * C, 20)),
+        ("zipf 8x (s=1)".into(), zipf(8 * C, 20_000)),
+    ];
+    println!("cache of {C} entries; hit ratio (provider calls per call; no cache: 2.00)");
+    println!(
+        "{:<16} {:>20} {:>20}",
+        "pattern", "always (clock/LRU)", "auto (TinyLFU rule)"
+    );
+    let mut results = Vec::new();
+    for (name, keys) in &cases {
+        let lru = simulate(Admit::Always, C, keys);
+        let auto = simulate(Admit::Auto, C, keys);
+        let ratio = |r: &Run| r.hits as f64 / r.calls as f64;
+        println!(
+            "{name:<16} {:>12.1}% ({:.2}) {:>12.1}% ({:.2})",
+            100.0 * ratio(&lru),
+            lru.provider_per_call,
+            100.0 * ratio(&auto),
+            auto.provider_per_call
+        );
+        results.push((
+            name.clone(),
+            ratio(&lru),
+            ratio(&auto),
+            auto.provider_per_call,
+        ));
+    }
+    for (name, lru, auto, calls) in &results {
+        assert!(*calls <= 2.0, "{name}: {calls} provider calls per call");
+        if name.starts_with("cyclic") {
+            assert!(
+                *auto > *lru + 0.1,
+                "{name}: auto {auto:.3} vs clock {lru:.3}"
+            );
+        } else {
+            assert!(
+                *auto >= *lru - 0.02,
+                "{name}: auto {auto:.3} vs clock {lru:.3}"
+            );
+        }
+    }
+    let two = results.iter().find(|r| r.0 == "cyclic 2x").unwrap();
+    assert!(two.2 >= 0.25, "cyclic 2x: {:.3} hits with auto", two.2);
+}
+
+/// Remote under revoke: a bind + unbind far dearer than a registration passes the class
+/// through (counted, with a trial every PROBE_EVERY misses); when registrations become the
+/// dear part and binds cheap, the trials bring the class back to caching.
+#[test]
+fn remote_class_passes_through_and_comes_back() {
+    let fake = Costly::default();
+    fake.reg_ns.store(1_000, SeqCst);
+    fake.bind_ns.store(200_000, SeqCst);
+    let cache = Cache::new(
+        &fake,
+        Limits {
+            max_entries: 64,
+            max_bytes: u64::MAX,
+            shadow: true,
+            remote_superset: false,
+        },
+    )
+    .with_remote(RemoteMode::Revoke)
+    .with_admit(Admit::Auto);
+    let remote = 1 | 4; // LOCAL_WRITE | REMOTE_WRITE
+    let round = |n: usize| -> (u64, u64) {
+        let (mut passed, mut cached) = (0, 0);
+        for _ in 0..n {
+            match cache.acquire(&req(0, remote)) {
+                Err(_) => passed += 1,
+                Ok((h, _)) => {
+                    cached += 1;
+                    cache.release(h);
+                }
+            }
+        }
+        (passed, cached)
+    };
+    let (passed, cached) = round(4 * PROBE_EVERY as usize);
+    let stats = cache.snapshot().counts;
+    println!(
+        "dear binds: {passed} passed, {cached} cached; {:?}",
+        cache.admission().report()
+    );
+    // The first miss and a hit measure; then passed through but for the trials.
+    assert!(
+        passed >= 3 * PROBE_EVERY,
+        "passed {passed}, cached {cached}"
+    );
+    assert_eq!(stats[Counter::AdmissionPassedCost], passed);
+    assert!(stats[Counter::AdmissionTrials] >= 3);
+    // Now registrations are dear and binds cheap: after a few trials, cached for good.
+    fake.reg_ns.store(300_000, SeqCst);
+    fake.bind_ns.store(0, SeqCst);
+    let _ = round(8 * PROBE_EVERY as usize);
+    let (passed, cached) = round(PROBE_EVERY as usize);
+    println!(
+        "dear registrations: {passed} passed, {cached} cached; {:?}",
+        cache.admission().report()
+    );
+    assert_eq!(
+        passed,
+        0,
+        "still passed through: {:?}",
+        cache.admission().report()
+    );
+    assert_eq!(cached, PROBE_EVERY);
+    let f = *cache.admission().get(Access::Remote, LEN);
+    assert!(f.trials >= 1);
+}
+
+/// Local: a registration dearer than a lock-free round caches (every call after the first
+/// hits).
+#[test]
+fn local_dear_registration_caches() {
+    let fake = Costly::default();
+    fake.reg_ns.store(20_000, SeqCst);
+    let cache = Cache::new(
+        &fake,
+        Limits {
+            max_entries: 64,
+            max_bytes: u64::MAX,
+            shadow: true,
+            remote_superset: false,
+        },
+    )
+    .with_admit(Admit::Auto);
+    let mut hits = 0;
+    for _ in 0..200 {
+        let (h, o) = cache.acquire(&req(0, 1)).unwrap();
+        hits += (o == Outcome::Hit) as u32;
+        cache.release(h);
+    }
+    println!("{:?}", cache.admission().report());
+    assert_eq!(hits, 199);
+    assert_eq!(fake.regs.load(SeqCst), 1);
+}

@@ -1,0 +1,86 @@
+//! Cost-aware admission through libmrcache.so on the host: a fake provider whose
+//! registration and window-bind costs the program sets (tests/c/host/admit_cost.c), behind
+//! libmrcache.so and admit_shim.so (libibverbs' reg/dereg, counting what is passed through,
+//! and the QP set-up of MRCACHE_REMOTE=revoke).
+
+mod common;
+
+use common::text;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn run(mode: &str, admit: &str) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission_host");
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "admit_shim",
+        "admit_cost",
+        &dir,
+        "a",
+        &["-libverbs", "-ldl"],
+    );
+    let out = Command::new(&prog)
+        .arg(mode)
+        .env("LD_PRELOAD", common::preload_with(&shim))
+        .env("MRCACHE_MONITOR", "patch")
+        .env("MRCACHE_REMOTE", "revoke")
+        .env("MRCACHE_ADMIT", admit)
+        .env("MRCACHE_STATS", "1")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    println!("{t}");
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    t
+}
+
+/// The number after `key` on the line that starts with `line`.
+fn figure(out: &str, line: &str, key: &str) -> u64 {
+    let l = out
+        .lines()
+        .find(|l| l.starts_with(line))
+        .unwrap_or_else(|| panic!("no line {line:?} in {out}"));
+    let rest = &l[l.find(key).unwrap_or_else(|| panic!("{key} in {l}")) + key.len()..];
+    rest.trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Remote under revoke: window binds dearer than a registration pass the class through
+/// (all but the trials of the last 100 calls go to libibverbs); registrations dearer than
+/// a bind bring it back (none of the last 64 calls passed through).
+#[test]
+fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registrations_do() {
+    let out = run("remote", "auto");
+    let binds = figure(&out, "dear-binds:", "passed");
+    let regs = figure(&out, "dear-regs:", "passed");
+    assert!(
+        binds >= 80,
+        "dear binds: only {binds} of 100 passed through\n{out}"
+    );
+    assert_eq!(
+        regs, 0,
+        "dear registrations: {regs} of 64 passed through\n{out}"
+    );
+    assert!(out.contains("remote 64KiB: cache"), "{out}");
+    assert!(
+        out.contains("passed through (caching did not pay)"),
+        "{out}"
+    );
+}
+
+/// Local-only, a registration far dearer than a hit: cached (one provider registration in
+/// 200 rounds).
+#[test]
+fn local_dear_registrations_are_cached() {
+    let out = run("local", "auto");
+    assert_eq!(
+        figure(&out, "local dear-regs:", "registrations"),
+        1,
+        "{out}"
+    );
+    assert!(out.contains("local 64KiB: cache"), "{out}");
+}

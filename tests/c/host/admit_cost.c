@@ -1,0 +1,135 @@
+/* Cost-aware admission through the preload, on a fake provider whose registration and
+ * window bind costs this program sets (busy waits). Behind libmrcache.so and
+ * libadmit_shim.so (which counts the registrations passed through to "libibverbs").
+ *   admit_cost remote: one 64 KiB buffer with remote write, registered and deregistered in
+ *     turn. Phase "dear-binds": a bind (and an unbind) costs 200 us, a registration almost
+ *     nothing: caching does not pay. Phase "dear-regs": a registration costs 300 us, binds
+ *     nothing: it pays again. Prints per phase the calls of its last 100 (dear-binds) or 64
+ *     (dear-regs) that were passed through.
+ *   admit_cost local: local-only, a registration costs 100 us: prints the provider
+ *     registrations of 200 rounds.
+ * exit 0 unless set-up failed (3). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <infiniband/verbs.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+static long reg_ns, bind_ns;
+static long provider_regs;
+
+static void spin(long ns) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do clock_gettime(CLOCK_MONOTONIC, &b);
+    while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < ns);
+}
+
+#define WINDOWS 64
+struct fmw {
+    struct ibv_mw mw;
+    int alive, bound;
+};
+static struct fmw windows[WINDOWS];
+static uint32_t next_key = 0x1000;
+static struct ibv_wc done[256];
+static int d_head, d_tail;
+
+static struct ibv_mr *fake_reg(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access) {
+    (void)pd, (void)iova, (void)access;
+    spin(reg_ns);
+    provider_regs++;
+    struct ibv_mr *mr = calloc(1, sizeof(struct ibv_mr) + 64);
+    mr->addr = addr, mr->length = len, mr->lkey = 7, mr->rkey = 7;
+    return mr;
+}
+static int fake_dereg(struct ibv_mr *mr) {
+    free(mr);
+    return 0;
+}
+static struct ibv_mw *fake_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type) {
+    for (int i = 0; i < WINDOWS; i++)
+        if (!windows[i].alive) {
+            struct fmw *w = &windows[i];
+            w->alive = 1, w->bound = 0;
+            w->mw.context = pd->context, w->mw.pd = pd, w->mw.type = type;
+            w->mw.rkey = next_key, next_key += 0x100;
+            return &w->mw;
+        }
+    return NULL;
+}
+static int fake_dealloc_mw(struct ibv_mw *mw) {
+    ((struct fmw *)mw)->alive = 0;
+    return 0;
+}
+static int fake_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b) {
+    (void)qp;
+    spin(bind_ns);
+    struct fmw *w = (struct fmw *)mw;
+    w->bound = b->bind_info.length != 0;
+    if (w->bound) mw->rkey = (mw->rkey & ~0xffu) | ((mw->rkey + 1) & 0xff);
+    struct ibv_wc *wc = &done[d_tail++ % 256];
+    memset(wc, 0, sizeof(*wc));
+    wc->wr_id = b->wr_id, wc->status = IBV_WC_SUCCESS, wc->opcode = IBV_WC_BIND_MW;
+    return 0;
+}
+static int fake_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+    (void)cq;
+    if (n < 1 || d_head == d_tail) return 0;
+    *wc = done[d_head++ % 256];
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "remote";
+    atomic_int *passed = dlsym(RTLD_DEFAULT, "shim_regs");
+    if (!passed) {
+        fprintf(stderr, "admit_cost: libadmit_shim.so is not preloaded\n");
+        return 3;
+    }
+    static struct ibv_context ctx;
+    static struct ibv_pd pd;
+    ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
+    ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
+    ctx.ops.alloc_mw = fake_alloc_mw;
+    ctx.ops.dealloc_mw = fake_dealloc_mw;
+    ctx.ops.bind_mw = fake_bind_mw;
+    ctx.ops.poll_cq = fake_poll_cq;
+    pd.context = &ctx;
+    size_t len = 64 << 10;
+    char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(buf, 1, len);
+    if (!strcmp(mode, "local")) {
+        reg_ns = 100000;
+        for (int i = 0; i < 200; i++) {
+            struct ibv_mr *mr = ibv_reg_mr(&pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
+            if (!mr || ibv_dereg_mr(mr)) return 3;
+        }
+        printf("local dear-regs: provider registrations %ld of 200, passed %d\n", provider_regs, *passed);
+        return 0;
+    }
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    struct {
+        const char *name;
+        long reg, bind;
+        int rounds, last;
+    } phases[] = {{"dear-binds", 0, 200000, 300, 100}, {"dear-regs", 300000, 0, 400, 64}};
+    for (int p = 0; p < 2; p++) {
+        reg_ns = phases[p].reg, bind_ns = phases[p].bind;
+        int before = 0;
+        for (int i = 0; i < phases[p].rounds; i++) {
+            if (i == phases[p].rounds - phases[p].last) before = *passed;
+            struct ibv_mr *mr = ibv_reg_mr(&pd, buf, len, access);
+            if (!mr || ibv_dereg_mr(mr)) {
+                fprintf(stderr, "admit_cost: registration failed\n");
+                return 3;
+            }
+        }
+        printf("%s: passed %d of the last %d\n", phases[p].name, *passed - before, phases[p].last);
+    }
+    return 0;
+}
