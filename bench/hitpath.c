@@ -7,10 +7,13 @@
  * (or sequential) order; each figure is the median over 201 batches of 1,000
  * registration+deregistration pairs, in ns per pair, after every buffer was registered once.
  *
- *   hitpath [-t THREADS] [-o random|seq] [-s] N...      (ci/bench runs it)
+ *   hitpath [-t THREADS] [-o random|seq] [-s] [-r ROUNDS] N...      (ci/bench runs it)
  * -s: the threads share one set of buffers (contention on the same entries); else each has
- * its own. Prints one line per N: regions, order, threads, buffers, mrcache ns, ucx ns, ratio.
- * Not a test: figures depend on the machine; compare the ratio. */
+ * its own. -r: measure UCX then mrcache ROUNDS times, alternating, and print the medians
+ * (default 1). Prints one line per N: regions, order, threads, buffers, mrcache ns, ucx ns,
+ * ratio. Not a test: figures depend on the machine; compare the ratio.
+ * Built with -DCALLGRIND and run under `valgrind --tool=callgrind --collect-atstart=no`,
+ * only the timed loops are counted, one dump per side and N (ci/bench-hitpath callgrind). */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 #include <pthread.h>
@@ -21,6 +24,12 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <ucs/memory/rcache.h>
+#ifdef CALLGRIND
+#include <valgrind/callgrind.h>
+#else
+#define CALLGRIND_TOGGLE_COLLECT
+#define CALLGRIND_DUMP_STATS_AT(name) (void)(name)
+#endif
 
 #define BUF 4096ul
 #define STRIDE (2 * BUF)
@@ -123,11 +132,13 @@ static void *run(void *arg) {
     pthread_barrier_wait(r->start);
     static __thread double t[BATCHES];
     size_t k = 0;
+    CALLGRIND_TOGGLE_COLLECT;
     for (int b = 0; b < BATCHES; b++) {
         double t0 = now_ns();
         for (int i = 0; i < BATCH; i++) pair(r, k++);
         t[b] = (now_ns() - t0) / BATCH;
     }
+    CALLGRIND_TOGGLE_COLLECT;
     qsort(t, BATCHES, sizeof t[0], cmp);
     r->median = t[BATCHES / 2];
     return NULL;
@@ -178,7 +189,7 @@ static double measure(size_t n, int threads, int random, int shared, int use_ucx
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, random = 1, shared = 0, i = 1;
+    int threads = 1, random = 1, shared = 0, rounds = 1, i = 1;
     for (; i < argc && argv[i][0] == '-'; i += 2) {
         if (!strcmp(argv[i], "-s")) {
             shared = 1, i--;
@@ -187,9 +198,10 @@ int main(int argc, char **argv) {
         if (i + 1 >= argc) break;
         if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-o")) random = strcmp(argv[i + 1], "seq") != 0;
+        else if (!strcmp(argv[i], "-r")) rounds = atoi(argv[i + 1]);
     }
-    if (threads < 1 || threads > 16 || i >= argc) {
-        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] [-s] N...\n");
+    if (threads < 1 || threads > 16 || rounds < 1 || rounds > 99 || i >= argc) {
+        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] [-s] [-r ROUNDS(1-99)] N...\n");
         return 2;
     }
     fake_ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
@@ -208,8 +220,19 @@ int main(int argc, char **argv) {
            "ucx_ns", "ratio");
     for (; i < argc; i++) {
         size_t n = strtoul(argv[i], NULL, 10);
-        double ucx = measure(n, threads, random, shared, 1);
-        double mrc = measure(n, threads, random, shared, 0);
+        double ucxs[99], mrcs[99];
+        char name[64];
+        for (int k = 0; k < rounds; k++) {
+            ucxs[k] = measure(n, threads, random, shared, 1);
+            snprintf(name, sizeof name, "ucx %zu", n);
+            CALLGRIND_DUMP_STATS_AT(name);
+            mrcs[k] = measure(n, threads, random, shared, 0);
+            snprintf(name, sizeof name, "mrcache %zu", n);
+            CALLGRIND_DUMP_STATS_AT(name);
+        }
+        qsort(ucxs, rounds, sizeof ucxs[0], cmp);
+        qsort(mrcs, rounds, sizeof mrcs[0], cmp);
+        double ucx = ucxs[rounds / 2], mrc = mrcs[rounds / 2];
         printf("%10zu %6s %7d %7s %12.1f %12.1f %7.2fx\n", n, random ? "random" : "seq", threads,
                shared ? "shared" : "private", mrc, ucx, mrc / ucx);
         fflush(stdout);

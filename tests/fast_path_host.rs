@@ -17,7 +17,7 @@ fn run(scenario: &str, env: &[(&str, &str)]) {
         "fast_hit",
         &dir,
         scenario,
-        &["-libverbs", "-ldl"],
+        &["-libverbs", "-ldl", "-lpthread"],
     );
     let preload = common::preload_with(&shim);
     let out = Command::new(&prog)
@@ -50,6 +50,41 @@ fn first_registration_after_fork_flushes_before_any_hit() {
 #[test]
 fn a_hit_after_our_jump_is_overwritten_is_not_served() {
     run("patch_overwrite", &[]);
+}
+
+/// The watch on the patched pages (docs/design.md, "A cheaper patch check"): hits skip the
+/// site check only while no watched page changed. With the watch clean and a thread
+/// hitting, libc's `mprotect` makes munmap's page writable and our jump is overwritten: no
+/// hit that starts after the overwrite is served. Rounds: each process stops caching after
+/// its overwrite.
+#[test]
+fn a_hit_after_mprotect_and_an_overwrite_is_not_served() {
+    for _ in 0..10 {
+        run("watch_mprotect", &[]);
+    }
+}
+
+/// The same through `pkey_mprotect` (pkey -1).
+#[test]
+fn a_hit_after_pkey_mprotect_and_an_overwrite_is_not_served() {
+    for _ in 0..5 {
+        run("watch_pkey", &[]);
+    }
+}
+
+/// munmap's page made writable before the first registration by a system call no hook sees
+/// (`syscall(SYS_mprotect)`), and left so: the watch never clears, and a plain store over
+/// our jump (no call at all) is seen before the next hit.
+#[test]
+fn a_page_left_writable_keeps_every_hit_checking() {
+    run("watch_writable", &[]);
+}
+
+/// madvise(MADV_DONTNEED) over munmap's page drops our copy of it (the page reverts to
+/// libc's file, without our jump): seen by the madvise hook, no hit after it is served.
+#[test]
+fn a_hit_after_madvise_drops_our_jump_is_not_served() {
+    run("watch_madvise", &[]);
 }
 
 /// A second `ibv_dereg_mr` of an MR released on the fast path (and of one whose memory

@@ -117,13 +117,14 @@ pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
         None
     };
     let spans = found.as_ref().map_or(&[][..], |s| &s.spans[..s.n]);
+    let mut watched = 0;
     for &(start, end) in spans {
-        crate::memory::report_begin(start, end);
+        watched += crate::memory::report_begin(start, end) as usize;
     }
     // SAFETY: the app's own dlclose call, forwarded.
     let rc = unsafe { real(handle) };
-    for _ in spans {
-        crate::memory::report_end();
+    for k in 0..spans.len() {
+        crate::memory::report_end(k < watched);
     }
     rc
 }

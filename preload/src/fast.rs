@@ -11,7 +11,8 @@
 //!
 //! Done here on every call, as on the full path: the patch check (`MRCACHE_MONITOR=patch`:
 //! a jump overwritten since the last registration must stop caching before any hit; the
-//! full path does that) and the re-entrancy check: a registration nested in one of our
+//! full path does that; here every site is read only while the watch word says a watched
+//! page may have changed, `patch::watch_clean`) and the re-entrancy check: a registration nested in one of our
 //! calls on this thread, and its deregistration, pass through as on the full path.
 //!
 //! Safe without the guard and the shield: `try_hit` and `try_release` promise no cache
@@ -85,7 +86,9 @@ pub fn hit(
     access: u32,
 ) -> Option<*mut IbvMr> {
     let (cache, check_patches) = open()?;
-    if pd.is_null() || (check_patches && patch::overwritten().is_some()) {
+    // The watch word first: while no watched page changed since the last full check, no
+    // site can have changed either (docs/design.md, "A cheaper patch check").
+    if pd.is_null() || (check_patches && !patch::watch_clean() && patch::overwritten().is_some()) {
         return None;
     }
     let req = Request {

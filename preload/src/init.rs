@@ -93,6 +93,9 @@ pub fn set_up() -> Runtime {
             fail_closed(cache, &why);
         } else if config.monitor == Monitor::Patch {
             check_patches(cache);
+            if cache.caching_stopped().is_none() {
+                patch::try_clean();
+            }
         }
     }
     let fork = cache.as_ref().map(|_| {

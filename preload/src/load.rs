@@ -3,8 +3,8 @@
 //! allocation, nothing printed (a bad value is reported at the first verbs call).
 
 use crate::memory::{
-    CURBRK, GLIBC_REALLOC, REPORTING, brk, madvise, mmap, mmap64, mremap, munmap, realloc, sbrk,
-    shmat, shmdt,
+    CURBRK, GLIBC_REALLOC, REPORTING, brk, madvise, mmap, mmap64, mprotect, mremap, munmap,
+    pkey_mprotect, realloc, sbrk, shmat, shmdt,
 };
 use crate::patch::{self, PatchTarget, Target};
 use crate::real;
@@ -104,6 +104,8 @@ pub fn install() {
         (c"shmat", shmat as *const () as usize),
         (c"shmdt", shmdt as *const () as usize),
         (c"realloc", realloc as *const () as usize),
+        (c"mprotect", mprotect as *const () as usize),
+        (c"pkey_mprotect", pkey_mprotect as *const () as usize),
     ] {
         crate::patch::watch_hook(name, own(name, at));
     }

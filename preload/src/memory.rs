@@ -88,9 +88,9 @@ fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
         return f();
     }
     let (start, end) = page_span(addr, len);
-    report_begin(start, end);
+    let watched = report_begin(start, end);
     let r = f();
-    report_end();
+    report_end(watched);
     r
 }
 
@@ -100,15 +100,19 @@ thread_local! {
     static OPEN_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// A hook reports `[start, end)` as going away (before the system call).
-pub fn report_begin(start: usize, end: usize) {
+/// A hook reports `[start, end)` as going away (before the system call). Returns whether it
+/// touches the code the patch check watches (`patch::watch_begin`), for `report_end`.
+pub fn report_begin(start: usize, end: usize) -> bool {
     let _ = OPEN_HERE.try_with(|n| n.set(n.get() + 1));
+    let watched = crate::patch::watch_begin(start, end - start);
     QUEUE.begin(start, end);
+    watched
 }
 
 /// The hook's system call is done.
-pub fn report_end() {
+pub fn report_end(watched: bool) {
     QUEUE.end();
+    crate::patch::watch_end(watched);
     let _ = OPEN_HERE.try_with(|n| n.set(n.get().saturating_sub(1)));
 }
 
@@ -248,15 +252,66 @@ pub extern "C" fn process_madvise(
     count(UnmapSource::Madvise);
     // SAFETY: the caller passes vlen iovecs at iov (the kernel reads the same array).
     let ranges = unsafe { std::slice::from_raw_parts(iov, vlen) };
+    let mut watched = 0;
     for r in ranges {
         let (start, end) = page_span(r.iov_base as usize, r.iov_len);
-        report_begin(start, end);
+        watched += report_begin(start, end) as usize;
     }
     let rc = call();
-    for _ in ranges {
-        report_end();
+    for k in 0..ranges.len() {
+        report_end(k < watched);
     }
     rc
+}
+
+/// `mprotect` and `pkey_mprotect`: not unmaps, but what another patcher needs before it can
+/// write over one of our jumps (libc's code pages and ours are not writable). A call that
+/// touches a watched page makes every hit check every site from before the system call
+/// until the next `patch::try_clean` (docs/design.md, "A cheaper patch check"). Like
+/// `process_madvise`, they issue the system call themselves (nothing else hooks them).
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let watched = crate::patch::watch_begin(addr as usize, len);
+    let r = syscall6(
+        libc::SYS_mprotect,
+        addr as usize,
+        len,
+        prot as usize,
+        0,
+        0,
+        0,
+    ) as c_int;
+    crate::patch::watch_end(watched);
+    r
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
+    let watched = crate::patch::watch_begin(addr as usize, len);
+    // glibc's: pkey -1 is plain mprotect (kernels without pkeys refuse pkey_mprotect).
+    let r = if pkey == -1 {
+        syscall6(
+            libc::SYS_mprotect,
+            addr as usize,
+            len,
+            prot as usize,
+            0,
+            0,
+            0,
+        )
+    } else {
+        syscall6(
+            libc::SYS_pkey_mprotect,
+            addr as usize,
+            len,
+            prot as usize,
+            pkey as usize,
+            0,
+            0,
+        )
+    } as c_int;
+    crate::patch::watch_end(watched);
+    r
 }
 
 /// `remap_file_pages` (deprecated; since Linux 4.0 the kernel emulates it as

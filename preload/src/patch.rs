@@ -22,7 +22,7 @@ use crate::cross_modify::{self, JMP_LEN};
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::{
     AtomicU8, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
 /// A recognised function start: `bytes`, where positions in `any` (a bit mask) are
@@ -419,8 +419,10 @@ pub fn adopt_overwritten() -> bool {
                 let old = std::array::from_fn(|k| have[k]);
                 // SAFETY: our own patch site in libc's code; the other patcher's first
                 // instruction is replaced by our jump, whose hook now calls its target.
+                let began = watch_begin(at, JMP_LEN);
                 all &= unsafe { cross_modify::replace_entry(at as *mut u8, old, ours, len, None) }
                     .is_ok();
+                watch_end(began);
             }
             _ => all = false,
         }
@@ -453,6 +455,7 @@ pub fn watch_hook(name: &'static CStr, at: usize) {
             HOOK_BYTES[i][0].store(b[0], Relaxed);
             HOOK_BYTES[i][1].store(b[1], Relaxed);
             HOOK_NAME[i].store(name.as_ptr() as usize, Relaxed);
+            widen(HOOK_SPAN, at, at + 16);
             return;
         }
     }
@@ -560,10 +563,16 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         code[..2].copy_from_slice(&short);
         (code, Some((at, jump_to(at, target.hook)?)))
     };
+    // Watched from before the write (a `try_clean` racing it must fail).
+    let lo = (f as usize).saturating_sub(JMP_LEN);
+    widen(LIBC_SPAN, lo, site as usize + JMP_LEN);
+    let began = watch_begin(lo, site as usize + JMP_LEN - lo);
     // SAFETY: the entry of a function whose first instruction is `first` bytes long (only
     // its bytes change); the jump leads to its hook, which replaces it; the padding before
     // the function is dead code.
-    unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) }?;
+    let written = unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) };
+    watch_end(began);
+    written?;
     let mut word = [0u8; 8];
     word[..JMP_LEN].copy_from_slice(&code);
     for i in 0..SITES {
@@ -689,6 +698,154 @@ pub fn overwritten() -> Option<&'static CStr> {
         }
     }
     None
+}
+
+/// The watch on the code we patched (see docs/design.md, "A cheaper patch check"): instead
+/// of reading every site on every hit, a hit reads this one word. Bit 0 (`SUSPECT`): some
+/// watched page may be writable or replaced, or was since the last full check: check every
+/// site (`overwritten`). The next bits count the calls in flight that change a watched page
+/// (between their hook's start and end), the rest counts such calls. Set by the hooks of
+/// everything that makes a page writable or replaces it (`watch_begin`/`watch_end`:
+/// mprotect, pkey_mprotect, and each unmap hook's range), cleared only by `try_clean` when
+/// nothing is in flight, every site is intact and every watched page is mapped and not
+/// writable: whatever writes one of our jumps afterwards needs a call those hooks see first.
+static WATCH: AtomicU64 = AtomicU64::new(SUSPECT);
+const SUSPECT: u64 = 1;
+const IN_FLIGHT: u64 = 2;
+const IN_FLIGHT_MASK: u64 = ((1 << 20) - 1) << 1;
+const EVENT: u64 = 1 << 21;
+
+/// The pages the watch covers: libc's patched entries (and the endbr64 and padding around
+/// them) and mrcache's watched hooks, as two spans of whole pages `[lo, hi)` (over-watching
+/// only costs a full check until the next `try_clean`). Set in the constructor.
+static SPAN: [[AtomicUsize; 2]; 2] = [
+    [AtomicUsize::new(usize::MAX), AtomicUsize::new(0)],
+    [AtomicUsize::new(usize::MAX), AtomicUsize::new(0)],
+];
+const LIBC_SPAN: usize = 0;
+const HOOK_SPAN: usize = 1;
+
+fn widen(span: usize, lo: usize, hi: usize) {
+    SPAN[span][0].fetch_min(lo & !4095, Relaxed);
+    SPAN[span][1].fetch_max(hi.saturating_add(4095) & !4095, Relaxed);
+}
+
+/// Whether `[start, start + len)` touches a watched page.
+#[inline]
+pub fn watched(start: usize, len: usize) -> bool {
+    let end = start.saturating_add(len.max(1));
+    SPAN.iter()
+        .any(|s| start < s[1].load(Relaxed) && s[0].load(Relaxed) < end)
+}
+
+/// A hook is about to change `[start, start + len)` (make it writable, replace or drop its
+/// pages): if that touches a watched page, every hit from now on checks every site, and no
+/// `try_clean` can succeed until `watch_end`. Returns whether it did (for `watch_end`).
+/// Lock-free, allocation-free: any hook may call it.
+#[inline]
+pub fn watch_begin(start: usize, len: usize) -> bool {
+    if !watched(start, len) {
+        return false;
+    }
+    let _ = WATCH.fetch_update(SeqCst, SeqCst, |w| {
+        Some((w | SUSPECT).wrapping_add(IN_FLIGHT + EVENT))
+    });
+    true
+}
+
+/// The call `watch_begin` announced is done (its system call returned): still suspect.
+#[inline]
+pub fn watch_end(began: bool) {
+    if began {
+        let _ = WATCH.fetch_update(SeqCst, SeqCst, |w| {
+            Some((w | SUSPECT).wrapping_sub(IN_FLIGHT).wrapping_add(EVENT))
+        });
+    }
+}
+
+/// Whether a hit may skip the site check: no watched page changed protection or mapping
+/// since the last `try_clean`, which found every site intact and every page read-only.
+#[inline]
+pub fn watch_clean() -> bool {
+    WATCH.load(SeqCst) & SUSPECT == 0
+}
+
+/// Clear `SUSPECT` when it is safe: nothing in flight, every site intact, every watched page
+/// mapped and not writable (`/proc/self/maps`), and no watched call began or ended since the
+/// word was read (the compare-and-swap fails otherwise). Reads a file and allocates: the
+/// runtime's set-up and the background drain thread only, never a hook or the hit.
+pub fn try_clean() -> bool {
+    let w = WATCH.load(SeqCst);
+    if w & SUSPECT == 0 {
+        return true;
+    }
+    if w & IN_FLIGHT_MASK != 0 || SITE_AT[0].load(Relaxed) == 0 {
+        return false;
+    }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    if !spans_read_only(&maps) || overwritten().is_some() {
+        return false;
+    }
+    WATCH
+        .compare_exchange(w, (w & !SUSPECT).wrapping_add(EVENT), SeqCst, SeqCst)
+        .is_ok()
+}
+
+/// Whether every page of the watched spans is mapped, in `maps` (`/proc/self/maps`), without
+/// write permission.
+fn spans_read_only(maps: &str) -> bool {
+    SPAN.iter().all(|s| {
+        let (lo, hi) = (s[0].load(Relaxed), s[1].load(Relaxed));
+        lo >= hi || range_read_only(maps, lo, hi)
+    })
+}
+
+/// Whether `[lo, hi)` is covered, in `maps`, by mappings none of which is writable.
+pub(crate) fn range_read_only(maps: &str, lo: usize, hi: usize) -> bool {
+    let mut covered = lo;
+    for line in maps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            return false;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            return false;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            return false;
+        };
+        if b <= lo || a >= hi {
+            continue;
+        }
+        if a > covered || perms.as_bytes().get(1) != Some(&b'-') {
+            return false;
+        }
+        covered = covered.max(b);
+    }
+    covered >= hi
+}
+
+#[cfg(test)]
+#[test]
+fn read_only_needs_every_page_mapped_and_none_writable() {
+    let maps = "1000-3000 r-xp 00000000 08:01 1 /lib/libc.so.6\n\
+                3000-4000 r--p 00000000 08:01 1 /lib/libc.so.6\n\
+                5000-6000 rwxp 00000000 00:00 0\n";
+    assert!(range_read_only(maps, 0x1000, 0x4000));
+    assert!(range_read_only(maps, 0x2000, 0x3000));
+    // A hole (4000-5000 unmapped) or a writable page is not read-only.
+    assert!(!range_read_only(maps, 0x3000, 0x5000));
+    assert!(!range_read_only(maps, 0x5000, 0x6000));
+    assert!(!range_read_only(maps, 0x1000, 0x6000));
+    assert!(!range_read_only("", 0x1000, 0x2000));
+}
+
+/// For tests and diagnostics: whether hits skip the site check now.
+#[unsafe(no_mangle)]
+pub extern "C" fn mrcache_patch_watch_clean() -> std::ffi::c_int {
+    watch_clean() as std::ffi::c_int
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

@@ -363,6 +363,9 @@ pub fn ensure_drain_thread() {
                 let _ = catch_unwind(AssertUnwindSafe(|| {
                     if rt.monitor == Monitor::Patch {
                         crate::init::check_patches(cache);
+                        if cache.caching_stopped().is_none() {
+                            crate::patch::try_clean();
+                        }
                     }
                     flush_after_fork(cache);
                     cache.drain_pending()

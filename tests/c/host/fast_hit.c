@@ -7,6 +7,7 @@
  *                        does not hit the idle entry the fork must flush
  *   fast_hit patch_overwrite  our jump in libc's munmap replaced by another between two
  *                        hits: the registration after it is not a hit (caching stops)
+ *   fast_hit watch_*     the watch on the patched pages (see watch() below)
  *   fast_hit double_dereg  a second ibv_dereg_mr of an MR released on the fast path, and
  *                        of one whose memory went away, is EINVAL, never the provider's
  * exit 0: kept; 1: broken (printed); 3: set-up failed. */
@@ -19,6 +20,8 @@
 #include <string.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,12 +79,146 @@ static struct ibv_mr *cycle(char *buf) {
     return mr;
 }
 
+/* Our jump at libc's munmap entry (after an endbr64, if any): a `jmp rel32` to our hook or
+ * to a trampoline leading there; *to: where it leads. NULL: munmap is not patched. */
+static unsigned char *our_jump(uintptr_t *to) {
+    unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
+    for (int at = 0; f && at <= 4; at += 4)
+        if (f[at] == 0xe9) {
+            int32_t rel;
+            memcpy(&rel, f + at + 1, 4);
+            *to = (uintptr_t)(f + at + 5) + rel;
+            return f + at;
+        }
+    return NULL;
+}
+
+static void *page_of(void *p) { return (void *)((uintptr_t)p & ~(uintptr_t)4095); }
+
+/* Another patcher's jump of another form to the same place (movabs rax, to; jmp rax), so a
+ * munmap call on any thread still works; the page must be writable. */
+static void overwrite(unsigned char *jump, uintptr_t to) {
+    unsigned char other[12] = {0x48, 0xb8};
+    memcpy(other + 2, &to, 8);
+    other[10] = 0xff, other[11] = 0xe0;
+    memcpy(jump, other, sizeof other);
+    __builtin___clear_cache((char *)jump, (char *)jump + sizeof other);
+}
+
+/* The watch on the patched pages (docs/design.md, "A cheaper patch check"). */
+static int (*watch_clean)(void);
+
+/* Up to 5 s for the background drain (every 20 ms) to clear the watch: 1 once clean. */
+static int wait_clean(void) {
+    for (int i = 0; i < 500; i++) {
+        if (watch_clean()) return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+static char *hit_buf;
+static struct ibv_mr *hit_mr;
+static volatile int overwritten, stop;
+static int served_after, calls_after;
+
+/* Hits in a loop; one that starts after `overwritten` was set and returns the cached MR was
+ * served past the overwrite. */
+static void *hitter(void *arg) {
+    (void)arg;
+    while (!stop) {
+        int after = __atomic_load_n(&overwritten, __ATOMIC_SEQ_CST);
+        struct ibv_mr *mr = ibv_reg_mr(&pd, hit_buf, LEN, IBV_ACCESS_LOCAL_WRITE);
+        if (!mr || ibv_dereg_mr(mr)) exit(3);
+        if (after) {
+            served_after += mr == hit_mr;
+            if (++calls_after >= 2000) break;
+        }
+    }
+    return NULL;
+}
+
+/*   watch_mprotect  the watch clean, a thread hitting: libc's mprotect makes munmap's page
+ *                   writable, our jump is overwritten; no hit that starts after it is served
+ *   watch_pkey      the same through pkey_mprotect(pkey -1)
+ *   watch_writable  munmap's page made writable before the first registration by a system
+ *                   call no hook sees, left so: the watch must never clear; then the jump
+ *                   is overwritten by a plain store (no call at all) before a hit
+ *   watch_madvise   the watch clean: madvise(DONTNEED) over munmap's page drops our copy of
+ *                   it (the page reverts to libc's file: our jump is gone); no hit after */
+static int watch(const char *how, char *b, struct ibv_mr *cached) {
+    watch_clean = (int (*)(void))dlsym(RTLD_DEFAULT, "mrcache_patch_watch_clean");
+    uintptr_t to;
+    unsigned char *jump = our_jump(&to);
+    if (!watch_clean || !jump) {
+        fprintf(stderr, "fast_hit: %s\n", !watch_clean ? "mrcache_patch_watch_clean not found" : "munmap not patched");
+        return 3;
+    }
+    if (!strcmp(how, "writable")) {
+        for (int i = 0; i < 25; i++) {
+            if (watch_clean()) {
+                fprintf(stderr, "fast_hit: the watch was cleared while munmap's page is writable\n");
+                return 1;
+            }
+            usleep(10000);
+        }
+        overwrite(jump, to);
+        if (ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE) == cached) {
+            fprintf(stderr, "fast_hit: a hit after a plain store over our jump on a page left writable: served blind\n");
+            return 1;
+        }
+        printf("watch_writable: never cleared, noticed before the hit\n");
+        return 0;
+    }
+    if (!wait_clean()) {
+        fprintf(stderr, "fast_hit: the watch never cleared (every hit checks every site)\n");
+        return 1;
+    }
+    if (!strcmp(how, "madvise")) {
+        if (madvise(page_of(jump), 4096, MADV_DONTNEED)) return 3;
+        if (jump[0] == 0xe9) {
+            printf("watch_madvise: the page kept our jump (not a private file page?); skipped\n");
+            return 0;
+        }
+        if (ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE) == cached) {
+            fprintf(stderr, "fast_hit: a hit after madvise(DONTNEED) dropped our jump: served blind\n");
+            return 1;
+        }
+        printf("watch_madvise: noticed before the hit\n");
+        return 0;
+    }
+    hit_buf = b, hit_mr = cached;
+    pthread_t t;
+    if (pthread_create(&t, NULL, hitter, NULL)) return 3;
+    usleep(2000);
+    int rc = !strcmp(how, "pkey")
+                 ? pkey_mprotect(page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC, -1)
+                 : mprotect(page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC);
+    if (rc) return 3;
+    overwrite(jump, to);
+    __atomic_store_n(&overwritten, 1, __ATOMIC_SEQ_CST);
+    pthread_join(t, NULL);
+    if (served_after) {
+        fprintf(stderr, "fast_hit: %d of %d hits that started after our jump was overwritten were served\n",
+                served_after, calls_after);
+        return 1;
+    }
+    printf("watch_%s: none of %d registrations after the overwrite was a hit\n", how, calls_after);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) return 2;
     static struct ibv_context ctx;
     ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
     ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
     pd.context = &ctx;
+    if (!strcmp(argv[1], "watch_writable")) {
+        /* Before the first registration, past every hook: syscall() is not hooked. */
+        uintptr_t to;
+        unsigned char *jump = our_jump(&to);
+        if (jump && syscall(SYS_mprotect, page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+    }
     char *bufs = mmap(NULL, 4 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     char *a = bufs, *b = bufs + 2 * LEN;
     /* Miss, hit on the full path (which opens the fast one), hit on the fast path. */
@@ -136,26 +273,14 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "patch_overwrite")) {
-        /* Our jump (ff 25, 0 displacement, then the hook's address) at munmap's entry or
-         * after its endbr64, replaced as another patcher would: here by a jump of another
-         * form to the same hook (movabs rax, hook; jmp rax), so a munmap call on any thread
-         * still works, and it stays. */
-        unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
-        static const unsigned char head[6] = {0xff, 0x25, 0, 0, 0, 0};
-        unsigned char *jump = NULL;
-        for (int at = 0; f && at <= 4 && !jump; at += 4)
-            if (!memcmp(f + at, head, 6)) jump = f + at;
+        uintptr_t to;
+        unsigned char *jump = our_jump(&to);
         if (!jump) {
             printf("patch_overwrite: munmap is not patched here (the self-test reports it); skipped\n");
             return 0;
         }
-        uintptr_t page = (uintptr_t)jump & ~(uintptr_t)4095;
-        if (mprotect((void *)page, 8192, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
-        unsigned char other[12] = {0x48, 0xb8};
-        memcpy(other + 2, jump + 6, 8);
-        other[10] = 0xff, other[11] = 0xe0;
-        memcpy(jump, other, sizeof other);
-        __builtin___clear_cache((char *)jump, (char *)jump + sizeof other);
+        if (mprotect(page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        overwrite(jump, to);
         struct ibv_mr *after = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
         if (after == cached) {
             fprintf(stderr, "fast_hit: a hit after our munmap jump was overwritten: served blind\n");
@@ -165,6 +290,7 @@ int main(int argc, char **argv) {
         printf("patch_overwrite: noticed before the hit\n");
         return 0;
     }
+    if (!strncmp(argv[1], "watch_", 6)) return watch(argv[1] + 6, b, cached);
     if (!strcmp(argv[1], "double_dereg")) {
         struct ibv_mr *mr = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
         int first = ibv_dereg_mr(mr), second = ibv_dereg_mr(mr);
