@@ -154,8 +154,11 @@ pub fn break_even(costs: &Costs) -> Option<f64> {
     Some(evict / (gain + evict))
 }
 
-/// A passed-through class gets one cached trial in this many of its misses.
+/// A passed-through class gets one cached trial after this many of its misses; the
+/// interval doubles after each trial, up to `PROBE_MAX`, and comes back to this when a
+/// figure moves by more than a quarter (`Figures::settle`).
 pub const PROBE_EVERY: u64 = 32;
+pub const PROBE_MAX: u64 = 1024;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
@@ -203,12 +206,25 @@ pub struct Figures {
     pub trials: u64,
     /// The verdict of the last miss.
     pub verdict: Option<Verdict>,
+    /// Misses between trials now (0: `PROBE_EVERY`).
+    pub probe_every: u64,
     /// Hits left in the current trial: a passed-through class's cached entries serve this
     /// many hits after a trial (timing its cached round), then are evicted at the next.
     pub trial_hits: u32,
 }
 
 impl Figures {
+    /// After new samples (`before`: the costs until then): a move of more than a quarter in
+    /// the miss or the cached round brings trials back to every `PROBE_EVERY` misses, so
+    /// a change of cost is followed quickly while steady figures are re-probed rarely.
+    pub fn settle(&mut self, access: Access, before: &Costs) {
+        let now = self.costs(access);
+        let moved = |a: f64, b: f64| known(a) && known(b) && ((a - b).abs() > 0.25 * a.min(b));
+        if moved(before.miss_ns, now.miss_ns) || moved(before.cached_ns, now.cached_ns) {
+            self.probe_every = PROBE_EVERY;
+        }
+    }
+
     /// The model's costs from these figures.
     pub fn costs(&self, access: Access) -> Costs {
         let miss_ns = self.reg.value + self.dereg.value;
@@ -275,8 +291,12 @@ impl Classes {
             return Decision::Cache;
         }
         f.misses += 1;
-        if f.misses >= PROBE_EVERY {
+        if f.probe_every == 0 {
+            f.probe_every = PROBE_EVERY;
+        }
+        if f.misses >= f.probe_every {
             f.misses = 0;
+            f.probe_every = (2 * f.probe_every).min(PROBE_MAX);
             f.trials += 1;
             f.trial_hits = TRIAL_HITS;
             Decision::Trial
@@ -517,11 +537,18 @@ mod tests {
         f.hit.add(6_000.0);
         f.release.add(4_000.0);
         let mut seen = Vec::new();
-        for _ in 0..(2 * PROBE_EVERY) {
+        // Trials after 32, then 64 more misses (the interval doubles).
+        for _ in 0..(3 * PROBE_EVERY) {
             seen.push(k.decide(Access::Remote, len, true));
         }
-        let trials = seen.iter().filter(|d| **d == Decision::Trial).count();
-        assert_eq!(trials, 2, "{seen:?}");
+        let trials: Vec<usize> = (0..seen.len())
+            .filter(|&i| seen[i] == Decision::Trial)
+            .collect();
+        assert_eq!(
+            trials,
+            vec![PROBE_EVERY as usize - 1, 3 * PROBE_EVERY as usize - 1],
+            "{seen:?}"
+        );
         // After a trial its entry serves TRIAL_HITS hits, then no more.
         let hits: Vec<bool> = (0..TRIAL_HITS + 2)
             .map(|_| k.allow_hit(Access::Remote, len, true))
@@ -536,7 +563,7 @@ mod tests {
         assert!(k.allow_hit(Access::Remote, 4096, true));
         assert_eq!(
             seen.iter().filter(|d| **d == Decision::PassThrough).count() as u64,
-            2 * PROBE_EVERY - 2
+            3 * PROBE_EVERY - 2
         );
         // Another class (4 KiB) and the local kind are untouched.
         assert_eq!(k.decide(Access::Remote, 4096, true), Decision::Cache);
@@ -579,6 +606,35 @@ mod tests {
         assert_eq!(f.costs(Access::Local).cached_ns, 30.0);
         assert_eq!(f.costs(Access::Remote).cached_ns, 800.0);
         assert_eq!(f.costs(Access::Local).miss_ns, 500.0);
+    }
+
+    /// The trial interval doubles up to PROBE_MAX and comes back when a figure moves.
+    #[test]
+    fn probe_interval_backs_off_and_resets_on_a_change() {
+        let mut k = Classes::default();
+        let f = k.get_mut(Access::Remote, 4096);
+        f.reg.add(1_000.0);
+        f.dereg.add(1_000.0);
+        f.hit.add(5_000.0);
+        f.release.add(5_000.0);
+        let mut at = Vec::new();
+        for i in 0..5_000u64 {
+            if k.decide(Access::Remote, 4096, true) == Decision::Trial {
+                at.push(i + 1);
+            }
+        }
+        assert_eq!(at[..6], [32, 96, 224, 480, 992, 2016]);
+        assert_eq!(at[6], 3040);
+        let f = k.get_mut(Access::Remote, 4096);
+        assert_eq!(f.probe_every, PROBE_MAX);
+        let before = f.costs(Access::Remote);
+        f.reg.add(1_050.0);
+        f.settle(Access::Remote, &before);
+        assert_eq!(f.probe_every, PROBE_MAX, "a small move keeps the interval");
+        let before = f.costs(Access::Remote);
+        f.reg.add(40_000.0);
+        f.settle(Access::Remote, &before);
+        assert_eq!(f.probe_every, PROBE_EVERY);
     }
 
     #[test]

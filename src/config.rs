@@ -51,7 +51,7 @@ pub const VARIABLES: &[Variable] = &[
         name: "MRCACHE_ADMIT",
         default: "auto",
         allowed: "auto, always",
-        about: "auto = cache a registration's size class (power of two of its length) and access kind (local, remote under revoke) only while its measured cached round (hit + release, with the window bind and unbind for remote) costs less than the provider's reg + dereg, else pass it through (one cached trial in 32 re-measures); and when the cache is full, evict for a new registration only if it was seen more often lately than the victim was used (scan resistance); always = cache every registration, evict least recently used (the figures are still measured and reported)",
+        about: "auto = cache a registration's size class (power of two of its length) and access kind (local, remote under revoke) only while its measured cached round (hit + release, with the window bind and unbind for remote) costs less than the provider's reg + dereg, else pass it through (a cached trial after 32 misses, backing off to 1024, re-measures); and when the cache is full, evict for a new registration only if it was seen more often lately than the victim was used (scan resistance); always = cache every registration, evict least recently used (the figures are still measured and reported)",
     },
     Variable {
         name: "MRCACHE_MONITOR",

@@ -198,7 +198,7 @@ fn scan_resistance_hit_ratios() {
 }
 
 /// Remote under revoke: a bind + unbind far dearer than a registration passes the class
-/// through (counted, with a trial every PROBE_EVERY misses); when registrations become the
+/// through (counted, with trials from PROBE_EVERY misses on); when registrations become the
 /// dear part and binds cheap, the trials bring the class back to caching.
 #[test]
 fn remote_class_passes_through_and_comes_back() {
@@ -242,7 +242,7 @@ fn remote_class_passes_through_and_comes_back() {
         "passed {passed}, cached {cached}"
     );
     assert_eq!(stats[Counter::AdmissionPassedCost], passed);
-    assert!(stats[Counter::AdmissionTrials] >= 3);
+    assert!(stats[Counter::AdmissionTrials] >= 1);
     // Now registrations are dear and binds cheap: after a few trials, cached for good.
     fake.reg_ns.store(300_000, SeqCst);
     fake.bind_ns.store(0, SeqCst);

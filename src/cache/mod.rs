@@ -470,8 +470,10 @@ impl<R: Registrar> Cache<R> {
         let flipped = {
             let mut c = self.classes();
             let fig = c.get_mut(kind, len);
-            let before = admission::verdict(kind, &fig.costs(kind));
+            let costs = fig.costs(kind);
+            let before = admission::verdict(kind, &costs);
             f(fig);
+            fig.settle(kind, &costs);
             let after = admission::verdict(kind, &fig.costs(kind));
             before == Verdict::Cache && after == Verdict::PassThrough
         };
@@ -731,7 +733,10 @@ impl<R: Registrar> Cache<R> {
                         Access::Local
                     };
                     let mut c = self.2.lock().unwrap_or_else(|e| e.into_inner());
-                    c.get_mut(kind, len).dereg.add(ns);
+                    let f = c.get_mut(kind, len);
+                    let before = f.costs(kind);
+                    f.dereg.add(ns);
+                    f.settle(kind, &before);
                 }
             }
         }
