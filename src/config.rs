@@ -60,6 +60,12 @@ pub const VARIABLES: &[Variable] = &[
         about: "how unmapped memory is seen: patch = symbol hooks plus glibc's internal munmap/madvise/mmap/brk patched at load (sees free(), malloc_trim, arena shrink); symbols = symbol hooks only (misses those, so caching is off); none = nothing (UNSAFE: for tests that must see stale registrations)",
     },
     Variable {
+        name: "MRCACHE_PATCH_CHECK",
+        default: "watch",
+        allowed: "watch, every-hit",
+        about: "with MRCACHE_MONITOR=patch, when a hit reads every patched libc entry and hook to see that no other code patcher overwrote one: watch = only while a patched code page may have been made writable, replaced or dropped since the last check (seen by the mprotect, pkey_mprotect and unmap hooks; misses writers that bypass libc, see docs/design.md); every-hit = on every hit (about 290 instructions more per hit pair)",
+    },
+    Variable {
         name: "MRCACHE_VERIFY",
         default: "off",
         allowed: "off, pfn",
@@ -131,6 +137,8 @@ pub struct Config {
     pub log_file: Option<String>,
     pub monitor: Monitor,
     pub verify_pfn: bool,
+    /// `MRCACHE_PATCH_CHECK=every-hit`: every hit reads every patched site (no watch).
+    pub patch_check_every_hit: bool,
     pub fork: ForkMode,
     pub log: LogLevel,
     /// `MRCACHE_LOG` as given (an `EnvFilter`; see `log::parse_filter`).
@@ -167,6 +175,7 @@ impl Config {
             log_file: None,
             monitor: Monitor::Patch,
             verify_pfn: false,
+            patch_check_every_hit: false,
             fork: ForkMode::Auto,
             log: LogLevel::Off,
             log_filter: "off".into(),
@@ -319,6 +328,12 @@ where
             "MRCACHE_REMOTE" => RemoteMode::parse(value).map(|m| cfg.remote = m),
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
             "MRCACHE_ADMIT" => Admit::parse(value).map(|a| cfg.admit = a),
+            "MRCACHE_PATCH_CHECK" => match value {
+                "watch" => Some(false),
+                "every-hit" => Some(true),
+                _ => None,
+            }
+            .map(|v| cfg.patch_check_every_hit = v),
             "MRCACHE_VERIFY" => match value {
                 "off" => Some(false),
                 "pfn" => Some(true),

@@ -92,6 +92,7 @@ pub fn set_up() -> Runtime {
         if let Some(why) = blind {
             fail_closed(cache, &why);
         } else if config.monitor == Monitor::Patch {
+            patch::EVERY_HIT.store(config.patch_check_every_hit, Relaxed);
             check_patches(cache);
             if cache.caching_stopped().is_none() {
                 patch::try_clean();

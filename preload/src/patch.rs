@@ -770,6 +770,9 @@ pub fn watch_clean() -> bool {
     WATCH.load(SeqCst) & SUSPECT == 0
 }
 
+/// `MRCACHE_PATCH_CHECK=every-hit`: never clear (every hit reads every site).
+pub static EVERY_HIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Clear `SUSPECT` when it is safe: nothing in flight, every site intact, every watched page
 /// mapped and not writable (`/proc/self/maps`), and no watched call began or ended since the
 /// word was read (the compare-and-swap fails otherwise). Reads a file and allocates: the
@@ -779,7 +782,7 @@ pub fn try_clean() -> bool {
     if w & SUSPECT == 0 {
         return true;
     }
-    if w & IN_FLIGHT_MASK != 0 || SITE_AT[0].load(Relaxed) == 0 {
+    if w & IN_FLIGHT_MASK != 0 || EVERY_HIT.load(Relaxed) || SITE_AT[0].load(Relaxed) == 0 {
         return false;
     }
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
