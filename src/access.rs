@@ -45,6 +45,9 @@ pub enum Bypass {
     /// Remote access under `MRCACHE_REMOTE=revoke`, the cache full, and the clock's victim
     /// used more often lately than this registration was seen (scan resistance).
     Scan,
+    /// Remote access under `MRCACHE_REMOTE=revoke`, a class that caches: one hit now and
+    /// then is passed through so that what a miss costs is measured again (`admission`).
+    Probe,
 }
 
 /// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).

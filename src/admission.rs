@@ -162,8 +162,10 @@ pub const PROBE_MAX: u64 = 1024;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
-/// A decaying mean: each new sample weighs 1/4 (a change of cost is followed within a few
-/// samples); 0 until the first.
+/// A decaying mean robust to the spikes a loaded machine adds to timings (a preempted
+/// call, a first call's set-up): a lower sample pulls it halfway down (all the way when
+/// under half of it: the earlier figure was a spike), a higher one a quarter of the way up,
+/// counted at most at 4 times the mean; 0 until the first sample.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Mean {
     pub value: f64,
@@ -174,8 +176,12 @@ impl Mean {
     pub fn add(&mut self, ns: f64) {
         self.value = if self.samples == 0 {
             ns
+        } else if ns < self.value / 2.0 {
+            ns
+        } else if ns < self.value {
+            (self.value + ns) / 2.0
         } else {
-            self.value + (ns - self.value) / 4.0
+            self.value + (ns.min(4.0 * self.value) - self.value) / 4.0
         };
         self.samples += 1;
     }
@@ -198,8 +204,11 @@ pub struct Figures {
     pub round: Mean,
     /// Eviction bookkeeping per evicted entry (the clock, the removal).
     pub evict: Mean,
-    /// Misses of this class since it was last passed through or tried.
+    /// Calls of this class since its last trial (pass-through class) or probe (remote
+    /// cached class).
     pub misses: u64,
+    /// Remote cached class: hits passed through to re-measure what a miss costs now.
+    pub probes: u64,
     /// Misses passed through because caching did not pay.
     pub passed: u64,
     /// Cached trials of a passed-through class.
@@ -286,6 +295,10 @@ impl Classes {
     pub fn decide(&mut self, access: Access, len: usize, auto: bool) -> Decision {
         let f = self.get_mut(access, len);
         let v = verdict(access, &f.costs(access));
+        if f.verdict != Some(v) {
+            f.probe_every = PROBE_EVERY;
+            f.misses = 0;
+        }
         f.verdict = Some(v);
         if !auto || v == Verdict::Cache {
             return Decision::Cache;
@@ -319,6 +332,29 @@ impl Classes {
             return true;
         }
         false
+    }
+
+    /// A hit of a remote class that caches: whether to pass it through instead (a probe,
+    /// after `PROBE_EVERY` hits, the interval doubling to `PROBE_MAX` as for trials), so
+    /// that what a miss costs is re-measured (the caller times the registration libibverbs
+    /// makes, `Cache::note_passthrough`): a cached class never misses otherwise, and its
+    /// miss figure would stay whatever its first miss cost (set-up included).
+    pub fn probe_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
+        let f = self.get_mut(access, len);
+        if !auto || access != Access::Remote {
+            return false;
+        }
+        if f.probe_every == 0 {
+            f.probe_every = PROBE_EVERY;
+        }
+        f.misses += 1;
+        if f.misses < f.probe_every {
+            return false;
+        }
+        f.misses = 0;
+        f.probe_every = (2 * f.probe_every).min(PROBE_MAX);
+        f.probes += 1;
+        true
     }
 
     /// Every class that has figures, as (access, class, figures).
@@ -638,14 +674,35 @@ mod tests {
     }
 
     #[test]
-    fn mean_follows_a_change() {
+    fn mean_follows_a_change_and_resists_spikes() {
         let mut m = Mean::default();
         m.add(1000.0);
         assert_eq!(m.value, 1000.0);
+        // A first sample that was a spike is dropped at the next.
+        m.add(10.0);
+        assert_eq!(m.value, 10.0);
+        m.add(8.0);
+        assert_eq!(m.value, 9.0);
+        // A spike counts at most 4 times the mean, a quarter of the way.
+        m.add(1e9);
+        assert_eq!(m.value, 9.0 + 27.0 / 4.0);
+        // A lasting rise is followed.
         for _ in 0..20 {
-            m.add(10.0);
+            m.add(1000.0);
         }
-        assert!(m.value < 20.0, "{}", m.value);
+        assert!(m.value > 900.0, "{}", m.value);
+    }
+
+    /// A remote class that caches passes one hit through after 32, then 64 more...
+    #[test]
+    fn cached_remote_class_is_probed() {
+        let mut k = Classes::default();
+        let at: Vec<u64> = (1..=200u64)
+            .filter(|_| k.probe_hit(Access::Remote, 1 << 20, true))
+            .collect();
+        assert_eq!(at, vec![32, 96]);
+        assert!(!(0..100).any(|_| k.probe_hit(Access::Local, 1 << 20, true)));
+        assert!(!(0..100).any(|_| k.probe_hit(Access::Remote, 4096, false)));
     }
 
     #[test]

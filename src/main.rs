@@ -333,6 +333,18 @@ fn info_configuration() -> config::Config {
             }
         }
     );
+    println!(
+        "  admission: MRCACHE_ADMIT={}: {}",
+        cfg.admit.as_str(),
+        match cfg.admit {
+            config::Admit::Auto => {
+                "per size class (power of two of the length) and access kind (local; remote under revoke), cached only while its measured cached round (hit + release; with window bind + unbind for remote) costs less than the provider's measured reg + dereg, else passed through (a cached trial after 32 misses, backing off to 1024, re-measures); when full, a miss evicts only if seen more often lately than the victim was used (scan resistance). Each run's decisions and figures: MRCACHE_STATS=1 (summary) or json (`admission`)"
+            }
+            config::Admit::Always => {
+                "every registration is cached, the least recently used idle entry evicted (figures still measured and reported)"
+            }
+        }
+    );
     for p in &problems {
         println!("  {p}");
     }
@@ -502,6 +514,30 @@ fn stats(files: &[PathBuf]) -> Result<ExitCode, String> {
         t[Counter::RemoteGrants],
         t[Counter::RemoteRevokes]
     );
+    println!(
+        "admission: {} passed through (caching did not pay), {} (scan), {} cached trials",
+        t[Counter::AdmissionPassedCost],
+        t[Counter::AdmissionPassedScan],
+        t[Counter::AdmissionTrials]
+    );
+    for r in &reports {
+        for a in &r.admission {
+            println!(
+                "  {} {}: {} {}: {} (miss {} ns, cached round {} ns {}, eviction {} ns; {} passed, {} trials)",
+                r.host,
+                r.pid,
+                a.access,
+                a.class,
+                a.verdict,
+                a.miss_ns,
+                a.cached_ns,
+                a.cached_from,
+                a.evict_ns,
+                a.passed,
+                a.trials
+            );
+        }
+    }
     if t[Counter::DoubleDeregs] + t[Counter::VerifyMismatches] + t[Counter::TraceRecordsDropped] > 0
     {
         println!(

@@ -105,6 +105,8 @@ named_enum! {
         NotWorthCaching = "not-worth-caching",
         /// The cache was full of entries used more often (scan resistance).
         Scan = "scan",
+        /// A cached remote class's hit passed through to re-measure a miss's cost.
+        Probe = "admission-probe",
     }
 }
 
@@ -122,6 +124,7 @@ impl From<crate::access::Bypass> for Bypassed {
             Bypass::DeviceMemory => Bypassed::DeviceMemory,
             Bypass::NotWorthCaching => Bypassed::NotWorthCaching,
             Bypass::Scan => Bypassed::Scan,
+            Bypass::Probe => Bypassed::Probe,
         }
     }
 }

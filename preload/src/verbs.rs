@@ -136,7 +136,21 @@ fn register_inner(
                     )
                 }
                 Err(AcquireError::Bypass(b)) => {
+                    // Passed through by admission: libibverbs' registration is a sample of
+                    // what a miss of its class costs.
+                    let timed = matches!(
+                        b,
+                        mrcache::access::Bypass::NotWorthCaching
+                            | mrcache::access::Bypass::Scan
+                            | mrcache::access::Bypass::Probe
+                    );
+                    let t = timed.then(std::time::Instant::now);
                     let (mr, o) = passthrough(Bypassed::from(b));
+                    if let Some(t) = t
+                        && !mr.is_null()
+                    {
+                        cache.note_passthrough(&req, t.elapsed().as_nanos() as u64);
+                    }
                     // libibverbs' MR may reuse the address of one the cache deregistered:
                     // its dereg must not look like a second one.
                     if !mr.is_null() {

@@ -245,6 +245,14 @@ impl<R: Registrar> Cache<R> {
             }
             _ => found,
         };
+        if found.is_some()
+            && kind == Access::Remote
+            && self.classes().probe_hit(kind, req.len, auto)
+        {
+            // Re-measure what a miss of this class costs: libibverbs registers this one
+            // (the preload times it: `note_passthrough`).
+            return Err(AcquireError::Bypass(Bypass::Probe));
+        }
         if let Some((id, outcome)) = found
             && let Some(claim) = st.claim(&self.fast, id, req, self.limits.shadow)
         {
@@ -457,6 +465,17 @@ impl<R: Registrar> Cache<R> {
             best = best.min(ns.max(1.0));
         }
         Some(best)
+    }
+
+    /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
+    /// `Scan`, `Probe`) and its registration took `ns`: a sample of the class's miss.
+    pub fn note_passthrough(&self, req: &Request, ns: u64) {
+        let kind = if req.access & access::REMOTE != 0 && self.remote == RemoteMode::Revoke {
+            Access::Remote
+        } else {
+            Access::Local
+        };
+        self.figures(kind, req.len, |f| f.reg.add(ns as f64));
     }
 
     fn classes(&self) -> MutexGuard<'_, Classes> {
