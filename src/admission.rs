@@ -159,13 +159,16 @@ pub fn break_even(costs: &Costs) -> Option<f64> {
 /// figure moves by more than a quarter (`Figures::settle`).
 pub const PROBE_EVERY: u64 = 32;
 pub const PROBE_MAX: u64 = 1024;
+/// The longest interval between a cached remote class's probes, in hits.
+pub const PROBE_HITS_MAX: u64 = 8192;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
-/// A decaying mean robust to the spikes a loaded machine adds to timings (a preempted
-/// call, a first call's set-up): a lower sample pulls it halfway down (all the way when
-/// under half of it: the earlier figure was a spike), a higher one a quarter of the way up,
-/// counted at most at 4 times the mean; 0 until the first sample.
+/// A decaying mean (a new sample weighs 1/8: about the last 8 to 16 count, so a change
+/// of cost is followed and the heavy tail of a loaded machine's timings counts for what it
+/// costs); a sample counts at most 8 times the mean (a rare stall), and the first sample is
+/// dropped when the second is under half of it (a first call's set-up: a device queue,
+/// page faults). 0 until the first sample.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Mean {
     pub value: f64,
@@ -174,14 +177,10 @@ pub struct Mean {
 
 impl Mean {
     pub fn add(&mut self, ns: f64) {
-        self.value = if self.samples == 0 {
+        self.value = if self.samples == 0 || (self.samples == 1 && ns < self.value / 2.0) {
             ns
-        } else if ns < self.value / 2.0 {
-            ns
-        } else if ns < self.value {
-            (self.value + ns) / 2.0
         } else {
-            self.value + (ns.min(4.0 * self.value) - self.value) / 4.0
+            self.value + (ns.min(8.0 * self.value) - self.value) / 8.0
         };
         self.samples += 1;
     }
@@ -209,6 +208,10 @@ pub struct Figures {
     pub misses: u64,
     /// Remote cached class: hits passed through to re-measure what a miss costs now.
     pub probes: u64,
+    /// Hits between those probes now (0: `PROBE_EVERY`); doubles up to `PROBE_HITS_MAX`
+    /// and comes back only when the verdict changes (a probe costs a whole miss, and noisy
+    /// figures would otherwise keep it at 32).
+    pub probe_hits_every: u64,
     /// Misses passed through because caching did not pay.
     pub passed: u64,
     /// Cached trials of a passed-through class.
@@ -297,6 +300,7 @@ impl Classes {
         let v = verdict(access, &f.costs(access));
         if f.verdict != Some(v) {
             f.probe_every = PROBE_EVERY;
+            f.probe_hits_every = PROBE_EVERY;
             f.misses = 0;
         }
         f.verdict = Some(v);
@@ -335,7 +339,7 @@ impl Classes {
     }
 
     /// A hit of a remote class that caches: whether to pass it through instead (a probe,
-    /// after `PROBE_EVERY` hits, the interval doubling to `PROBE_MAX` as for trials), so
+    /// after `PROBE_EVERY` hits, the interval doubling to `PROBE_HITS_MAX`), so
     /// that what a miss costs is re-measured (the caller times the registration libibverbs
     /// makes, `Cache::note_passthrough`): a cached class never misses otherwise, and its
     /// miss figure would stay whatever its first miss cost (set-up included).
@@ -344,15 +348,15 @@ impl Classes {
         if !auto || access != Access::Remote {
             return false;
         }
-        if f.probe_every == 0 {
-            f.probe_every = PROBE_EVERY;
+        if f.probe_hits_every == 0 {
+            f.probe_hits_every = PROBE_EVERY;
         }
         f.misses += 1;
-        if f.misses < f.probe_every {
+        if f.misses < f.probe_hits_every {
             return false;
         }
         f.misses = 0;
-        f.probe_every = (2 * f.probe_every).min(PROBE_MAX);
+        f.probe_hits_every = (2 * f.probe_hits_every).min(PROBE_HITS_MAX);
         f.probes += 1;
         true
     }
@@ -678,19 +682,23 @@ mod tests {
         let mut m = Mean::default();
         m.add(1000.0);
         assert_eq!(m.value, 1000.0);
-        // A first sample that was a spike is dropped at the next.
+        // A first sample that was a set-up is dropped at the next.
         m.add(10.0);
         assert_eq!(m.value, 10.0);
-        m.add(8.0);
-        assert_eq!(m.value, 9.0);
-        // A spike counts at most 4 times the mean, a quarter of the way.
+        m.add(50.0);
+        assert_eq!(m.value, 15.0);
+        // A stall counts at most 8 times the mean.
         m.add(1e9);
-        assert_eq!(m.value, 9.0 + 27.0 / 4.0);
-        // A lasting rise is followed.
-        for _ in 0..20 {
+        assert_eq!(m.value, 15.0 + 105.0 / 8.0);
+        // A lasting change is followed.
+        for _ in 0..60 {
             m.add(1000.0);
         }
-        assert!(m.value > 900.0, "{}", m.value);
+        assert!(m.value > 990.0, "{}", m.value);
+        for _ in 0..60 {
+            m.add(10.0);
+        }
+        assert!(m.value < 20.0, "{}", m.value);
     }
 
     /// A remote class that caches passes one hit through after 32, then 64 more...

@@ -247,18 +247,26 @@ fn remote_class_passes_through_and_comes_back() {
     fake.reg_ns.store(300_000, SeqCst);
     fake.bind_ns.store(0, SeqCst);
     let _ = round(8 * PROBE_EVERY as usize);
+    let cost_before = cache.snapshot().counts[Counter::AdmissionPassedCost];
     let (passed, cached) = round(PROBE_EVERY as usize);
     println!(
         "dear registrations: {passed} passed, {cached} cached; {:?}",
         cache.admission().report()
     );
-    assert_eq!(
-        passed,
-        0,
+    // At most one probe (a cached remote class passes a hit through now and then to
+    // re-measure its misses); none passed through for cost.
+    assert!(
+        passed <= 1,
         "still passed through: {:?}",
         cache.admission().report()
     );
-    assert_eq!(cached, PROBE_EVERY);
+    assert_eq!(
+        cache.snapshot().counts[Counter::AdmissionPassedCost],
+        cost_before,
+        "{:?}",
+        cache.admission().report()
+    );
+    assert!(cached >= PROBE_EVERY - 1);
     let f = *cache.admission().get(Access::Remote, LEN);
     assert!(f.trials >= 1);
 }

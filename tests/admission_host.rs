@@ -51,7 +51,8 @@ fn figure(out: &str, line: &str, key: &str) -> u64 {
 
 /// Remote under revoke: window binds dearer than a registration pass the class through
 /// (all but the trials of the last 100 calls go to libibverbs); registrations dearer than
-/// a bind bring it back (none of the last 64 calls passed through).
+/// a bind bring it back (of the last 64 calls at most one passed through: a cached remote
+/// class's probe).
 #[test]
 fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registrations_do() {
     let out = run("remote", "auto");
@@ -61,8 +62,8 @@ fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registra
         binds >= 80,
         "dear binds: only {binds} of 100 passed through\n{out}"
     );
-    assert_eq!(
-        regs, 0,
+    assert!(
+        regs <= 1,
         "dear registrations: {regs} of 64 passed through\n{out}"
     );
     assert!(out.contains("remote 64KiB: cache"), "{out}");
