@@ -74,7 +74,35 @@ fn a_shared_alias_store_leads_to_a_stale_hit() {
 /// The same sequences with MRCACHE_PATCH_CHECK=every-hit (the check before issue 21): held.
 #[test]
 fn every_hit_check_catches_the_same_sequences() {
-    for s in ["memfd_alias", "file_private", "memfd_stale", "libc_mprotect"] {
+    for s in [
+        "memfd_alias",
+        "file_private",
+        "memfd_stale",
+        "libc_mprotect",
+    ] {
         run(s, &[("MRCACHE_PATCH_CHECK", "every-hit")]);
     }
+}
+
+/// The word clean, munmap's page made writable by a system call no hook sees (a stated
+/// gap) and left so: the design says a page left writable keeps every hit checking; 200 ms
+/// later a plain store over our jump.
+#[test]
+fn a_page_made_writable_after_a_clean_keeps_hits_checking() {
+    run("writable_after_clean", &[]);
+}
+
+/// A hooked mprotect patcher at random offsets from the drain's cycle (held in 40 rounds).
+#[test]
+fn hooked_patcher_at_random_offsets_from_the_drain() {
+    for _ in 0..20 {
+        run("race", &[]);
+    }
+}
+
+/// Clean at fork(); the child overwrites past the hooks and hits for 1 s (held: the
+/// child's first registration takes the full path).
+#[test]
+fn fork_child_overwrite() {
+    run("fork_child", &[]);
 }

@@ -9,6 +9,11 @@
  *   rev_hit mremap_fixed  a modified copy mremap(MREMAP_FIXED)ed over the page (hooked)
  *   rev_hit libc_mprotect libc's own mprotect (dlsym on libc's handle): the stated gap, window
  *   rev_hit errno         mprotect/pkey_mprotect hooks: -1 and errno on failure
+ *   rev_hit memfd_stale   memfd_alias, then munmap through libc's entry unseen: a stale hit
+ *   rev_hit writable_after_clean  page made writable past the hooks after a clean, left so
+ *   rev_hit race          hooked mprotect + store at random offsets from the drain cycle
+ *   rev_hit fork_child    clean at fork, the child overwrites past the hooks
+ *   rev_hit maps_costN    figures: CPU of the maps read with N mappings while suspect
  * exit 0: held; 1: broken (printed); 3: set-up failed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -160,6 +165,27 @@ static int verdict(const char *how, int s, int n) {
     return 0;
 }
 
+static char *hit_buf;
+static struct ibv_mr *hit_mr;
+static volatile int overwritten, stop;
+static int served_after, calls_after;
+
+/* Hits in a loop; one that starts after `overwritten` was set and returns the cached MR was
+ * served past the overwrite. */
+static void *hitter(void *arg) {
+    (void)arg;
+    while (!stop) {
+        int after = __atomic_load_n(&overwritten, __ATOMIC_SEQ_CST);
+        struct ibv_mr *mr = ibv_reg_mr(&pd, hit_buf, LEN, IBV_ACCESS_LOCAL_WRITE);
+        if (!mr || ibv_dereg_mr(mr)) exit(3);
+        if (after) {
+            served_after += mr == hit_mr;
+            if (++calls_after >= 2000) break;
+        }
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) return 2;
     static struct ibv_context ctx;
@@ -213,6 +239,87 @@ int main(int argc, char **argv) {
         overwrite(alias + off, to); /* a plain store, no system call */
         if (jump[0] == 0xe9) return 3;
         int s = served(b, cached, 1000);
+        if (s) window(how, b, cached);
+        return verdict(how, s, 1000);
+    }
+    if (!strncmp(how, "maps_cost", 9)) {
+        /* Figures, not a test: the process's CPU time over 2 s of sleep with N mappings
+         * (maps_costN), munmap's page left writable by a system call no hook sees (so the
+         * word stays suspect and every drain cycle reads /proc/self/maps), then the same
+         * with the page read-only again (the word clean). */
+        long n = atol(how + 9);
+        for (long i = 0; i < n; i++)
+            if (mmap(NULL, 4096, i % 2 ? PROT_READ : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) return 3;
+        for (int round = 0; round < 2; round++) {
+            mprotect(page, 4096, round ? PROT_READ | PROT_EXEC : PROT_READ | PROT_WRITE | PROT_EXEC);
+            usleep(200000);
+            struct timespec a, z;
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+            double t0 = now_ms();
+            /* munmap/mmap pairs on the main thread meanwhile: the mmap lock the maps read takes */
+            long pairs = 0;
+            while (now_ms() - t0 < 2000) {
+                void *q = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                munmap(q, 4096);
+                pairs++;
+                if (pairs % 64 == 0) usleep(1000);
+            }
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &z);
+            double cpu = (z.tv_sec - a.tv_sec) * 1e3 + (z.tv_nsec - a.tv_nsec) / 1e6;
+            printf("rev_hit maps_cost: %ld mappings, page %s, watch clean %d: %.0f ms CPU over 2 s, %ld mmap+munmap pairs\n",
+                   n, round ? "read-only" : "writable", watch_clean(), cpu, pairs);
+        }
+        return 0;
+    }
+    if (!strcmp(how, "race")) {
+        /* A hooked mprotect patcher at random offsets from the drain's 20 ms cycle: delays
+         * before mprotect(RW), between it and the store, and before mprotect(RX). */
+        srand(getpid());
+        hit_buf = b, hit_mr = cached;
+        pthread_t t;
+        if (pthread_create(&t, NULL, hitter, NULL)) return 3;
+        usleep(rand() % 40000);
+        if (mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        usleep(rand() % 3 ? rand() % 45000 : 0);
+        overwrite(jump, to);
+        __atomic_store_n(&overwritten, 1, __ATOMIC_SEQ_CST);
+        usleep(rand() % 3 ? rand() % 45000 : 0);
+        if (mprotect(page, 4096, PROT_READ | PROT_EXEC)) return 3;
+        pthread_join(t, NULL);
+        return verdict(how, served_after, calls_after);
+    }
+    if (!strcmp(how, "fork_child")) {
+        /* The word clean at fork(); in the child a writer past the hooks (the stated gap:
+         * syscall(SYS_mprotect)) overwrites our jump and restores the protection. The design
+         * bounds the window by the drain cycle (20 ms); the child has no drain thread until
+         * its first full-path registration. Hits for 1 s. */
+        pid_t pid = fork();
+        if (pid < 0) return 3;
+        if (pid == 0) {
+            if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) _exit(3);
+            overwrite(jump, to);
+            if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_EXEC)) _exit(3);
+            double t0 = now_ms();
+            long n = 0, s = 0;
+            while (now_ms() - t0 < 1000) s += served(b, cached, 1), n++;
+            fprintf(stderr, "rev_hit fork_child: child: %ld of %ld hits over 1 s after the overwrite were served\n", s, n);
+            _exit(s ? 1 : 0);
+        }
+        int st;
+        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 3;
+        if (WEXITSTATUS(st) == 0) printf("rev_hit fork_child: no hit served in the child\n");
+        return WEXITSTATUS(st);
+    }
+    if (!strcmp(how, "writable_after_clean")) {
+        /* The word clean; munmap's page made writable by a system call no hook sees (a stated
+         * gap) and left so; the design says a page left writable keeps every hit checking.
+         * Several drain cycles later, a plain store over our jump. */
+        if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        usleep(200000);
+        int clean = watch_clean();
+        overwrite(jump, to);
+        int s = served(b, cached, 1000);
+        fprintf(stderr, "rev_hit writable_after_clean: 200 ms after, the page writable: watch clean %d\n", clean);
         if (s) window(how, b, cached);
         return verdict(how, s, 1000);
     }
