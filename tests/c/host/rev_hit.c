@@ -310,6 +310,27 @@ int main(int argc, char **argv) {
         if (WEXITSTATUS(st) == 0) printf("rev_hit fork_child: no hit served in the child\n");
         return WEXITSTATUS(st);
     }
+    if (!strcmp(how, "advice")) {
+        /* madvise advice the hook does not count as zapping, over munmap's page (and the
+         * 2 MiB around it for MADV_COLLAPSE): does any drop our copy of the page? */
+        static const int adv[] = {MADV_NORMAL, MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, 20 /* COLD */,
+                                  21 /* PAGEOUT */, 25 /* COLLAPSE */, 22 /* POPULATE_READ */, 14 /* HUGEPAGE */,
+                                  MADV_DONTFORK, MADV_DOFORK, 12 /* MERGEABLE */, 16 /* DODUMP */};
+        for (unsigned k = 0; k < sizeof adv / sizeof *adv; k++) {
+            void *at = adv[k] == 25 ? (void *)((uintptr_t)page & ~(uintptr_t)0x1fffff) : (void *)page;
+            size_t len = adv[k] == 25 ? 0x200000 : 4096;
+            errno = 0;
+            int r = madvise(at, len, adv[k]);
+            int e = errno;
+            if (jump[0] != 0xe9) {
+                int s = served(b, cached, 1000);
+                fprintf(stderr, "rev_hit advice: madvise %d (rc %d) dropped our jump; %d of 1000 hits served, clean %d\n", adv[k], r, s, watch_clean());
+                return 1;
+            }
+            printf("rev_hit advice: madvise %d: rc %d errno %d, jump kept\n", adv[k], r, e);
+        }
+        return 0;
+    }
     if (!strcmp(how, "writable_after_clean")) {
         /* The word clean; munmap's page made writable by a system call no hook sees (a stated
          * gap) and left so; the design says a page left writable keeps every hit checking.
