@@ -106,3 +106,15 @@ fn hooked_patcher_at_random_offsets_from_the_drain() {
 fn fork_child_overwrite() {
     run("fork_child", &[]);
 }
+
+/// mprotect from the page before, one byte into munmap's page (held).
+#[test]
+fn mprotect_one_byte_into_the_page_is_seen() {
+    run("partial", &[]);
+}
+
+/// madvise advice the hook does not count as zapping keeps our jump (held).
+#[test]
+fn non_zapping_advice_keeps_the_jump() {
+    run("advice", &[]);
+}

@@ -13,6 +13,8 @@
  *   rev_hit writable_after_clean  page made writable past the hooks after a clean, left so
  *   rev_hit race          hooked mprotect + store at random offsets from the drain cycle
  *   rev_hit fork_child    clean at fork, the child overwrites past the hooks
+ *   rev_hit partial       mprotect(page - 4096, 4097): a length one byte into the page
+ *   rev_hit advice        madvise advice not counted as zapping, over the page
  *   rev_hit maps_costN    figures: CPU of the maps read with N mappings while suspect
  * exit 0: held; 1: broken (printed); 3: set-up failed. */
 #define _GNU_SOURCE
@@ -330,6 +332,14 @@ int main(int argc, char **argv) {
             printf("rev_hit advice: madvise %d: rc %d errno %d, jump kept\n", adv[k], r, e);
         }
         return 0;
+    }
+    if (!strcmp(how, "partial")) {
+        /* mprotect from the page before, one byte into munmap's page (the kernel rounds the
+         * length up: the whole page turns writable), then a store and read-only again. */
+        if (mprotect(page - 4096, 4097, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        overwrite(jump, to);
+        if (mprotect(page - 4096, 4097, PROT_READ | PROT_EXEC)) return 3;
+        return verdict(how, served(b, cached, 1000), 1000);
     }
     if (!strcmp(how, "writable_after_clean")) {
         /* The word clean; munmap's page made writable by a system call no hook sees (a stated
