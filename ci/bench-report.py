@@ -3,7 +3,8 @@
 
     ci/bench-report.py SECTION ARGS...
 
-Sections: regmr FILE DAT | unmap DAT LABEL=FILE... | selftest FILE | evict FILE |
+Sections: grid STATS_DIR DAT FILE... | patterns STATS_DIR DAT FILE... |
+unmap DAT LABEL=FILE... | selftest STATS_DIR |
 remote FILE | riostream STATS_DIR FILE... . A section whose runs are missing or failed says
 so and goes on: the benchmarks are never pass/fail.
 """
@@ -27,23 +28,193 @@ def read(path):
         return ""
 
 
-def regmr(path, dat_path):
-    """Lines 'plain|preload BENCH size= ...', alternating runs; the median per size."""
-    pat = r"^(plain|preload) BENCH size=(\d+) iters=\d+ ns_per_pair=(\S+) regs_per_s=(\S+)"
-    d = {"plain": {}, "preload": {}}
-    for m in re.finditer(pat, read(path), re.M):
-        d[m[1]].setdefault(int(m[2]), []).append(float(m[4]))
-    sizes = sorted(set(d["plain"]) & set(d["preload"]))
-    if not sizes:
-        print("regmr: no figures (the runs failed?)")
+def fmt_ratio(r, x="x"):
+    if r is None:
+        return "-"
+    return f"{r:.2f}{x}" if r < 10 else f"{r:.1f}{x}" if r < 100 else f"{r:.0f}{x}"
+
+
+def size_label(b):
+    return f"{b >> 20}Mi" if b >= 1 << 20 and b % (1 << 20) == 0 else f"{b >> 10}Ki"
+
+
+def read_runs(pat, paths):
+    """Lines 'R<round> <mode> <label> BENCH ...' of every FILE: {label: {mode: {round: rate}}}."""
+    runs = {}
+    for path in paths:
+        for m in re.finditer(pat, read(path), re.M):
+            runs.setdefault(m["label"], {}).setdefault(m["mode"], {})[int(m["round"])] = float(m["rate"])
+    return runs
+
+
+def ratio(by_mode, mode):
+    """Median rate of MODE over the median of plain, and the range of the rounds' ratios."""
+    plain, other = by_mode.get("plain", {}), by_mode.get(mode, {})
+    if not plain or not other:
+        return None, None, None, 0
+    r = median(list(other.values())) / median(list(plain.values()))
+    per = [other[k] / plain[k] for k in other if k in plain]
+    return r, min(per) if per else None, max(per) if per else None, len(per)
+
+
+def read_stats(stats_dir, group):
+    """{(label, mode): [report, ...]} from STATS_DIR/<group>-<label>-<mode>-<round>.json."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(stats_dir, f"{group}-*.json"))):
+        name = os.path.basename(path)[:-5]
+        rest, mode, _ = name.rsplit("-", 2)
+        label = rest.split("-", 1)[1]
+        for line in read(path).splitlines():
+            try:
+                s = json.loads(line)
+            except ValueError:
+                continue
+            out.setdefault((label, mode), []).append(s)
+    return out
+
+
+def cache_did(reports):
+    """What the cache did over the runs: the share of registrations that hit, missed (and
+    were cached) and were passed to libibverbs uncached or bypassed (summed over the runs)."""
+    if not reports:
+        return "(no statistics)"
+    hits = sum(s.get("hits", 0) + s.get("hits_containing", 0) for s in reports)
+    misses = sum(s.get("misses", 0) for s in reports)
+    passed = sum(s.get("uncached", 0) + sum((s.get("bypassed") or {}).values()) for s in reports)
+    total = hits + misses + passed
+    if not total:
+        return "(no registrations)"
+    return (f"hit {100 * hits / total:.0f}%, miss {100 * misses / total:.0f}%,"
+            f" passed through {100 * passed / total:.0f}%")
+
+
+def decisions(reports):
+    """What admission decided (the statistics' "admission" list, when the library has one):
+    per access kind and size class, the verdict of each run and the median figures."""
+    classes = {}
+    for s in reports:
+        for c in s.get("admission") or []:
+            if isinstance(c, dict):
+                classes.setdefault((c.get("access", "?"), c.get("class", "?")), []).append(c)
+    out = []
+    for (access, cls), cs in sorted(classes.items()):
+        verdicts = "/".join(c.get("verdict", "?") for c in cs)
+        miss = median([c.get("miss_ns", 0) for c in cs]) / 1e3
+        cached = median([c.get("cached_ns", 0) for c in cs]) / 1e3
+        evict = median([c.get("evict_ns", 0) for c in cs]) / 1e3
+        src = cs[-1].get("cached_from", "")
+        passed = sum(c.get("passed", 0) for c in cs)
+        trials = sum(c.get("trials", 0) for c in cs)
+        out.append(f"{access} {cls}: {verdicts} (miss {miss:,.1f} us, cached round {cached:,.1f} us"
+                   f" [{src}], eviction {evict:,.1f} us; passed {passed}, trials {trials})")
+    counts = {k: sum(s.get(k, 0) for s in reports)
+              for k in ("admission_passed_cost", "admission_passed_scan", "admission_trials")}
+    if any(counts.values()):
+        out.append(", ".join(f"{k} {v}" for k, v in counts.items()))
+    return "; ".join(out)
+
+
+MODES = [("default", "default (revoke)"), ("keep", "keep"), ("bypass", "bypass")]
+
+
+def grid(stats_dir, dat_path, *paths):
+    """bench/regmr runs by access and size: the speed-up of each mode over plain."""
+    pat = (r"^R(?P<round>\d+) (?P<mode>\S+) (?P<label>\S+) BENCH size=\d+ access=\S+ iters=\d+ "
+           r"ns_per_pair=\S+ regs_per_s=(?P<rate>\S+)")
+    runs = read_runs(pat, paths)
+    stats = read_stats(stats_dir, "grid")
+    keys = []
+    for label in runs:
+        access, size = label.split(":")
+        mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[size[-1]]
+        keys.append((access != "local", int(size[:-1]) * mult, label))
+    if not keys:
+        print("grid: no figures (the runs failed?)")
         return
-    print(f"{'buffer':>10} {'no cache reg/s':>15} {'mrcache reg/s':>15} {'ratio':>8}  runs"
-          "   (reg+dereg of one buffer, rxe under TCG; median)")
+    print("reg+dereg of one buffer (one process per size and mode): speed-up over libibverbs alone,")
+    print("median pairs/s of the preloaded runs over the median of the plain ones (range of the")
+    print("rounds' own ratios); 'the default did': the cache's statistics over the default's runs;")
+    print("MRCACHE_REMOTE (keep, bypass) applies to remote access only")
+    print(f"{'access':<7}{'buffer':>6} {'libibverbs':>11}  {'default (revoke)':<21} {'keep':<21}"
+          f" {'bypass':<21} runs  the default did")
+    notes = []
     with open(dat_path, "w") as dat:
-        for size in sizes:
-            a, b = median(d["plain"][size]), median(d["preload"][size])
-            print(f"{size // 1024:>8}Ki {a:>15,.0f} {b:>15,.0f} {b / a:>7.2f}x  {len(d['plain'][size])}")
-            dat.write(f"{size // 1024} {b / a:.2f}\n")
+        dat.write("size_KiB local_default local_keep local_bypass remote_default remote_keep remote_bypass\n")
+        rows = {}
+        for remote, size, label in sorted(keys):
+            by_mode = runs[label]
+            base = median(list(by_mode.get("plain", {}).values()))
+            cells, n = [], 0
+            for mode, _ in MODES:
+                r, lo, hi, k = ratio(by_mode, mode)
+                n = max(n, k)
+                cells.append(f"{fmt_ratio(r)} ({fmt_ratio(lo, '')}-{fmt_ratio(hi, '')})" if r else "-")
+                rows.setdefault(size, {})[("remote" if remote else "local", mode)] = r
+            b = f"{base:>9,.0f}/s" if base else f"{'-':>11}"
+            print(f"{'remote' if remote else 'local':<7}{size_label(size):>6} {b}  {cells[0]:<21}"
+                  f" {cells[1]:<21} {cells[2]:<21} {n:>4}  {cache_did(stats.get((label, 'default'), []))}")
+            d = decisions(stats.get((label, "default"), []))
+            if d:
+                notes.append(f"  {'remote' if remote else 'local'} {size_label(size)}: {d}")
+        for size in sorted(rows):
+            vals = [rows[size].get((a, m)) for a in ("local", "remote") for m, _ in MODES]
+            dat.write(f"{size // 1024} " + " ".join(f"{v:.3f}" if v else "-" for v in vals) + "\n")
+    if notes:
+        print("what the default's admission decided (from its statistics):")
+        print("\n".join(notes))
+
+
+PATTERNS = [
+    ("cyclic-1.5x", "cyclic 48 x 64Ki, 32 entries (1.5x)"),
+    ("cyclic-2x", "cyclic 64 x 64Ki, 32 entries (2x)"),
+    ("cyclic-4x", "cyclic 128 x 64Ki, 32 entries (4x)"),
+    ("zipf", "Zipf-like 256 x 64Ki, 32 entries"),
+    ("bytes-2x", "cyclic 8 x 1Mi, MAX_BYTES=4M (2x)"),
+    ("fits", "cyclic 64 x 64Ki, 128 entries (fits)"),
+    ("remote-cyclic-2x", "remote, cyclic 64 x 64Ki, 32 entries"),
+]
+
+
+def patterns(stats_dir, dat_path, *paths):
+    """bench/evict runs by pattern: the speed-up of each mode over plain, and the hit ratio."""
+    pat = (r"^R(?P<round>\d+) (?P<mode>\S+) (?P<label>\S+) BENCH evict pattern=\S+ buffers=\d+ "
+           r"size=\d+ access=\S+ iters=\d+ ns_per_pair=\d+ pairs_per_s=(?P<rate>\d+)")
+    runs = read_runs(pat, paths)
+    stats = read_stats(stats_dir, "patterns")
+    if not runs:
+        print("patterns: no figures (the runs failed?)")
+        return
+    print("working sets and the cache: N buffers registered and deregistered in turn, local access")
+    print("unless said, the cache limited by MRCACHE_MAX_ENTRIES or MRCACHE_MAX_BYTES; speed-up")
+    print("over libibverbs alone (range of the rounds' ratios); what the cache did (statistics)")
+    print(f"{'pattern':<38} {'libibverbs':>11}  {'speed-up':<21} runs  the cache did")
+    notes = []
+    with open(dat_path, "w") as dat:
+        dat.write('pattern "default (revoke)" "keep" "bypass"\n')
+        for label, text in PATTERNS:
+            by_mode = runs.get(label)
+            if not by_mode:
+                continue
+            base = median(list(by_mode.get("plain", {}).values()))
+            vals = []
+            for mode, name in MODES:
+                r, lo, hi, k = ratio(by_mode, mode)
+                vals.append(r)
+                if r is None:
+                    continue
+                cell = f"{fmt_ratio(r)} ({fmt_ratio(lo, '')}-{fmt_ratio(hi, '')})"
+                if mode == "default" and len(by_mode) > 2:
+                    print(text)
+                lead = text if mode == "default" and len(by_mode) <= 2 else f"  {name}"
+                b = f"{base:>9,.0f}/s" if mode == "default" and base else " " * 11
+                print(f"{lead:<38} {b}  {cell:<21} {k:>4}  {cache_did(stats.get((label, mode), []))}")
+            d = decisions(stats.get((label, "default"), []))
+            if d:
+                notes.append(f"  {label}: {d}")
+            dat.write(f"{label} " + " ".join(f"{v:.3f}" if v else "-" for v in vals) + "\n")
+    if notes:
+        print("what the default's admission decided (from its statistics):")
+        print("\n".join(notes))
 
 
 def unmap(dat_path, *labelled):
@@ -85,28 +256,17 @@ def unmap(dat_path, *labelled):
             dat.write(op + " " + " ".join(f"{vals[c]:.3f}" if c in vals else "-" for c in cols) + "\n")
 
 
-def selftest(path):
-    us = [int(m[1]) for m in re.finditer(r"self-test .* in (\d+) us", read(path))]
+def selftest(stats_dir):
+    us = []
+    for path in glob.glob(os.path.join(stats_dir, "*.json")):
+        for line in read(path).splitlines():
+            try:
+                us.append(json.loads(line)["selftest_us"])
+            except (ValueError, KeyError, TypeError):
+                continue
     if us:
         print(f"startup self-test (at the first registration, in the VM): {median(us):,.0f} us"
-              f" (median of {len(us)})")
-
-
-def evict(path):
-    pat = r"^(plain|small|fits) BENCH evict buffers=\d+ iters=\d+ ns_per_pair=\d+ pairs_per_s=(\d+)"
-    d = {}
-    for m in re.finditer(pat, read(path), re.M):
-        d.setdefault(m[1], []).append(float(m[2]))
-    if "plain" not in d:
-        print("evict: no figures (the runs failed?)")
-        return
-    base = median(d["plain"])
-    for k, label in (("plain", "libibverbs alone"),
-                     ("small", "preload, MRCACHE_MAX_ENTRIES=32 (evicts every call)"),
-                     ("fits", "preload, MRCACHE_MAX_ENTRIES=128 (all hits)")):
-        if k in d:
-            v = median(d[k])
-            print(f"{label:<52} {v:>10,.0f}/s {v / base:>6.2f}x")
+              f" (median of {len(us)} processes)")
 
 
 def remote(path):
@@ -198,5 +358,5 @@ def riostream(stats_dir, *paths):
 
 if __name__ == "__main__":
     section, args = sys.argv[1], sys.argv[2:]
-    {"regmr": regmr, "unmap": unmap, "selftest": selftest, "evict": evict, "remote": remote,
+    {"grid": grid, "patterns": patterns, "unmap": unmap, "selftest": selftest, "remote": remote,
      "riostream": riostream}[section](*args)

@@ -119,4 +119,13 @@ pub fn install() {
         hook: crate::memory::from_libc(t),
     });
     PATCHED.store(patch::install(h, &targets), Relaxed);
+    // libc's own mprotect entry, for the patch check's watch only (not an unmap: caching
+    // does not depend on it; unpatched, the watch never clears and every hit reads every
+    // site). Our own code pages are made writable by raw system calls (cross_modify).
+    let mprotect = Target {
+        name: c"mprotect",
+        prologues: &patch::MPROTECT,
+        hook: crate::memory::mprotect_from_libc as *const () as usize,
+    };
+    patch::MPROTECT_PATCHED.store(patch::patch(h, &mprotect).is_ok(), Relaxed);
 }

@@ -271,6 +271,16 @@ pub extern "C" fn process_madvise(
 /// `process_madvise`, they issue the system call themselves (nothing else hooks them).
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    protect(addr, len, prot)
+}
+
+/// Where libc's own `mprotect` entry jumps once patched (`patch::MPROTECT`): glibc's
+/// internal `__mprotect` callers, `dlsym` on libc's handle and `RTLD_NEXT` reach it.
+pub extern "C" fn mprotect_from_libc(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    protect(addr, len, prot)
+}
+
+fn protect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     let watched = crate::patch::watch_begin(addr as usize, len);
     let r = syscall6(
         libc::SYS_mprotect,

@@ -394,7 +394,7 @@ pub fn ensure_drain_thread() {
                     if rt.monitor == Monitor::Patch {
                         crate::init::check_patches(cache);
                         if cache.caching_stopped().is_none() {
-                            crate::patch::try_clean();
+                            crate::patch::drain_tick();
                         }
                     }
                     flush_after_fork(cache);

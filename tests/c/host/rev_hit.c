@@ -1,0 +1,435 @@
+/* Adversarial review of the watch word (docs/design.md, "A cheaper patch check"): sequences
+ * that change the bytes of our jump in libc's munmap after the watch cleared, each followed by
+ * hits that must not be served. Built like fast_hit.c (fake provider, verbs_shim.so).
+ *   rev_hit memfd_alias   libc's munmap page replaced (MAP_FIXED, hooked) by a read-only
+ *                         MAP_SHARED view of a memfd holding the same bytes; once the watch is
+ *                         clean, the jump is overwritten through a writable alias of the memfd
+ *   rev_hit file_private  the same with a MAP_PRIVATE read-only mapping of a file holding the
+ *                         same bytes; overwritten by pwrite(2) to the file (page not yet CoW)
+ *   rev_hit mremap_fixed  a modified copy mremap(MREMAP_FIXED)ed over the page (hooked)
+ *   rev_hit libc_mprotect libc's own mprotect (dlsym on libc's handle): the stated gap, window
+ *   rev_hit errno         mprotect/pkey_mprotect hooks: -1 and errno on failure
+ *   rev_hit memfd_stale   memfd_alias, then munmap through libc's entry unseen: a stale hit
+ *   rev_hit writable_after_clean  page made writable past the hooks after a clean, left so
+ *   rev_hit race          hooked mprotect + store at random offsets from the drain cycle
+ *   rev_hit fork_child    clean at fork, the child overwrites past the hooks
+ *   rev_hit partial       mprotect(page - 4096, 4097): a length one byte into the page
+ *   rev_hit advice        madvise advice not counted as zapping, over the page
+ *   rev_hit maps_costN    figures: CPU of the maps read with N mappings while suspect
+ * exit 0: held; 1: broken (printed); 3: set-up failed. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+
+extern pid_t _Fork(void);
+
+#define LEN 4096ul
+#define LIVE 64
+static struct ibv_mr *live[LIVE];
+static int registrations;
+static char *nest_in, *nest_on; /* a miss on nest_in registers nest_on from inside */
+static struct ibv_mr *nested_mr;
+static struct ibv_pd pd;
+
+__attribute__((unused)) static int is_live(struct ibv_mr *mr) {
+    for (int i = 0; i < LIVE; i++)
+        if (mr && live[i] == mr) return 1;
+    return 0;
+}
+
+static struct ibv_mr *fake_reg(struct ibv_pd *p, void *addr, size_t len, uint64_t iova, int access) {
+    (void)p, (void)len, (void)iova;
+    struct ibv_mr *mr = calloc(1, sizeof(struct ibv_mr) + 64);
+    for (int i = 0; i < LIVE; i++)
+        if (!live[i]) {
+            live[i] = mr;
+            break;
+        }
+    registrations++;
+    if (nest_in && addr == nest_in) {
+        /* As a provider that registers a buffer of its own through the public API. */
+        nested_mr = ibv_reg_mr(&pd, nest_on, LEN, access);
+        if (nested_mr && ibv_dereg_mr(nested_mr)) nested_mr = NULL;
+    }
+    return mr;
+}
+
+static int fake_dereg(struct ibv_mr *mr) {
+    for (int i = 0; i < LIVE; i++)
+        if (live[i] == mr) {
+            live[i] = NULL;
+            free(mr);
+            return 0;
+        }
+    fprintf(stderr, "fast_hit: the provider was asked to deregister %p, not one of its own\n", (void *)mr);
+    exit(1);
+}
+
+/* reg+dereg of buf: the MR handed out. */
+static struct ibv_mr *cycle(char *buf) {
+    struct ibv_mr *mr = ibv_reg_mr(&pd, buf, LEN, IBV_ACCESS_LOCAL_WRITE);
+    if (!mr || ibv_dereg_mr(mr)) {
+        fprintf(stderr, "fast_hit: reg/dereg failed\n");
+        exit(3);
+    }
+    return mr;
+}
+
+/* Our jump at libc's munmap entry (after an endbr64, if any): a `jmp rel32` to our hook or
+ * to a trampoline leading there; *to: where it leads. NULL: munmap is not patched. */
+static unsigned char *our_jump(uintptr_t *to) {
+    unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
+    for (int at = 0; f && at <= 4; at += 4)
+        if (f[at] == 0xe9) {
+            int32_t rel;
+            memcpy(&rel, f + at + 1, 4);
+            *to = (uintptr_t)(f + at + 5) + rel;
+            return f + at;
+        }
+    return NULL;
+}
+
+static void *page_of(void *p) { return (void *)((uintptr_t)p & ~(uintptr_t)4095); }
+
+/* Another patcher's jump of another form to the same place (movabs rax, to; jmp rax), so a
+ * munmap call on any thread still works; the page must be writable. */
+static void overwrite(unsigned char *jump, uintptr_t to) {
+    unsigned char other[12] = {0x48, 0xb8};
+    memcpy(other + 2, &to, 8);
+    other[10] = 0xff, other[11] = 0xe0;
+    memcpy(jump, other, sizeof other);
+    __builtin___clear_cache((char *)jump, (char *)jump + sizeof other);
+}
+
+static int (*watch_clean)(void);
+/* With MRCACHE_PATCH_CHECK=every-hit the word never clears: wait as long, then go on (the
+ * same sequence must then be caught by the per-hit check). */
+static int wait_clean(void) {
+    const char *c = getenv("MRCACHE_PATCH_CHECK");
+    if (c && !strcmp(c, "every-hit")) {
+        usleep(100000);
+        return 1;
+    }
+    for (int i = 0; i < 500; i++) {
+        if (watch_clean()) return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+/* Hits after the overwrite: how many of n were served from the cache. */
+static int served(char *b, struct ibv_mr *cached, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++) {
+        struct ibv_mr *mr = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
+        if (!mr) exit(3);
+        s += mr == cached;
+        if (ibv_dereg_mr(mr)) exit(3);
+    }
+    return s;
+}
+
+#include <time.h>
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* Hits until the first that is not served (or 5 s): how long the window stays open. */
+static void window(const char *how, char *b, struct ibv_mr *cached) {
+    double t0 = now_ms();
+    long n = 0;
+    while (now_ms() - t0 < 5000 && served(b, cached, 1)) n++;
+    fprintf(stderr, "rev_hit %s: %ld hits served over %.1f ms after the overwrite, until %s\n", how, n,
+            now_ms() - t0, now_ms() - t0 >= 5000 ? "the 5 s limit (never noticed)" : "the first miss");
+}
+
+static int verdict(const char *how, int s, int n) {
+    if (s) {
+        fprintf(stderr, "rev_hit %s: %d of %d hits after our jump was overwritten were served (watch clean: %d)\n",
+                how, s, n, watch_clean());
+        return 1;
+    }
+    printf("rev_hit %s: none of %d registrations after the overwrite was a hit\n", how, n);
+    return 0;
+}
+
+static char *hit_buf;
+static struct ibv_mr *hit_mr;
+static volatile int overwritten, stop;
+static int served_after, calls_after;
+
+/* Hits in a loop; one that starts after `overwritten` was set and returns the cached MR was
+ * served past the overwrite. */
+static void *hitter(void *arg) {
+    (void)arg;
+    while (!stop) {
+        int after = __atomic_load_n(&overwritten, __ATOMIC_SEQ_CST);
+        struct ibv_mr *mr = ibv_reg_mr(&pd, hit_buf, LEN, IBV_ACCESS_LOCAL_WRITE);
+        if (!mr || ibv_dereg_mr(mr)) exit(3);
+        if (after) {
+            served_after += mr == hit_mr;
+            if (++calls_after >= 2000) break;
+        }
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    static struct ibv_context ctx;
+    ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
+    ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
+    pd.context = &ctx;
+    const char *how = argv[1];
+    if (!strcmp(how, "errno")) {
+        errno = 0;
+        int r1 = mprotect((void *)4097, 4096, PROT_READ), e1 = errno;
+        errno = 0;
+        int r2 = pkey_mprotect((void *)4097, 4096, PROT_READ, -1), e2 = errno;
+        errno = 1234;
+        int r3 = mprotect(page_of(&errno), 0, PROT_READ), e3 = errno;
+        printf("rev_hit errno: mprotect %d/%d, pkey_mprotect %d/%d, ok-call %d/%d (want -1/%d twice, 0/1234)\n",
+               r1, e1, r2, e2, r3, e3, EINVAL);
+        return !(r1 == -1 && e1 == EINVAL && r2 == -1 && e2 == EINVAL && r3 == 0 && e3 == 1234);
+    }
+    char *bufs = mmap(NULL, 4 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *b = bufs + 2 * LEN;
+    struct ibv_mr *cached = cycle(b);
+    if (cycle(b) != cached || cycle(b) != cached || registrations != 1) {
+        fprintf(stderr, "rev_hit: the cache did not keep the registration\n");
+        return 3;
+    }
+    watch_clean = (int (*)(void))dlsym(RTLD_DEFAULT, "mrcache_patch_watch_clean");
+    uintptr_t to;
+    unsigned char *jump = our_jump(&to);
+    if (!watch_clean || !jump) {
+        fprintf(stderr, "rev_hit: %s\n", !watch_clean ? "mrcache_patch_watch_clean not found" : "munmap not patched");
+        return 3;
+    }
+    if (!wait_clean()) {
+        fprintf(stderr, "rev_hit: the watch never cleared\n");
+        return 3;
+    }
+    unsigned char *page = page_of(jump);
+    size_t off = jump - page;
+    if (!strcmp(how, "memfd_alias")) {
+        int fd = memfd_create("libc-page", 0);
+        if (fd < 0 || ftruncate(fd, 4096)) return 3;
+        unsigned char *alias = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (alias == MAP_FAILED) return 3;
+        memcpy(alias, page, 4096);
+        /* Same bytes, same address: a read-only, executable view (mmap is hooked: watched). */
+        if (mmap(page, 4096, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
+        if (!wait_clean()) {
+            printf("rev_hit memfd_alias: the watch never cleared again (refused a shared page): held\n");
+            return 0;
+        }
+        overwrite(alias + off, to); /* a plain store, no system call */
+        if (jump[0] == 0xe9) return 3;
+        int s = served(b, cached, 1000);
+        if (s) window(how, b, cached);
+        return verdict(how, s, 1000);
+    }
+    if (!strncmp(how, "maps_cost", 9)) {
+        /* Figures, not a test: the process's CPU time over 2 s of sleep with N mappings
+         * (maps_costN), munmap's page left writable by a system call no hook sees (so the
+         * word stays suspect and every drain cycle reads /proc/self/maps), then the same
+         * with the page read-only again (the word clean). */
+        long n = atol(how + 9);
+        for (long i = 0; i < n; i++)
+            if (mmap(NULL, 4096, i % 2 ? PROT_READ : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) return 3;
+        for (int round = 0; round < 2; round++) {
+            mprotect(page, 4096, round ? PROT_READ | PROT_EXEC : PROT_READ | PROT_WRITE | PROT_EXEC);
+            usleep(200000);
+            struct timespec a, z;
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+            double t0 = now_ms();
+            /* munmap/mmap pairs on the main thread meanwhile: the mmap lock the maps read takes */
+            long pairs = 0;
+            while (now_ms() - t0 < 2000) {
+                void *q = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                munmap(q, 4096);
+                pairs++;
+                if (pairs % 64 == 0) usleep(1000);
+            }
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &z);
+            double cpu = (z.tv_sec - a.tv_sec) * 1e3 + (z.tv_nsec - a.tv_nsec) / 1e6;
+            printf("rev_hit maps_cost: %ld mappings, page %s, watch clean %d: %.0f ms CPU over 2 s, %ld mmap+munmap pairs\n",
+                   n, round ? "read-only" : "writable", watch_clean(), cpu, pairs);
+        }
+        return 0;
+    }
+    if (!strcmp(how, "race")) {
+        /* A hooked mprotect patcher at random offsets from the drain's 20 ms cycle: delays
+         * before mprotect(RW), between it and the store, and before mprotect(RX). */
+        srand(getpid());
+        hit_buf = b, hit_mr = cached;
+        pthread_t t;
+        if (pthread_create(&t, NULL, hitter, NULL)) return 3;
+        usleep(rand() % 40000);
+        if (mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        usleep(rand() % 3 ? rand() % 45000 : 0);
+        overwrite(jump, to);
+        __atomic_store_n(&overwritten, 1, __ATOMIC_SEQ_CST);
+        usleep(rand() % 3 ? rand() % 45000 : 0);
+        if (mprotect(page, 4096, PROT_READ | PROT_EXEC)) return 3;
+        pthread_join(t, NULL);
+        return verdict(how, served_after, calls_after);
+    }
+    if (!strcmp(how, "fork_child")) {
+        /* The word clean at fork(); in the child a writer past the hooks (the stated gap:
+         * syscall(SYS_mprotect)) overwrites our jump and restores the protection. The design
+         * bounds the window by the drain cycle (20 ms); the child has no drain thread until
+         * its first full-path registration. Hits for 1 s. */
+        pid_t pid = fork();
+        if (pid < 0) return 3;
+        if (pid == 0) {
+            if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) _exit(3);
+            overwrite(jump, to);
+            if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_EXEC)) _exit(3);
+            double t0 = now_ms();
+            long n = 0, s = 0;
+            while (now_ms() - t0 < 1000) s += served(b, cached, 1), n++;
+            fprintf(stderr, "rev_hit fork_child: child: %ld of %ld hits over 1 s after the overwrite were served\n", s, n);
+            _exit(s ? 1 : 0);
+        }
+        int st;
+        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 3;
+        if (WEXITSTATUS(st) == 0) printf("rev_hit fork_child: no hit served in the child\n");
+        return WEXITSTATUS(st);
+    }
+    if (!strcmp(how, "advice")) {
+        /* madvise advice the hook does not count as zapping, over munmap's page (and the
+         * 2 MiB around it for MADV_COLLAPSE): does any drop our copy of the page? */
+        static const int adv[] = {MADV_NORMAL, MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, 20 /* COLD */,
+                                  21 /* PAGEOUT */, 25 /* COLLAPSE */, 22 /* POPULATE_READ */, 14 /* HUGEPAGE */,
+                                  MADV_DONTFORK, MADV_DOFORK, 12 /* MERGEABLE */, 16 /* DODUMP */};
+        for (unsigned k = 0; k < sizeof adv / sizeof *adv; k++) {
+            void *at = adv[k] == 25 ? (void *)((uintptr_t)page & ~(uintptr_t)0x1fffff) : (void *)page;
+            size_t len = adv[k] == 25 ? 0x200000 : 4096;
+            errno = 0;
+            int r = madvise(at, len, adv[k]);
+            int e = errno;
+            if (jump[0] != 0xe9) {
+                int s = served(b, cached, 1000);
+                fprintf(stderr, "rev_hit advice: madvise %d (rc %d) dropped our jump; %d of 1000 hits served, clean %d\n", adv[k], r, s, watch_clean());
+                return 1;
+            }
+            printf("rev_hit advice: madvise %d: rc %d errno %d, jump kept\n", adv[k], r, e);
+        }
+        return 0;
+    }
+    if (!strcmp(how, "partial")) {
+        /* mprotect from the page before, one byte into munmap's page (the kernel rounds the
+         * length up: the whole page turns writable), then a store and read-only again. */
+        if (mprotect(page - 4096, 4097, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        overwrite(jump, to);
+        if (mprotect(page - 4096, 4097, PROT_READ | PROT_EXEC)) return 3;
+        return verdict(how, served(b, cached, 1000), 1000);
+    }
+    if (!strcmp(how, "writable_after_clean")) {
+        /* The word clean; munmap's page made writable by a system call no hook sees (a stated
+         * gap) and left so; the design says a page left writable keeps every hit checking.
+         * Several drain cycles later, a plain store over our jump. */
+        if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        usleep(200000);
+        int clean = watch_clean();
+        overwrite(jump, to);
+        int s = served(b, cached, 1000);
+        fprintf(stderr, "rev_hit writable_after_clean: 200 ms after, the page writable: watch clean %d\n", clean);
+        if (s) window(how, b, cached);
+        return verdict(how, s, 1000);
+    }
+    if (!strcmp(how, "memfd_stale")) {
+        /* As memfd_alias, but the store puts a bare munmap system call stub at our jump
+         * (mov eax, 11; syscall; ret): munmap no longer reaches our hook. Then the cached
+         * buffer is unmapped and mapped again (fresh pages, same address, no MAP_FIXED). */
+        int fd = memfd_create("libc-page", 0);
+        if (fd < 0 || ftruncate(fd, 4096)) return 3;
+        unsigned char *alias = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (alias == MAP_FAILED) return 3;
+        memcpy(alias, page, 4096);
+        if (mmap(page, 4096, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
+        if (!wait_clean()) {
+            printf("rev_hit memfd_stale: the watch never cleared again: held\n");
+            return 0;
+        }
+        static const unsigned char stub[8] = {0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0xc3};
+        /* libc's own entry (glibc's internal callers, free() of a large block, take it). */
+        int (*libc_munmap)(void *, size_t) =
+            (int (*)(void *, size_t))dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
+        memcpy(alias + off, stub, sizeof stub);
+        if (libc_munmap(bufs, 4 * LEN)) return 3;
+        char *again = mmap(NULL, 4 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (again != bufs) {
+            printf("rev_hit memfd_stale: the address was not reused; skipped\n");
+            return 0;
+        }
+        struct ibv_mr *mr = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
+        if (mr == cached) {
+            fprintf(stderr, "rev_hit memfd_stale: STALE: the registration of the unmapped pages was served for the new ones at %p\n", (void *)b);
+            return 1;
+        }
+        printf("rev_hit memfd_stale: not a hit\n");
+        return 0;
+    }
+    if (!strcmp(how, "file_private")) {
+        char path[] = "/tmp/rev_hit_pageXXXXXX";
+        int fd = mkstemp(path);
+        if (fd < 0 || write(fd, page, 4096) != 4096) return 3;
+        unlink(path);
+        if (mmap(page, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, 0) != page) return 3;
+        if (!wait_clean()) {
+            printf("rev_hit file_private: the watch never cleared again: held\n");
+            return 0;
+        }
+        unsigned char other[12] = {0x48, 0xb8};
+        memcpy(other + 2, &to, 8);
+        other[10] = 0xff, other[11] = 0xe0;
+        if (pwrite(fd, other, sizeof other, off) != sizeof other) return 3;
+        if (jump[0] == 0xe9) {
+            printf("rev_hit file_private: the private page did not follow the file; held\n");
+            return 0;
+        }
+        int s = served(b, cached, 1000);
+        if (s) window(how, b, cached);
+        return verdict(how, s, 1000);
+    }
+    if (!strcmp(how, "mremap_fixed")) {
+        unsigned char *copy = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        memcpy(copy, page, 4096);
+        overwrite(copy + off, to);
+        if (mprotect(copy, 4096, PROT_READ | PROT_EXEC)) return 3;
+        if (mremap(copy, 4096, 4096, MREMAP_MAYMOVE | MREMAP_FIXED, page) != page) return 3;
+        int s = served(b, cached, 1000);
+        if (s) window(how, b, cached);
+        return verdict(how, s, 1000);
+    }
+    if (!strcmp(how, "libc_mprotect")) {
+        int (*libc_mprotect)(void *, size_t, int) =
+            (int (*)(void *, size_t, int))dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "mprotect");
+        int (*ours)(void *, size_t, int) = mprotect;
+        printf("rev_hit libc_mprotect: dlsym(libc, \"mprotect\") %s our hook\n", libc_mprotect == ours ? "is" : "is NOT");
+        if (libc_mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        overwrite(jump, to);
+        if (libc_mprotect(page, 4096, PROT_READ | PROT_EXEC)) return 3;
+        int s = served(b, cached, 1);
+        if (s) window(how, b, cached);
+        return verdict(how, s, 1);
+    }
+    return 2;
+}
