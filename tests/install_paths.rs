@@ -33,3 +33,37 @@ fn the_launcher_finds_the_library_where_it_is_installed() {
         assert_eq!(Path::new(&found), want, "installed in PREFIX/{libdir}");
     }
 }
+
+/// `make install` refuses, in one line naming PREFIX, a PREFIX the Makefile's unquoted
+/// recipes, the module file's Tcl string and the sed filling it in cannot carry (a space
+/// split it into stray directories, `[pwd]` ran in Tcl, `&` was sed's match), before building
+/// or writing anything. `CARGO=false` makes a build fail, so a PREFIX that gets past the check
+/// fails with make's build error instead of the refusal.
+#[test]
+fn make_install_refuses_a_prefix_it_cannot_quote() {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("install-prefix");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let make = |prefix: &str| {
+        Command::new("make")
+            .args(["-s", "-C", env!("CARGO_MANIFEST_DIR"), "install", "CARGO=false"])
+            .arg(format!("PREFIX={prefix}"))
+            .output()
+            .unwrap()
+    };
+    for bad in ["a b", "rv[pwd]x", "a&b", "a'b", "a\"b", "a\\b", "a;b", "a{b}"] {
+        let prefix = format!("{}/{bad}", tmp.display());
+        let out = make(&prefix);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{prefix:?}: {out:?}");
+        assert!(
+            err.contains("make install: PREFIX") && err.contains("refused"),
+            "{prefix:?}: no refusal naming PREFIX: {err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+        assert!(left.is_empty(), "{prefix:?} wrote {left:?}");
+    }
+    let out = make(&format!("{}/ok-prefix_1.0+x", tmp.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("refused"), "a plain PREFIX was refused: {err}");
+}
