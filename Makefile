@@ -6,7 +6,8 @@
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: build install uninstall test demo
+.PHONY: build install uninstall test demo check-prefix
+export PREFIX DESTDIR
 
 build:
 	$(CARGO) build --release --workspace
@@ -15,7 +16,13 @@ GEN = target/generated
 SHARE = $(DESTDIR)$(PREFIX)/share
 VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
-install: build
+# The recipes, the module file's Tcl string and the sed that fills it in take the paths as
+# they are: a PREFIX or DESTDIR with a space, quote, `[`, `&`, `$`... is refused, in one line.
+check-prefix:
+	@case "$$DESTDIR$$PREFIX" in ""|*[!A-Za-z0-9/._+,:@~-]*) \
+	  echo "make install: PREFIX='$$PREFIX' DESTDIR='$$DESTDIR' refused: only letters, digits and / . _ + , : @ ~ - are allowed (no spaces, quotes, [ ] { } & \$$ ; \\)" >&2; exit 1;; esac
+
+install: check-prefix build
 	rm -rf $(GEN) && target/release/mrcache __generate $(GEN)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(SHARE)/man/man1 $(SHARE)/man/man7 \
 	  $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
@@ -30,7 +37,7 @@ install: build
 	sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(PREFIX)/lib|g' \
 	  dist/modulefile.tcl.in > $(SHARE)/modulefiles/mrcache/$(VERSION)
 
-uninstall:
+uninstall: check-prefix
 	rm -f $(DESTDIR)$(PREFIX)/bin/mrcache $(DESTDIR)$(PREFIX)/lib/libmrcache.so
 	rm -f $(SHARE)/man/man1/mrcache.1 $(SHARE)/man/man1/mrcache-*.1 $(SHARE)/man/man7/mrcache-config.7
 	rm -f $(SHARE)/bash-completion/completions/mrcache $(SHARE)/zsh/site-functions/_mrcache \

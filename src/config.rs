@@ -26,7 +26,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "MRCACHE_MAX_BYTES",
         default: "auto (a quarter of physical memory, divided by the ranks on the node, at most 3/4 of RLIMIT_MEMLOCK)",
-        allowed: "a size in bytes with optional K, M, G, T suffix (powers of 1024, e.g. 512M, 4G), auto, or unlimited",
+        allowed: "bytes with optional K, M, G, T suffix (powers of 1024: 512M, 4G, 1.5G), auto, or unlimited",
         about: "most bytes kept registered (pinned); idle entries beyond it are evicted",
     },
     Variable {
@@ -80,7 +80,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "MRCACHE_LOG",
         default: "off",
-        allowed: "off, error, warn, info, debug, trace, or tracing-subscriber EnvFilter directives, each with a level (info,mrcache::call=trace)",
+        allowed: "off, error, warn, info, debug, trace, or tracing-subscriber EnvFilter directives, comma-separated (spaces around each ignored), each with a level (info, mrcache::call=trace; mrcache= with no level is refused)",
         about: "info: decisions the library makes (fork handling, the self-test); trace: also one line per interposed call (call, arguments, result, hit/miss/bypass/invalidate, duration)",
     },
     Variable {

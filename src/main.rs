@@ -236,34 +236,127 @@ fn compose_preload(lib: &Path, existing: Option<OsString>) -> OsString {
     out
 }
 
+/// The library to preload: `--lib`, else `MRCACHE_LIB`, else the first good candidate next
+/// to the launcher. A named path that is not libmrcache.so is an error naming where it came
+/// from; a bad candidate in the search is skipped with one line saying why.
 fn find_library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
-    let explicit = explicit.or_else(|| std::env::var_os("MRCACHE_LIB").map(PathBuf::from));
-    if let Some(p) = explicit {
-        return if p.is_file() {
-            std::fs::canonicalize(&p).map_err(|e| format!("{}: {e}", p.display()))
-        } else {
-            Err(format!("libmrcache.so not found at {}", p.display()))
-        };
+    let named = match explicit {
+        Some(p) => Some(("--lib ", p)),
+        None => std::env::var_os("MRCACHE_LIB").map(|p| ("MRCACHE_LIB=", PathBuf::from(p))),
+    };
+    if let Some((source, p)) = named {
+        if p.as_os_str().is_empty() {
+            let source = source.trim_end_matches(['=', ' ']);
+            return Err(format!(
+                "{source} is empty: give the path of libmrcache.so, or unset it to search next to the launcher"
+            ));
+        }
+        return check_library(&p)
+            .and_then(|()| std::fs::canonicalize(&p).map_err(|e| e.to_string()))
+            .map_err(|why| format!("{source}{}: {why}", p.display()));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
     let dir = exe.parent().ok_or("executable has no directory")?;
     // ../lib/<arch>-linux-gnu: the multiarch directory of a Debian package (ci/package).
     let multiarch = format!("../lib/{}-linux-gnu/libmrcache.so", std::env::consts::ARCH);
-    [
+    for p in [
         dir.join("libmrcache.so"),
         dir.join("../lib/libmrcache.so"),
         dir.join("../lib/mrcache/libmrcache.so"),
         dir.join(multiarch),
-    ]
-    .iter()
-        .find(|p| p.is_file())
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-        .ok_or_else(|| {
-            format!(
-                "libmrcache.so not found next to {} or in ../lib (or ../lib/mrcache, ../lib/<arch>-linux-gnu); build it (cargo build --release) or set MRCACHE_LIB",
-                exe.display()
-            )
-        })
+    ] {
+        if !p.exists() {
+            continue;
+        }
+        match check_library(&p) {
+            Ok(()) => return Ok(std::fs::canonicalize(&p).unwrap_or(p)),
+            Err(why) => eprintln!("mrcache: skipped {}: {why}", p.display()),
+        }
+    }
+    Err(format!(
+        "libmrcache.so not found next to {} or in ../lib (or ../lib/mrcache, ../lib/<arch>-linux-gnu); build it (cargo build --release) or set MRCACHE_LIB",
+        exe.display()
+    ))
+}
+
+/// Why `path` is not libmrcache.so, if it is not: it must be an ELF64 little-endian shared
+/// object for this machine whose dynamic symbols define `mrcache_version`. Read from the file
+/// (section headers, .dynsym, .dynstr), never loaded: loading it would run its constructors.
+fn check_library(path: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > 1 << 30 {
+        return Err("over 1 GiB: not libmrcache.so".into());
+    }
+    let d = std::fs::read(path).map_err(|e| e.to_string())?;
+    let bytes = |o: u64, n: usize| -> Option<&[u8]> {
+        let o = usize::try_from(o).ok()?;
+        d.get(o..o.checked_add(n)?)
+    };
+    let u16at = |o: u64| bytes(o, 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u32at = |o: u64| bytes(o, 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+    let u64at = |o: u64| bytes(o, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let truncated = || "not an ELF shared object (truncated)".to_string();
+    if d.len() < 64 || &d[..4] != b"\x7fELF" {
+        return Err(if d.starts_with(b"\x7fELF") {
+            truncated()
+        } else {
+            "not an ELF file".into()
+        });
+    }
+    if d[4] != 2 || d[5] != 1 {
+        return Err("not an ELF64 little-endian file".into());
+    }
+    let machine = match std::env::consts::ARCH {
+        "x86_64" => Some(62),
+        "aarch64" => Some(183),
+        _ => None,
+    };
+    let (ty, mach) = (
+        u16at(16).ok_or_else(truncated)?,
+        u16at(18).ok_or_else(truncated)?,
+    );
+    if ty != 3 {
+        return Err(format!("not a shared object (ELF type {ty})"));
+    }
+    if machine.is_some_and(|m| m != mach) {
+        return Err(format!("built for another machine (ELF machine {mach})"));
+    }
+    let shoff = u64at(40).ok_or_else(truncated)?;
+    let shentsize = u64::from(u16at(58).ok_or_else(truncated)?);
+    let shnum = u64::from(u16at(60).ok_or_else(truncated)?);
+    let section = |i: u64| shoff.checked_add(i.checked_mul(shentsize)?);
+    for i in 0..shnum {
+        let sh = section(i).ok_or_else(truncated)?;
+        if u32at(sh + 4).ok_or_else(truncated)? != 11 {
+            continue; // not SHT_DYNSYM
+        }
+        let (off, size) = (
+            u64at(sh + 24).ok_or_else(truncated)?,
+            u64at(sh + 32).ok_or_else(truncated)?,
+        );
+        let strs =
+            section(u64::from(u32at(sh + 40).ok_or_else(truncated)?)).ok_or_else(truncated)?;
+        let (soff, ssize) = (
+            u64at(strs + 24).ok_or_else(truncated)?,
+            u64at(strs + 32).ok_or_else(truncated)?,
+        );
+        let table = usize::try_from(ssize)
+            .ok()
+            .and_then(|n| bytes(soff, n))
+            .ok_or_else(truncated)?;
+        for sym in (0..size / 24).map(|k| off + k * 24) {
+            let name = usize::try_from(u32at(sym).ok_or_else(truncated)?).unwrap_or(usize::MAX);
+            let defined = u16at(sym + 6).ok_or_else(truncated)? != 0;
+            let name = table.get(name..).unwrap_or_default();
+            if defined && name.starts_with(b"mrcache_version\0") {
+                return Ok(());
+            }
+        }
+    }
+    Err("does not export mrcache_version: not libmrcache.so".into())
 }
 
 /// libibverbs, opened privately (this launcher is not the preloaded program).

@@ -99,3 +99,74 @@ fn a_non_utf8_environment_does_not_stop_the_launcher() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The library named by MRCACHE_LIB or --lib must be an ELF shared object exporting
+/// `mrcache_version`; otherwise one line names where the path came from and what is wrong,
+/// and the program does not run (a `/bin/true` ran it uncached with only ld.so's complaint).
+#[test]
+fn a_bad_library_path_is_refused_naming_its_source() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("launcher-badlib");
+    let _ = std::fs::create_dir_all(&dir);
+    let tiny = dir.join("libmrcache.so");
+    std::fs::write(&tiny, b"\x7fELF").unwrap();
+    let cases: [(&str, Option<&str>, &str, &str); 5] = [
+        (
+            "MRCACHE_LIB",
+            Some("/bin/true"),
+            "MRCACHE_LIB=/bin/true",
+            "mrcache_version",
+        ),
+        (
+            "MRCACHE_LIB",
+            Some(tiny.to_str().unwrap()),
+            "MRCACHE_LIB=",
+            "not an ELF",
+        ),
+        ("MRCACHE_LIB", Some(""), "MRCACHE_LIB is empty", ""),
+        (
+            "MRCACHE_LIB",
+            Some("/nonexistent/libmrcache.so"),
+            "MRCACHE_LIB=/nonexistent/libmrcache.so",
+            "No such file",
+        ),
+        (
+            "--lib",
+            None,
+            "--lib /usr/lib/x86_64-linux-gnu/libc.so.6",
+            "mrcache_version",
+        ),
+    ];
+    for (source, value, names, why) in cases {
+        let mut c = mrcache();
+        match value {
+            Some(v) => {
+                c.env("MRCACHE_LIB", v)
+                    .args(["run", "--", "sh", "-c", "echo ran"]);
+            }
+            None => {
+                c.args([
+                    "run",
+                    "--lib",
+                    "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo ran",
+                ]);
+            }
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{source}={value:?}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "",
+            "{source}={value:?} ran the program: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{source}={value:?}: {err}");
+        assert!(
+            err.contains(names) && err.contains(why),
+            "{source}={value:?}: {err}"
+        );
+    }
+}

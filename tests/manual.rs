@@ -2,7 +2,8 @@
 //! launcher's `__generate` writes a page for `mrcache` and each of its subcommands (every
 //! option `--help` shows is on the page), `mrcache-config(7)` lists exactly the table
 //! `config::VARIABLES` with its defaults and allowed values, docs/configuration.md's table
-//! has the same variables with the same defaults, and `mrcache info` prints the same table.
+//! has the same variables with the same defaults and allowed values (its backticks aside),
+//! and `mrcache info` prints the same table.
 
 use mrcache::config::VARIABLES;
 use std::collections::BTreeSet;
@@ -127,8 +128,8 @@ fn config_page_is_the_table() {
 }
 
 /// docs/configuration.md's reference table (the one headed "| variable | default |"):
-/// (variable, default) per row.
-fn doc_rows(doc: &str) -> Vec<(String, String)> {
+/// (variable, default, allowed values) per row, backticks (Markdown code marks) removed.
+fn doc_rows(doc: &str) -> Vec<Row> {
     doc.lines()
         .skip_while(|l| !l.starts_with("| variable | default |"))
         .take_while(|l| l.starts_with('|'))
@@ -136,7 +137,11 @@ fn doc_rows(doc: &str) -> Vec<(String, String)> {
         .map(|l| {
             let cells: Vec<&str> = l.split(" | ").collect();
             let name = cells[0].trim_start_matches("| ").trim_matches('`');
-            (name.to_string(), cells[1].replace('`', ""))
+            (
+                name.to_string(),
+                cells[1].replace('`', ""),
+                cells[2].replace('`', ""),
+            )
         })
         .collect()
 }
@@ -145,21 +150,30 @@ fn doc_rows(doc: &str) -> Vec<(String, String)> {
 fn configuration_md_is_the_table() {
     let doc = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"));
     let rows = doc_rows(&doc);
-    let names: BTreeSet<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+    let names: BTreeSet<&str> = rows.iter().map(|(n, _, _)| n.as_str()).collect();
     let want: BTreeSet<&str> = VARIABLES.iter().map(|v| v.name).collect();
     assert_eq!(
         names, want,
         "docs/configuration.md's table vs config::VARIABLES"
     );
     assert_eq!(rows.len(), VARIABLES.len(), "a variable has two rows");
-    for (name, default) in &rows {
+    let mut wrong = Vec::new();
+    for (name, default, allowed) in &rows {
         let v = VARIABLES.iter().find(|v| v.name == name).unwrap();
-        assert_eq!(
-            default, v.default,
-            "docs/configuration.md gives {name} the default '{default}', the code '{}'",
-            v.default
-        );
+        if default != v.default {
+            wrong.push(format!(
+                "{name}: docs/configuration.md's default '{default}', the code's '{}'",
+                v.default
+            ));
+        }
+        if allowed != v.allowed {
+            wrong.push(format!(
+                "{name}: docs/configuration.md's allowed values '{allowed}', the code's '{}'",
+                v.allowed
+            ));
+        }
     }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
