@@ -707,8 +707,10 @@ pub fn overwritten() -> Option<&'static CStr> {
 /// (between their hook's start and end), the rest counts such calls. Set by the hooks of
 /// everything that makes a page writable or replaces it (`watch_begin`/`watch_end`:
 /// mprotect, pkey_mprotect, and each unmap hook's range), cleared only by `try_clean` when
-/// nothing is in flight, every site is intact and every watched page is mapped and not
-/// writable: whatever writes one of our jumps afterwards needs a call those hooks see first.
+/// nothing is in flight, every site is intact and every watched page is mapped, not
+/// writable and still the page we patched (`pages_ok`): whatever writes one of our jumps
+/// afterwards needs a call those hooks see first, or one the drain's re-check of the pages
+/// (`drain_tick`) sees within a cycle.
 static WATCH: AtomicU64 = AtomicU64::new(SUSPECT);
 const SUSPECT: u64 = 1;
 const IN_FLIGHT: u64 = 2;

@@ -16,6 +16,13 @@ pub fn selftest_report() -> String {
     }
     let c = run_selftest();
     let mut out = c.lines();
+    if crate::load::PATCHED.load(Relaxed) != 0 {
+        out.push_str(if crate::patch::MPROTECT_PATCHED.load(Relaxed) {
+            "patch check: libc's mprotect entry patched: with MRCACHE_PATCH_CHECK=watch a hit reads the watch word only\n"
+        } else {
+            "patch check: libc's mprotect entry not patched (its start is not one mrcache knows): every hit reads every patched site\n"
+        });
+    }
     let missed = c.missed();
     if !missed.is_empty() {
         let monitor = crate::init::environment().0.monitor;
