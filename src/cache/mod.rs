@@ -284,10 +284,14 @@ impl<R: Registrar> Cache<R> {
         }
         // Miss: make room first, register without the lock, then insert.
         drop(st);
-        if let Some(b) = self.registrar.uncacheable(req) {
+        // Admission first: a call passed through is registered as without the cache, so
+        // it needs no device-memory probe (two system calls, dear in a guest).
+        let decision = self.classes().decide(kind, req.len, auto);
+        if decision != Decision::PassThrough
+            && let Some(b) = self.registrar.uncacheable(req)
+        {
             return Err(AcquireError::Bypass(b));
         }
-        let decision = self.classes().decide(kind, req.len, auto);
         match decision {
             Decision::PassThrough => {
                 self.stats.add(Counter::AdmissionPassedCost, 1);
