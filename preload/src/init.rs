@@ -87,6 +87,7 @@ pub fn set_up() -> Runtime {
         )
         .with_remote(config.remote)
         .with_admit(config.admit)
+        .with_rounds_timed_by_caller()
     });
     if let Some(cache) = &cache {
         if let Some(why) = blind {

@@ -81,6 +81,10 @@ fn register_inner(
             },
         )
     };
+    // A remote call's round is timed whole, from here to the return (what the app pays
+    // for a hit: the hook's checks, the shadow copy, the window bind and its completion):
+    // an admission figure (`Cache::note_remote_hit`). Local calls read no clock here.
+    let t_hook = (access & mrcache::access::REMOTE != 0).then(std::time::Instant::now);
     // Before the checks: a disarm after this keeps the fast path shut (see `fast`).
     let seen = crate::fast::seen();
     let Some(_guard) = Guard::enter() else {
@@ -128,15 +132,18 @@ fn register_inner(
             match result {
                 Ok((handle, o)) => {
                     crate::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
-                    (
-                        handle as *mut IbvMr,
-                        match o {
-                            mrcache::cache::Outcome::Hit => Outcome::Hit,
-                            mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
-                            mrcache::cache::Outcome::Miss => Outcome::Miss,
-                            mrcache::cache::Outcome::Uncached => Outcome::Uncached,
-                        },
-                    )
+                    let o = match o {
+                        mrcache::cache::Outcome::Hit => Outcome::Hit,
+                        mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
+                        mrcache::cache::Outcome::Miss => Outcome::Miss,
+                        mrcache::cache::Outcome::Uncached => Outcome::Uncached,
+                    };
+                    if let Some(t) = t_hook
+                        && matches!(o, Outcome::Hit | Outcome::HitContaining)
+                    {
+                        cache.note_remote_hit(&req, t.elapsed().as_nanos() as u64);
+                    }
+                    (handle as *mut IbvMr, o)
                 }
                 Err(AcquireError::Bypass(b)) => {
                     // Passed through by admission: libibverbs' registration is a sample of
@@ -152,7 +159,7 @@ fn register_inner(
                     if let Some(t) = t
                         && !mr.is_null()
                     {
-                        cache.note_passthrough(&req, t.elapsed().as_nanos() as u64);
+                        cache.note_passthrough(&req, mr as usize, t.elapsed().as_nanos() as u64);
                     }
                     // libibverbs' MR may reuse the address of one the cache deregistered:
                     // its dereg must not look like a second one.
@@ -221,20 +228,32 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
 /// The full path, apart for the same reason as `register_inner`.
 #[inline(never)]
 fn dereg_full(mr: *mut IbvMr) -> (i32, Outcome) {
+    // A remote release's admission figure is timed from here (`Cache::release_at`).
+    let t_hook = std::time::Instant::now();
     let passthrough = || (real::dereg_mr(mr), Outcome::Passthrough);
-    with_cache(passthrough, |cache| match cache.release(mr as usize) {
-        Released::Kept => (0, Outcome::Kept),
-        Released::Deregistered => (0, Outcome::Deregistered),
-        // The parent's, in a fork child: not the child's to deregister.
-        Released::NotOurs if crate::runtime::inherited_mr(mr) => (0, Outcome::Kept),
-        Released::NotOurs => passthrough(),
-        Released::DoubleRelease => {
-            trace::write_line(&format!(
-                "mrcache: ibv_dereg_mr({mr:p}): this registration was already deregistered (a second ibv_dereg_mr of the same MR); returning EINVAL"
-            ));
-            (libc::EINVAL, Outcome::DoubleDereg)
+    with_cache(passthrough, |cache| {
+        match cache.release_at(mr as usize, t_hook) {
+            Released::Kept => (0, Outcome::Kept),
+            Released::Deregistered => (0, Outcome::Deregistered),
+            // The parent's, in a fork child: not the child's to deregister.
+            Released::NotOurs if crate::runtime::inherited_mr(mr) => (0, Outcome::Kept),
+            // A registration admission passed through: libibverbs' whole dereg is the other
+            // half of what a miss of its class costs the app.
+            Released::NotOurs if cache.passed_through(mr as usize) => {
+                let t = std::time::Instant::now();
+                let rc = real::dereg_mr(mr);
+                cache.note_passthrough_dereg(mr as usize, t.elapsed().as_nanos() as u64, rc == 0);
+                (rc, Outcome::Passthrough)
+            }
+            Released::NotOurs => passthrough(),
+            Released::DoubleRelease => {
+                trace::write_line(&format!(
+                    "mrcache: ibv_dereg_mr({mr:p}): this registration was already deregistered (a second ibv_dereg_mr of the same MR); returning EINVAL"
+                ));
+                (libc::EINVAL, Outcome::DoubleDereg)
+            }
+            Released::Failed(e) => (e, Outcome::Failed),
         }
-        Released::Failed(e) => (e, Outcome::Failed),
     })
 }
 

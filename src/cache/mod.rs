@@ -28,6 +28,7 @@ use crate::config::{Admit, RemoteMode};
 use crate::invalidation::InvalidationQueue;
 use crate::stats::{Counter, Counters};
 use state::{Claim, Fast, Handle, State, key_hash};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -53,6 +54,13 @@ pub struct Cache<R: Registrar> {
     remote: RemoteMode,
     /// `MRCACHE_ADMIT`.
     admit: Admit,
+    /// The caller times a remote round whole (from its hook's entry to its return) and
+    /// reports it (`note_remote_hit`, `release_at`): the cache does not add its own,
+    /// shorter, timing of a remote hit (`with_rounds_timed_by_caller`).
+    outer_rounds: bool,
+    /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
+    /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
+    passed_mrs: Mutex<HashMap<usize, usize>>,
     /// The admission figures of each size class and access kind (never taken on the
     /// lock-free path; never held across a registrar call).
     classes: Mutex<Classes>,
@@ -94,6 +102,8 @@ impl<R: Registrar> Cache<R> {
             stopped: std::sync::OnceLock::new(),
             remote: RemoteMode::Keep,
             admit: Admit::Always,
+            outer_rounds: false,
+            passed_mrs: Mutex::new(HashMap::new()),
             classes: Mutex::new(Classes::default()),
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),
@@ -211,7 +221,7 @@ impl<R: Registrar> Cache<R> {
         let auto = self.admit == Admit::Auto;
         // The locked path: timed, a hit's round for the admission figures (the lock-free
         // hits above are not: timing them would cost every hit).
-        let t_start = Instant::now();
+        let t_start = (!(self.outer_rounds && kind == Access::Remote)).then(Instant::now);
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
         if !stale.is_empty() {
@@ -263,8 +273,10 @@ impl<R: Registrar> Cache<R> {
                         Outcome::Hit => self.hits.add(0, 1),
                         _ => self.stats.add(Counter::HitsContaining, 1),
                     }
-                    let ns = t_start.elapsed().as_nanos() as f64;
-                    self.figures(kind, req.len, |f| f.hit.add(ns));
+                    if let Some(t) = t_start {
+                        let ns = t.elapsed().as_nanos() as f64;
+                        self.figures(kind, req.len, |f| f.hit.add(ns));
+                    }
                     return Ok((h, outcome));
                 }
             }
@@ -272,10 +284,14 @@ impl<R: Registrar> Cache<R> {
         }
         // Miss: make room first, register without the lock, then insert.
         drop(st);
-        if let Some(b) = self.registrar.uncacheable(req) {
+        // Admission first: a call passed through is registered as without the cache, so
+        // it needs no device-memory probe (two system calls, dear in a guest).
+        let decision = self.classes().decide(kind, req.len, auto);
+        if decision != Decision::PassThrough
+            && let Some(b) = self.registrar.uncacheable(req)
+        {
             return Err(AcquireError::Bypass(b));
         }
-        let decision = self.classes().decide(kind, req.len, auto);
         match decision {
             Decision::PassThrough => {
                 self.stats.add(Counter::AdmissionPassedCost, 1);
@@ -467,15 +483,64 @@ impl<R: Registrar> Cache<R> {
         Some(best)
     }
 
-    /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
-    /// `Scan`, `Probe`) and its registration took `ns`: a sample of the class's miss.
-    pub fn note_passthrough(&self, req: &Request, ns: u64) {
-        let kind = if req.access & access::REMOTE != 0 && self.remote == RemoteMode::Revoke {
+    fn kind_of(&self, req: &Request) -> Access {
+        if req.access & access::REMOTE != 0 && self.remote == RemoteMode::Revoke {
             Access::Remote
         } else {
             Access::Local
-        };
-        self.figures(kind, req.len, |f| f.reg.add(ns as f64));
+        }
+    }
+
+    /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
+    /// `Scan`, `Probe`), libibverbs' whole `ibv_reg_mr` took `ns` and returned `mr`: a
+    /// sample of what the class's miss costs the app (`Figures::pass_reg`). `mr`'s
+    /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
+    pub fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
+        let kind = self.kind_of(req);
+        self.figures(kind, req.len, |f| f.pass_reg.add(ns as f64));
+        if kind == Access::Remote && mr != 0 {
+            self.passed_mrs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(mr, req.len);
+        }
+    }
+
+    /// Whether `mr` is a registration admission passed through (its `ibv_dereg_mr` is to be
+    /// timed and reported with `note_passthrough_dereg`).
+    pub fn passed_through(&self, mr: usize) -> bool {
+        self.passed_mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&mr)
+    }
+
+    /// libibverbs' whole `ibv_dereg_mr` of `mr`, a registration admission passed through,
+    /// took `ns` (`ok`: it succeeded): a sample of the class's miss (`Figures::pass_dereg`).
+    pub fn note_passthrough_dereg(&self, mr: usize, ns: u64, ok: bool) {
+        let len = self
+            .passed_mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&mr);
+        if let (Some(len), true) = (len, ok) {
+            self.figures(Access::Remote, len, |f| f.pass_dereg.add(ns as f64));
+        }
+    }
+
+    /// The caller (the preload) times remote rounds whole, from its hook's entry to its
+    /// return, and reports them (`note_remote_hit`, `release_at`).
+    pub fn with_rounds_timed_by_caller(mut self) -> Cache<R> {
+        self.outer_rounds = true;
+        self
+    }
+
+    /// A remote hit of `req` cost the app `ns`, hook entry to return (the bind and its
+    /// completion, the shadow copy, the hook's own checks): a sample of the cached round.
+    pub fn note_remote_hit(&self, req: &Request, ns: u64) {
+        if self.kind_of(req) == Access::Remote {
+            self.figures(Access::Remote, req.len, |f| f.hit.add(ns as f64));
+        }
     }
 
     fn classes(&self) -> MutexGuard<'_, Classes> {
@@ -637,7 +702,12 @@ impl<R: Registrar> Cache<R> {
 
     /// The app's `ibv_dereg_mr(ptr)`.
     pub fn release(&self, ptr: usize) -> Released {
-        let t_start = Instant::now();
+        self.release_at(ptr, Instant::now())
+    }
+
+    /// `release`, for a hook entered at `t_start`: a remote release's admission figure is
+    /// timed from there (what the app's `ibv_dereg_mr` costs, not only the cache's part).
+    pub fn release_at(&self, ptr: usize, t_start: Instant) -> Released {
         self.drain_pending();
         // The provider's own pointer, not the last reference of a dead entry: no lock.
         if let Some(released) = self.try_release(ptr) {
