@@ -100,9 +100,13 @@ fn simulate(admit: Admit, entries: usize, keys: &[usize]) -> Run {
         },
     )
     .with_admit(admit);
-    let mut hits = 0;
+    let (mut hits, mut passed) = (0, 0);
     for &k in keys {
-        let (h, o) = cache.acquire(&req(k, 1)).unwrap();
+        // Passed through (scan-refused): libibverbs' reg + dereg, as without the cache.
+        let Ok((h, o)) = cache.acquire(&req(k, 1)) else {
+            passed += 2;
+            continue;
+        };
         if matches!(o, Outcome::Hit | Outcome::HitContaining) {
             hits += 1;
         }
@@ -112,7 +116,7 @@ fn simulate(admit: Admit, entries: usize, keys: &[usize]) -> Run {
     Run {
         hits,
         calls: keys.len() as u64,
-        provider_per_call: (fake.regs.load(SeqCst) + fake.deregs.load(SeqCst)) as f64
+        provider_per_call: (fake.regs.load(SeqCst) + fake.deregs.load(SeqCst) + passed) as f64
             / keys.len() as f64,
     }
 }
@@ -296,4 +300,73 @@ fn local_dear_registration_caches() {
     println!("{:?}", cache.admission().report());
     assert_eq!(hits, 199);
     assert_eq!(fake.regs.load(SeqCst), 1);
+}
+
+fn small_cache(fake: &Costly, entries: usize) -> Cache<&Costly> {
+    Cache::new(
+        fake,
+        Limits {
+            max_entries: entries,
+            max_bytes: u64::MAX,
+            shadow: true,
+            remote_superset: false,
+        },
+    )
+    .with_admit(Admit::Auto)
+}
+
+/// D1: a local registration the TinyLFU rule refuses, in use at fork: either libibverbs
+/// registers it (passed through: its own MADV_DONTFORK bookkeeping applies) or it is in
+/// `fork_ranges` (the preload marks it). Registered uncached through the provider and
+/// left out of both, its pages would be shared copy-on-write with the child.
+#[test]
+fn scan_refused_local_registration_is_protected_at_fork() {
+    let fake = Costly::default();
+    fake.reg_ns.store(3_000, SeqCst);
+    let cache = small_cache(&fake, 4);
+    for _ in 0..20 {
+        for k in 0..4 {
+            let (h, _) = cache.acquire(&req(k, 1)).unwrap();
+            cache.release(h);
+        }
+    }
+    let result = cache.acquire(&req(9, 1));
+    let ranges = cache.fork_ranges();
+    println!(
+        "key 9: {result:?}; fork_ranges {ranges:x?}; scan {}",
+        cache.snapshot().counts[Counter::AdmissionPassedScan]
+    );
+    assert_eq!(cache.snapshot().counts[Counter::AdmissionPassedScan], 1);
+    match result {
+        Err(mrcache::cache::AcquireError::Bypass(b)) => {
+            assert_eq!(b, mrcache::access::Bypass::Scan)
+        }
+        Ok((h, o)) => {
+            assert!(
+                ranges.contains(&(req(9, 1).addr, LEN)),
+                "the in-use {o:?} registration is neither libibverbs' nor in fork_ranges: {ranges:x?}"
+            );
+            cache.release(h);
+        }
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+/// D1 (stop_caching's path): after caching stopped, every registration is the provider's
+/// own, uncached; one in use at fork is in `fork_ranges`.
+#[test]
+fn uncached_registration_after_stop_caching_is_in_fork_ranges() {
+    let fake = Costly::default();
+    let cache = small_cache(&fake, 4);
+    assert!(cache.stop_caching("test"));
+    let (h, o) = cache.acquire(&req(3, 1)).unwrap();
+    let ranges = cache.fork_ranges();
+    println!("after stop_caching: {o:?}; fork_ranges {ranges:x?}");
+    assert_eq!(o, Outcome::Uncached);
+    assert!(
+        ranges.contains(&(req(3, 1).addr, LEN)),
+        "an in-use uncached registration is missing from fork_ranges: {ranges:x?}"
+    );
+    cache.release(h);
+    assert!(!cache.fork_ranges().contains(&(req(3, 1).addr, LEN)));
 }

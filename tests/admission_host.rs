@@ -85,3 +85,43 @@ fn local_dear_registrations_are_cached() {
     );
     assert!(out.contains("local 64KiB: cache"), "{out}");
 }
+
+/// D1: a local registration the TinyLFU rule refuses, held across a fork under
+/// RDMAV_FORK_SAFE=1, is protected: libibverbs registered it (its own MADV_DONTFORK), or
+/// the preload marked its range DONTFORK for the fork. Before: provider-registered
+/// uncached and in neither.
+#[test]
+fn scan_refused_local_registration_is_protected_at_fork() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission_host");
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "admit_shim",
+        "admit_fork",
+        &dir,
+        "f",
+        &["-libverbs", "-ldl"],
+    );
+    let out = Command::new(&prog)
+        .env("LD_PRELOAD", common::preload_with(&shim))
+        .env("RDMAV_FORK_SAFE", "1")
+        .env("MRCACHE_MAX_ENTRIES", "4")
+        .env("MRCACHE_ADMIT", "auto")
+        .env("MRCACHE_STATS", "1")
+        .output()
+        .unwrap();
+    let out = text(&out);
+    println!("{out}");
+    let libibverbs = figure(&out, "scan-refused held at fork:", "libibverbs regs +");
+    let marked = out
+        .lines()
+        .find_map(|l| {
+            let i = l.find(" ranges marked DONTFORK")?;
+            l[..i].rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        libibverbs + marked,
+        1,
+        "the held registration: libibverbs regs {libibverbs}, ranges marked DONTFORK {marked}\n{out}"
+    );
+}

@@ -279,11 +279,9 @@ impl<R: Registrar> Cache<R> {
         match decision {
             Decision::PassThrough => {
                 self.stats.add(Counter::AdmissionPassedCost, 1);
-                return if revocable {
-                    Err(AcquireError::Bypass(Bypass::NotWorthCaching))
-                } else {
-                    self.register_uncached(req, kind)
-                };
+                // Local or remote, libibverbs registers it (as without the cache: its
+                // fork bookkeeping, MADV_DONTFORK under RDMAV_FORK_SAFE, applies).
+                return Err(AcquireError::Bypass(Bypass::NotWorthCaching));
             }
             Decision::Trial => self.stats.add(Counter::AdmissionTrials, 1),
             Decision::Cache => {}
@@ -309,11 +307,7 @@ impl<R: Registrar> Cache<R> {
             // Scan resistance: the cache is full of entries used more often than this one
             // was seen; as without the cache.
             self.stats.add(Counter::AdmissionPassedScan, 1);
-            return if revocable {
-                Err(AcquireError::Bypass(Bypass::Scan))
-            } else {
-                self.register_uncached(req, kind)
-            };
+            return Err(AcquireError::Bypass(Bypass::Scan));
         }
         if revocable && !fits {
             // It could not be cached: a revocable registration and its grant would only be
@@ -401,8 +395,7 @@ impl<R: Registrar> Cache<R> {
             Err(self.bypass_remote())
         } else {
             st.unbury(mr.ptr);
-            st.handles
-                .insert(mr.ptr, Handle::Uncached { mr, len: req.len });
+            st.handles.insert(mr.ptr, Handle::uncached(mr, req));
             drop(st);
             self.deregister_all(&stale);
             self.stats.add(Counter::Uncached, 1);
@@ -427,8 +420,7 @@ impl<R: Registrar> Cache<R> {
         }
         let mut st = self.lock();
         st.unbury(mr.ptr);
-        st.handles
-            .insert(mr.ptr, Handle::Uncached { mr, len: req.len });
+        st.handles.insert(mr.ptr, Handle::uncached(mr, req));
         drop(st);
         self.stats.add(Counter::Uncached, 1);
         Ok((mr.ptr, Outcome::Uncached))
@@ -653,7 +645,7 @@ impl<R: Registrar> Cache<R> {
             };
         };
         let to_dereg = match handle {
-            Handle::Uncached { mr, len } => {
+            Handle::Uncached { mr, len, .. } => {
                 // Tombstoned before the provider can free it (and so reuse the address): a
                 // second ibv_dereg_mr of it is then a double release, never handed to
                 // libibverbs with freed memory.
@@ -671,7 +663,8 @@ impl<R: Registrar> Cache<R> {
                     Err(e) => {
                         let mut st = self.lock();
                         st.unbury(ptr);
-                        st.handles.insert(ptr, Handle::Uncached { mr, len });
+                        st.handles
+                            .insert(ptr, Handle::Uncached { mr, len, addr: 0 });
                         Released::Failed(e)
                     }
                 };

@@ -118,7 +118,20 @@ pub enum Handle {
         /// The registration's length (0: not known, after `ibv_rereg_mr`), for the
         /// admission figures.
         len: usize,
+        /// The registration's start (0 with `len` 0), for `fork_ranges`.
+        addr: usize,
     },
+}
+
+impl Handle {
+    /// The app's own registration of `req`, made through the provider for it alone.
+    pub fn uncached(mr: Mr, req: &Request) -> Handle {
+        Handle::Uncached {
+            mr,
+            len: req.len,
+            addr: req.addr,
+        }
+    }
 }
 
 pub enum Claim {
