@@ -177,7 +177,13 @@ pub struct Mean {
 
 impl Mean {
     pub fn add(&mut self, ns: f64) {
-        self.value = if self.samples == 0 || (self.samples == 1 && ns < self.value / 2.0) {
+        // A sample floors at 1 ns (a coarse clock reads 0): the 8x cap of a stall is
+        // relative, so a mean at 0 would never rise again.
+        let ns = if ns.is_nan() { 1.0 } else { ns.max(1.0) };
+        self.value = if self.samples == 0
+            || !known(self.value)
+            || (self.samples == 1 && ns < self.value / 2.0)
+        {
             ns
         } else {
             self.value + (ns.min(8.0 * self.value) - self.value) / 8.0

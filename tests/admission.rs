@@ -370,3 +370,29 @@ fn uncached_registration_after_stop_caching_is_in_fork_ranges() {
     cache.release(h);
     assert!(!cache.fork_ranges().contains(&(req(3, 1).addr, LEN)));
 }
+
+/// D3: a mean that once read 0 (a sample of 0 ns: a coarse clock, an empty round) still
+/// follows the samples that come after.
+#[test]
+fn mean_that_read_zero_rises_again() {
+    use mrcache::admission::Mean;
+    let mut m = Mean::default();
+    m.add(0.0);
+    for _ in 0..100 {
+        m.add(1_000_000.0);
+    }
+    println!(
+        "after 0 then 100 x 1 ms: {:.0} ns ({} samples)",
+        m.value, m.samples
+    );
+    assert!(m.value > 500_000.0, "stuck at {}", m.value);
+    let mut m = Mean::default();
+    m.add(5_000.0);
+    m.add(5_000.0);
+    m.add(0.0);
+    m.add(0.0);
+    for _ in 0..100 {
+        m.add(1_000_000.0);
+    }
+    assert!(m.value > 500_000.0, "stuck at {}", m.value);
+}
