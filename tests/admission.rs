@@ -396,3 +396,28 @@ fn mean_that_read_zero_rises_again() {
     }
     assert!(m.value > 500_000.0, "stuck at {}", m.value);
 }
+
+/// D4: under `MRCACHE_ADMIT=always` everything is cached: a class whose figures do not
+/// pay is reported as one that would pass through, not as passed through.
+#[test]
+fn summary_under_always_says_would_pass_through() {
+    use mrcache::stats::{AdmissionClass, Report};
+    let class = AdmissionClass {
+        access: "remote".into(),
+        class: "64KiB".into(),
+        verdict: "pass-through".into(),
+        ..Default::default()
+    };
+    let mut r = Report {
+        admit: "always".into(),
+        admission: vec![class],
+        ..Default::default()
+    };
+    let text = mrcache::summary::summary(&r).join("\n");
+    println!("{text}");
+    assert!(!text.contains(": pass-through:"), "{text}");
+    assert!(text.contains("would pass through (always)"), "{text}");
+    r.admit = "auto".into();
+    let text = mrcache::summary::summary(&r).join("\n");
+    assert!(text.contains("remote 64KiB: pass-through:"), "{text}");
+}

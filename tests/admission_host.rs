@@ -125,3 +125,30 @@ fn scan_refused_local_registration_is_protected_at_fork() {
         "the held registration: libibverbs regs {libibverbs}, ranges marked DONTFORK {marked}\n{out}"
     );
 }
+
+/// D4: the statistics count what admission passed to libibverbs on the remote-keys line
+/// (not "0 passed to libibverbs" beside 80+ passed through) and the probes on the
+/// admission line.
+#[test]
+fn statistics_count_admissions_pass_throughs() {
+    let out = run("remote", "auto");
+    // The number before `key` in the summary (whose lines wrap).
+    let before = |key: &str| -> u64 {
+        let i = out
+            .find(key)
+            .unwrap_or_else(|| panic!("no {key:?} in {out}"));
+        let digits: String = out[..i]
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.chars().rev().collect::<String>().parse().unwrap()
+    };
+    let by_admission = before(" more by admission");
+    let passed = before(" passed through (caching did not pay)");
+    assert!(
+        by_admission >= passed && passed >= 80,
+        "{by_admission}, {passed}\n{out}"
+    );
+    before(" probes (");
+}
