@@ -421,3 +421,44 @@ fn summary_under_always_says_would_pass_through() {
     let text = mrcache::summary::summary(&r).join("\n");
     assert!(text.contains("remote 64KiB: pass-through:"), "{text}");
 }
+
+/// D2: a band around the tie. A class near it does not flip with every sample (each
+/// Cache -> PassThrough flip is an eviction pass and a re-probe); it passes through only
+/// when a cached round costs more than 1.25x a miss, and comes back only under 0.8x.
+/// Injected figures: a miss of 1000 ns, cached rounds as set.
+#[test]
+fn verdict_has_a_band_around_the_tie() {
+    use mrcache::admission::{Classes, Verdict};
+    let mut c = Classes::default();
+    let mut verdict_after = |c: &mut Classes, round: f64, n: usize| -> (Option<Verdict>, u32) {
+        let mut flips = 0;
+        for _ in 0..n {
+            c.get_mut(Access::Local, LEN).round.add(round);
+            let before = c.get(Access::Local, LEN).verdict;
+            c.decide(Access::Local, LEN, true);
+            let after = c.get(Access::Local, LEN).verdict;
+            flips += (before.is_some() && before != after) as u32;
+        }
+        (c.get(Access::Local, LEN).verdict, flips)
+    };
+    c.get_mut(Access::Local, LEN).reg.add(1000.0);
+    // Around the tie: samples of 700 and 1300 ns in turn.
+    let mut flips = 0;
+    for i in 0..2000 {
+        flips += verdict_after(&mut c, if i % 2 == 0 { 700.0 } else { 1300.0 }, 1).1;
+    }
+    println!("near the tie: {flips} flips in 2000 misses");
+    assert_eq!(flips, 0, "a class near the tie flipped {flips} times");
+    let (v, _) = verdict_after(&mut c, 1400.0, 64);
+    assert_eq!(v, Some(Verdict::PassThrough), "1.4x a miss");
+    let (v, _) = verdict_after(&mut c, 900.0, 64);
+    assert_eq!(
+        v,
+        Some(Verdict::PassThrough),
+        "0.9x a miss: inside the band"
+    );
+    let (v, _) = verdict_after(&mut c, 700.0, 64);
+    assert_eq!(v, Some(Verdict::Cache), "0.7x a miss");
+    let (v, _) = verdict_after(&mut c, 1100.0, 64);
+    assert_eq!(v, Some(Verdict::Cache), "1.1x a miss: inside the band");
+}

@@ -482,13 +482,15 @@ impl<R: Registrar> Cache<R> {
             let mut c = self.classes();
             let fig = c.get_mut(kind, len);
             let costs = fig.costs(kind);
-            let before = admission::verdict(kind, &costs);
+            let before = fig.verdict_shown(kind);
             f(fig);
             fig.settle(kind, &costs);
-            let after = admission::verdict(kind, &fig.costs(kind));
+            let after = fig.verdict_now(kind);
             before == Verdict::Cache && after == Verdict::PassThrough
         };
-        if flipped && self.admit == Admit::Auto {
+        // A remote class's entries go lazily (every remote hit takes the locked path, which
+        // evicts an idle entry of a passed-through class); a local one's now, in one pass.
+        if flipped && kind == Access::Local && self.admit == Admit::Auto {
             let class = admission::size_class(len);
             let remote = self.remote;
             let idle = self.lock().evict_idle(&self.fast, |e| {
