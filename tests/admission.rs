@@ -430,7 +430,7 @@ fn summary_under_always_says_would_pass_through() {
 fn verdict_has_a_band_around_the_tie() {
     use mrcache::admission::{Classes, Verdict};
     let mut c = Classes::default();
-    let mut verdict_after = |c: &mut Classes, round: f64, n: usize| -> (Option<Verdict>, u32) {
+    let verdict_after = |c: &mut Classes, round: f64, n: usize| -> (Option<Verdict>, u32) {
         let mut flips = 0;
         for _ in 0..n {
             c.get_mut(Access::Local, LEN).round.add(round);
