@@ -10,13 +10,19 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn run(mode: &str, admit: &str) -> String {
+    run_as(mode, admit, "a")
+}
+
+/// `run` with its own build `tag` (tests running in parallel must not rebuild a program
+/// another one is running: ETXTBSY).
+fn run_as(mode: &str, admit: &str, tag: &str) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission_host");
     let (shim, prog) = common::shim_and_program(
         "host",
         "admit_shim",
         "admit_cost",
         &dir,
-        "a",
+        tag,
         &["-libverbs", "-ldl"],
     );
     let out = Command::new(&prog)
@@ -77,7 +83,7 @@ fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registra
 /// 200 rounds).
 #[test]
 fn local_dear_registrations_are_cached() {
-    let out = run("local", "auto");
+    let out = run_as("local", "auto", "l");
     assert_eq!(
         figure(&out, "local dear-regs:", "registrations"),
         1,
@@ -131,7 +137,7 @@ fn scan_refused_local_registration_is_protected_at_fork() {
 /// admission line.
 #[test]
 fn statistics_count_admissions_pass_throughs() {
-    let out = run("remote", "auto");
+    let out = run_as("remote", "auto", "s");
     // The number before `key` in the summary (whose lines wrap).
     let before = |key: &str| -> u64 {
         let i = out
