@@ -136,6 +136,25 @@ pub fn verdict_at(_access: Access, costs: &Costs, hit_ratio: f64) -> Verdict {
     }
 }
 
+/// The band around the tie: a cached class passes through only when a cached round costs
+/// more than `BAND_OUT` misses, a passed-through one comes back only under `BAND_IN`
+/// (figures near a tie would otherwise flip the verdict with every sample).
+pub const BAND_OUT: f64 = 1.25;
+pub const BAND_IN: f64 = 0.8;
+
+/// `verdict` with the band: the verdict that follows `held` at these costs.
+pub fn verdict_banded(costs: &Costs, held: Verdict) -> Verdict {
+    if !known(costs.miss_ns) || !known(costs.cached_ns) {
+        return Verdict::Cache;
+    }
+    let (c, m) = (costs.cached_ns, costs.miss_ns);
+    match held {
+        Verdict::Cache if c > BAND_OUT * m => Verdict::PassThrough,
+        Verdict::PassThrough if c < BAND_IN * m => Verdict::Cache,
+        v => v,
+    }
+}
+
 /// The hit ratio above which caching pays (`None`: never, a cached round costs at least a
 /// miss; `Some(0.0)`: a figure is missing).
 pub fn break_even(costs: &Costs) -> Option<f64> {
@@ -177,7 +196,13 @@ pub struct Mean {
 
 impl Mean {
     pub fn add(&mut self, ns: f64) {
-        self.value = if self.samples == 0 || (self.samples == 1 && ns < self.value / 2.0) {
+        // A sample floors at 1 ns (a coarse clock reads 0): the 8x cap of a stall is
+        // relative, so a mean at 0 would never rise again.
+        let ns = if ns.is_nan() { 1.0 } else { ns.max(1.0) };
+        self.value = if self.samples == 0
+            || !known(self.value)
+            || (self.samples == 1 && ns < self.value / 2.0)
+        {
             ns
         } else {
             self.value + (ns.min(8.0 * self.value) - self.value) / 8.0
@@ -226,6 +251,8 @@ pub struct Figures {
     pub verdict: Option<Verdict>,
     /// Misses between trials now (0: `PROBE_EVERY`).
     pub probe_every: u64,
+    /// The banded verdict (`verdict_banded`) as of the last update (`None`: cache).
+    pub held: Option<Verdict>,
     /// Hits left in the current trial: a passed-through class's cached entries serve this
     /// many hits after a trial (timing its cached round), then are evicted at the next.
     pub trial_hits: u32,
@@ -260,6 +287,18 @@ impl Figures {
         } else {
             self.dereg
         }
+    }
+
+    /// The class's verdict now, with the band: updated from the held one.
+    pub fn verdict_now(&mut self, access: Access) -> Verdict {
+        let v = verdict_banded(&self.costs(access), self.held.unwrap_or(Verdict::Cache));
+        self.held = Some(v);
+        v
+    }
+
+    /// The verdict the reports show (the held one, or what the next update would hold).
+    pub fn verdict_shown(&self, access: Access) -> Verdict {
+        verdict_banded(&self.costs(access), self.held.unwrap_or(Verdict::Cache))
     }
 
     /// The model's costs from these figures.
@@ -322,7 +361,7 @@ impl Classes {
     /// false (`MRCACHE_ADMIT=always`) every miss caches, and the figures are still kept.
     pub fn decide(&mut self, access: Access, len: usize, auto: bool) -> Decision {
         let f = self.get_mut(access, len);
-        let v = verdict(access, &f.costs(access));
+        let v = f.verdict_now(access);
         if f.verdict != Some(v) {
             f.probe_every = PROBE_EVERY;
             f.probe_hits_every = PROBE_EVERY;
@@ -353,7 +392,7 @@ impl Classes {
     /// the `TRIAL_HITS` hits after a trial.
     pub fn allow_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
         let f = self.get_mut(access, len);
-        if !auto || verdict(access, &f.costs(access)) == Verdict::Cache {
+        if !auto || f.verdict_now(access) == Verdict::Cache {
             return true;
         }
         if f.trial_hits > 0 {
@@ -413,7 +452,7 @@ impl Classes {
                 crate::stats::AdmissionClass {
                     access: a.name().into(),
                     class: class_name(c),
-                    verdict: verdict(a, &k).to_string(),
+                    verdict: f.verdict_shown(a).to_string(),
                     miss_ns: k.miss_ns.round(),
                     reg_ns: f.miss_reg().value.round(),
                     dereg_ns: f.miss_dereg().value.round(),
@@ -437,7 +476,7 @@ impl Classes {
                     "{} {}: {} (miss {:.0} ns = reg {:.0} + dereg {:.0}; cached round {:.0} ns; eviction {:.0} ns; passed {}, trials {})",
                     a.name(),
                     class_name(c),
-                    verdict(a, &k),
+                    f.verdict_shown(a),
                     k.miss_ns,
                     f.reg.value,
                     f.dereg.value,

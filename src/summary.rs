@@ -9,6 +9,21 @@ const WIDTH: usize = 100;
 const PREFIX: &str = "mrcache:   ";
 const LABEL: usize = 15;
 
+/// How many calls went to libibverbs for `why`.
+fn bypassed_as(r: &Report, why: Bypassed) -> u64 {
+    r.bypassed.get(why.name()).copied().unwrap_or(0)
+}
+
+/// A class's verdict as the summary says it: under `MRCACHE_ADMIT=always` nothing passes
+/// through, whatever the figures say.
+fn verdict_shown<'a>(r: &Report, verdict: &'a str) -> &'a str {
+    if r.admit == "always" && verdict == "pass-through" {
+        "would pass through (always)"
+    } else {
+        verdict
+    }
+}
+
 /// The summary of `r`, one string per line.
 pub fn summary(r: &Report) -> Vec<String> {
     let n = |c: Counter| r[c];
@@ -56,14 +71,14 @@ pub fn summary(r: &Report) -> Vec<String> {
         (
             "remote keys",
             format!(
-                "MRCACHE_REMOTE={}: {} granted, {} revoked, {} passed to libibverbs",
+                "MRCACHE_REMOTE={}: {} granted, {} revoked, {} passed to libibverbs ({} more by admission, local ones included: see its line)",
                 r.remote_keys,
                 n(Counter::RemoteGrants),
                 n(Counter::RemoteRevokes),
-                r.bypassed
-                    .get(Bypassed::RemoteAccess.name())
-                    .copied()
-                    .unwrap_or(0),
+                bypassed_as(r, Bypassed::RemoteAccess),
+                bypassed_as(r, Bypassed::NotWorthCaching)
+                    + bypassed_as(r, Bypassed::Scan)
+                    + bypassed_as(r, Bypassed::Probe),
             ),
         ),
         (
@@ -81,10 +96,11 @@ pub fn summary(r: &Report) -> Vec<String> {
         rows.push((
             "admission",
             format!(
-                "MRCACHE_ADMIT={}: {} passed through (caching did not pay), {} (scan: cache full of busier entries), {} cached trials",
+                "MRCACHE_ADMIT={}: {} passed through (caching did not pay), {} (scan: cache full of busier entries), {} probes (a cached remote class's hit passed through to time a miss), {} cached trials",
                 r.admit,
                 n(Counter::AdmissionPassedCost),
                 n(Counter::AdmissionPassedScan),
+                bypassed_as(r, Bypassed::Probe),
                 n(Counter::AdmissionTrials),
             ),
         ));
@@ -96,7 +112,7 @@ pub fn summary(r: &Report) -> Vec<String> {
                 "{} {}: {}: miss {} ns (reg {} + dereg {}), cached round {} ns ({}), eviction {} ns; {} passed, {} trials",
                 a.access,
                 a.class,
-                a.verdict,
+                verdict_shown(r, &a.verdict),
                 a.miss_ns,
                 a.reg_ns,
                 a.dereg_ns,

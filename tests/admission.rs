@@ -100,9 +100,13 @@ fn simulate(admit: Admit, entries: usize, keys: &[usize]) -> Run {
         },
     )
     .with_admit(admit);
-    let mut hits = 0;
+    let (mut hits, mut passed) = (0, 0);
     for &k in keys {
-        let (h, o) = cache.acquire(&req(k, 1)).unwrap();
+        // Passed through (scan-refused): libibverbs' reg + dereg, as without the cache.
+        let Ok((h, o)) = cache.acquire(&req(k, 1)) else {
+            passed += 2;
+            continue;
+        };
         if matches!(o, Outcome::Hit | Outcome::HitContaining) {
             hits += 1;
         }
@@ -112,7 +116,7 @@ fn simulate(admit: Admit, entries: usize, keys: &[usize]) -> Run {
     Run {
         hits,
         calls: keys.len() as u64,
-        provider_per_call: (fake.regs.load(SeqCst) + fake.deregs.load(SeqCst)) as f64
+        provider_per_call: (fake.regs.load(SeqCst) + fake.deregs.load(SeqCst) + passed) as f64
             / keys.len() as f64,
     }
 }
@@ -296,4 +300,165 @@ fn local_dear_registration_caches() {
     println!("{:?}", cache.admission().report());
     assert_eq!(hits, 199);
     assert_eq!(fake.regs.load(SeqCst), 1);
+}
+
+fn small_cache(fake: &Costly, entries: usize) -> Cache<&Costly> {
+    Cache::new(
+        fake,
+        Limits {
+            max_entries: entries,
+            max_bytes: u64::MAX,
+            shadow: true,
+            remote_superset: false,
+        },
+    )
+    .with_admit(Admit::Auto)
+}
+
+/// D1: a local registration the TinyLFU rule refuses, in use at fork: either libibverbs
+/// registers it (passed through: its own MADV_DONTFORK bookkeeping applies) or it is in
+/// `fork_ranges` (the preload marks it). Registered uncached through the provider and
+/// left out of both, its pages would be shared copy-on-write with the child.
+#[test]
+fn scan_refused_local_registration_is_protected_at_fork() {
+    let fake = Costly::default();
+    fake.reg_ns.store(3_000, SeqCst);
+    let cache = small_cache(&fake, 4);
+    for _ in 0..20 {
+        for k in 0..4 {
+            let (h, _) = cache.acquire(&req(k, 1)).unwrap();
+            cache.release(h);
+        }
+    }
+    let result = cache.acquire(&req(9, 1));
+    let ranges = cache.fork_ranges();
+    println!(
+        "key 9: {result:?}; fork_ranges {ranges:x?}; scan {}",
+        cache.snapshot().counts[Counter::AdmissionPassedScan]
+    );
+    assert_eq!(cache.snapshot().counts[Counter::AdmissionPassedScan], 1);
+    match result {
+        Err(mrcache::cache::AcquireError::Bypass(b)) => {
+            assert_eq!(b, mrcache::access::Bypass::Scan)
+        }
+        Ok((h, o)) => {
+            assert!(
+                ranges.contains(&(req(9, 1).addr, LEN)),
+                "the in-use {o:?} registration is neither libibverbs' nor in fork_ranges: {ranges:x?}"
+            );
+            cache.release(h);
+        }
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+/// D1 (stop_caching's path): after caching stopped, every registration is the provider's
+/// own, uncached; one in use at fork is in `fork_ranges`.
+#[test]
+fn uncached_registration_after_stop_caching_is_in_fork_ranges() {
+    let fake = Costly::default();
+    let cache = small_cache(&fake, 4);
+    assert!(cache.stop_caching("test"));
+    let (h, o) = cache.acquire(&req(3, 1)).unwrap();
+    let ranges = cache.fork_ranges();
+    println!("after stop_caching: {o:?}; fork_ranges {ranges:x?}");
+    assert_eq!(o, Outcome::Uncached);
+    assert!(
+        ranges.contains(&(req(3, 1).addr, LEN)),
+        "an in-use uncached registration is missing from fork_ranges: {ranges:x?}"
+    );
+    cache.release(h);
+    assert!(!cache.fork_ranges().contains(&(req(3, 1).addr, LEN)));
+}
+
+/// D3: a mean that once read 0 (a sample of 0 ns: a coarse clock, an empty round) still
+/// follows the samples that come after.
+#[test]
+fn mean_that_read_zero_rises_again() {
+    use mrcache::admission::Mean;
+    let mut m = Mean::default();
+    m.add(0.0);
+    for _ in 0..100 {
+        m.add(1_000_000.0);
+    }
+    println!(
+        "after 0 then 100 x 1 ms: {:.0} ns ({} samples)",
+        m.value, m.samples
+    );
+    assert!(m.value > 500_000.0, "stuck at {}", m.value);
+    let mut m = Mean::default();
+    m.add(5_000.0);
+    m.add(5_000.0);
+    m.add(0.0);
+    m.add(0.0);
+    for _ in 0..100 {
+        m.add(1_000_000.0);
+    }
+    assert!(m.value > 500_000.0, "stuck at {}", m.value);
+}
+
+/// D4: under `MRCACHE_ADMIT=always` everything is cached: a class whose figures do not
+/// pay is reported as one that would pass through, not as passed through.
+#[test]
+fn summary_under_always_says_would_pass_through() {
+    use mrcache::stats::{AdmissionClass, Report};
+    let class = AdmissionClass {
+        access: "remote".into(),
+        class: "64KiB".into(),
+        verdict: "pass-through".into(),
+        ..Default::default()
+    };
+    let mut r = Report {
+        admit: "always".into(),
+        admission: vec![class],
+        ..Default::default()
+    };
+    let text = mrcache::summary::summary(&r).join("\n");
+    println!("{text}");
+    assert!(!text.contains(": pass-through:"), "{text}");
+    assert!(text.contains("would pass through (always)"), "{text}");
+    r.admit = "auto".into();
+    let text = mrcache::summary::summary(&r).join("\n");
+    assert!(text.contains("remote 64KiB: pass-through:"), "{text}");
+}
+
+/// D2: a band around the tie. A class near it does not flip with every sample (each
+/// Cache -> PassThrough flip is an eviction pass and a re-probe); it passes through only
+/// when a cached round costs more than 1.25x a miss, and comes back only under 0.8x.
+/// Injected figures: a miss of 1000 ns, cached rounds as set.
+#[test]
+fn verdict_has_a_band_around_the_tie() {
+    use mrcache::admission::{Classes, Verdict};
+    let mut c = Classes::default();
+    let verdict_after = |c: &mut Classes, round: f64, n: usize| -> (Option<Verdict>, u32) {
+        let mut flips = 0;
+        for _ in 0..n {
+            c.get_mut(Access::Local, LEN).round.add(round);
+            let before = c.get(Access::Local, LEN).verdict;
+            c.decide(Access::Local, LEN, true);
+            let after = c.get(Access::Local, LEN).verdict;
+            flips += (before.is_some() && before != after) as u32;
+        }
+        (c.get(Access::Local, LEN).verdict, flips)
+    };
+    c.get_mut(Access::Local, LEN).reg.add(1000.0);
+    // Around the tie: samples of 700 and 1300 ns in turn.
+    let mut flips = 0;
+    for i in 0..2000 {
+        flips += verdict_after(&mut c, if i % 2 == 0 { 700.0 } else { 1300.0 }, 1).1;
+    }
+    println!("near the tie: {flips} flips in 2000 misses");
+    assert_eq!(flips, 0, "a class near the tie flipped {flips} times");
+    let (v, _) = verdict_after(&mut c, 1400.0, 64);
+    assert_eq!(v, Some(Verdict::PassThrough), "1.4x a miss");
+    let (v, _) = verdict_after(&mut c, 900.0, 64);
+    assert_eq!(
+        v,
+        Some(Verdict::PassThrough),
+        "0.9x a miss: inside the band"
+    );
+    let (v, _) = verdict_after(&mut c, 700.0, 64);
+    assert_eq!(v, Some(Verdict::Cache), "0.7x a miss");
+    let (v, _) = verdict_after(&mut c, 1100.0, 64);
+    assert_eq!(v, Some(Verdict::Cache), "1.1x a miss: inside the band");
 }

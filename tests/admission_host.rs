@@ -9,6 +9,10 @@ use common::text;
 use std::path::PathBuf;
 use std::process::Command;
 
+fn run_as(mode: &str, admit: &str, tag: &str) -> String {
+    run(mode, admit, tag)
+}
+
 fn run(mode: &str, admit: &str, tag: &str) -> String {
     // A directory per test: tests run in parallel, and one's build must not replace the
     // program another is starting (ETXTBSY).
@@ -20,7 +24,7 @@ fn run(mode: &str, admit: &str, tag: &str) -> String {
         "admit_shim",
         "admit_cost",
         &dir,
-        "a",
+        tag,
         &["-libverbs", "-ldl"],
     );
     let out = Command::new(&prog)
@@ -105,4 +109,71 @@ fn remote_class_is_cached_when_libibverbs_whole_calls_cost_more_than_a_round() {
         "dear libibverbs deregistrations: {passed} of 64 passed through\n{out}"
     );
     assert!(out.contains("remote 16KiB: cache"), "{out}");
+}
+
+/// D1: a local registration the TinyLFU rule refuses, held across a fork under
+/// RDMAV_FORK_SAFE=1, is protected: libibverbs registered it (its own MADV_DONTFORK), or
+/// the preload marked its range DONTFORK for the fork. Before: provider-registered
+/// uncached and in neither.
+#[test]
+fn scan_refused_local_registration_is_protected_at_fork() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission_host");
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "admit_shim",
+        "admit_fork",
+        &dir,
+        "f",
+        &["-libverbs", "-ldl"],
+    );
+    let out = Command::new(&prog)
+        .env("LD_PRELOAD", common::preload_with(&shim))
+        .env("RDMAV_FORK_SAFE", "1")
+        .env("MRCACHE_MAX_ENTRIES", "4")
+        .env("MRCACHE_ADMIT", "auto")
+        .env("MRCACHE_STATS", "1")
+        .output()
+        .unwrap();
+    let out = text(&out);
+    println!("{out}");
+    let libibverbs = figure(&out, "scan-refused held at fork:", "libibverbs regs +");
+    let marked = out
+        .lines()
+        .find_map(|l| {
+            let i = l.find(" ranges marked DONTFORK")?;
+            l[..i].rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        libibverbs + marked,
+        1,
+        "the held registration: libibverbs regs {libibverbs}, ranges marked DONTFORK {marked}\n{out}"
+    );
+}
+
+/// D4: the statistics count what admission passed to libibverbs on the remote-keys line
+/// (not "0 passed to libibverbs" beside 80+ passed through) and the probes on the
+/// admission line.
+#[test]
+fn statistics_count_admissions_pass_throughs() {
+    let out = run_as("remote", "auto", "s");
+    // The number before `key` in the summary (whose lines wrap).
+    let before = |key: &str| -> u64 {
+        let i = out
+            .find(key)
+            .unwrap_or_else(|| panic!("no {key:?} in {out}"));
+        let digits: String = out[..i]
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.chars().rev().collect::<String>().parse().unwrap()
+    };
+    let by_admission = before(" more by admission");
+    let passed = before(" passed through (caching did not pay)");
+    assert!(
+        by_admission >= passed && passed >= 80,
+        "{by_admission}, {passed}\n{out}"
+    );
+    before(" probes (");
 }

@@ -199,9 +199,14 @@ impl<R: Registrar> Cache<R> {
     /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
     /// path that made it.
     pub fn adopt_uncached(&self, mr: Mr) {
-        self.lock()
-            .handles
-            .insert(mr.ptr, Handle::Uncached { mr, len: 0 });
+        self.lock().handles.insert(
+            mr.ptr,
+            Handle::Uncached {
+                mr,
+                len: 0,
+                addr: 0,
+            },
+        );
     }
 
     /// A registration made outside the cache (passed through to libibverbs) has this
@@ -220,6 +225,7 @@ impl<R: Registrar> Cache<R> {
             // Not dead ones: their memory went away, the range may hold other memory now.
             .filter(|&(e, s)| slots::refs(s) > 0 && !slots::dead(s) && !e.mr.via_wrapper)
             .map(|(e, _)| (e.req.addr, e.req.len))
+            .chain(uncached_ranges(&st))
             .collect()
     }
 
@@ -282,4 +288,14 @@ impl<R: Registrar> Cache<R> {
         self.stats.max(Counter::PeakEntries, st.count as u64);
         self.stats.max(Counter::PeakBytes, st.bytes);
     }
+}
+
+/// The app's uncached registrations this library made through the provider (after
+/// `stop_caching`, or a miss that could not be inserted): in use until their
+/// `ibv_dereg_mr`, and libibverbs' fork bookkeeping never saw them.
+fn uncached_ranges(st: &State) -> impl Iterator<Item = (usize, usize)> + '_ {
+    st.handles.values().filter_map(|h| match h {
+        Handle::Uncached { mr, len, addr } if *len > 0 && !mr.via_wrapper => Some((*addr, *len)),
+        _ => None,
+    })
 }

@@ -295,11 +295,9 @@ impl<R: Registrar> Cache<R> {
         match decision {
             Decision::PassThrough => {
                 self.stats.add(Counter::AdmissionPassedCost, 1);
-                return if revocable {
-                    Err(AcquireError::Bypass(Bypass::NotWorthCaching))
-                } else {
-                    self.register_uncached(req, kind)
-                };
+                // Local or remote, libibverbs registers it (as without the cache: its
+                // fork bookkeeping, MADV_DONTFORK under RDMAV_FORK_SAFE, applies).
+                return Err(AcquireError::Bypass(Bypass::NotWorthCaching));
             }
             Decision::Trial => self.stats.add(Counter::AdmissionTrials, 1),
             Decision::Cache => {}
@@ -325,11 +323,7 @@ impl<R: Registrar> Cache<R> {
             // Scan resistance: the cache is full of entries used more often than this one
             // was seen; as without the cache.
             self.stats.add(Counter::AdmissionPassedScan, 1);
-            return if revocable {
-                Err(AcquireError::Bypass(Bypass::Scan))
-            } else {
-                self.register_uncached(req, kind)
-            };
+            return Err(AcquireError::Bypass(Bypass::Scan));
         }
         if revocable && !fits {
             // It could not be cached: a revocable registration and its grant would only be
@@ -417,8 +411,7 @@ impl<R: Registrar> Cache<R> {
             Err(self.bypass_remote())
         } else {
             st.unbury(mr.ptr);
-            st.handles
-                .insert(mr.ptr, Handle::Uncached { mr, len: req.len });
+            st.handles.insert(mr.ptr, Handle::uncached(mr, req));
             drop(st);
             self.deregister_all(&stale);
             self.stats.add(Counter::Uncached, 1);
@@ -443,8 +436,7 @@ impl<R: Registrar> Cache<R> {
         }
         let mut st = self.lock();
         st.unbury(mr.ptr);
-        st.handles
-            .insert(mr.ptr, Handle::Uncached { mr, len: req.len });
+        st.handles.insert(mr.ptr, Handle::uncached(mr, req));
         drop(st);
         self.stats.add(Counter::Uncached, 1);
         Ok((mr.ptr, Outcome::Uncached))
@@ -555,13 +547,15 @@ impl<R: Registrar> Cache<R> {
             let mut c = self.classes();
             let fig = c.get_mut(kind, len);
             let costs = fig.costs(kind);
-            let before = admission::verdict(kind, &costs);
+            let before = fig.verdict_shown(kind);
             f(fig);
             fig.settle(kind, &costs);
-            let after = admission::verdict(kind, &fig.costs(kind));
+            let after = fig.verdict_now(kind);
             before == Verdict::Cache && after == Verdict::PassThrough
         };
-        if flipped && self.admit == Admit::Auto {
+        // A remote class's entries go lazily (every remote hit takes the locked path, which
+        // evicts an idle entry of a passed-through class); a local one's now, in one pass.
+        if flipped && kind == Access::Local && self.admit == Admit::Auto {
             let class = admission::size_class(len);
             let remote = self.remote;
             let idle = self.lock().evict_idle(&self.fast, |e| {
@@ -735,7 +729,7 @@ impl<R: Registrar> Cache<R> {
             };
         };
         let to_dereg = match handle {
-            Handle::Uncached { mr, len } => {
+            Handle::Uncached { mr, len, .. } => {
                 // Tombstoned before the provider can free it (and so reuse the address): a
                 // second ibv_dereg_mr of it is then a double release, never handed to
                 // libibverbs with freed memory.
@@ -753,7 +747,8 @@ impl<R: Registrar> Cache<R> {
                     Err(e) => {
                         let mut st = self.lock();
                         st.unbury(ptr);
-                        st.handles.insert(ptr, Handle::Uncached { mr, len });
+                        st.handles
+                            .insert(ptr, Handle::Uncached { mr, len, addr: 0 });
                         Released::Failed(e)
                     }
                 };

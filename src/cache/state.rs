@@ -121,6 +121,8 @@ pub enum Handle {
         /// The registration's length (0: not known, after `ibv_rereg_mr`), for the
         /// admission figures.
         len: usize,
+        /// The registration's start (0 with `len` 0), for `fork_ranges`.
+        addr: usize,
     },
     /// A shadow or granted handle whose entry left the cache for the app's `ibv_rereg_mr`
     /// (issue 25): a copy of `mr`, now the app's own registration. Its dereg deregisters
@@ -130,6 +132,17 @@ pub enum Handle {
         mr: Mr,
         grant: bool,
     },
+}
+
+impl Handle {
+    /// The app's own registration of `req`, made through the provider for it alone.
+    pub fn uncached(mr: Mr, req: &Request) -> Handle {
+        Handle::Uncached {
+            mr,
+            len: req.len,
+            addr: req.addr,
+        }
+    }
 }
 
 pub enum Claim {
