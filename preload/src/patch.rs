@@ -790,7 +790,16 @@ pub static MPROTECT: [Prologue; 1] = [syscall_stub(0x0a)];
 /// copy our write made (`pages_ok`), and no watched call began or ended since the word was
 /// read (the compare-and-swap fails otherwise). Reads `/proc/self/maps` (or queries it):
 /// the runtime's set-up and the background drain thread only, never a hook or the hit.
+/// errno is the caller's afterwards: the set-up runs inside the app's first verbs call, and
+/// a kernel without PROCMAP_QUERY answers the probe with ENOTTY.
 pub fn try_clean() -> bool {
+    let errno = crate::sys::errno();
+    let clean = try_clean_now();
+    crate::sys::set_errno(errno);
+    clean
+}
+
+fn try_clean_now() -> bool {
     let w = WATCH.load(SeqCst);
     if w & SUSPECT == 0 {
         return true;

@@ -107,15 +107,9 @@ pub struct Entry {
 
 pub enum Handle {
     /// `access`: the rights its own registration asked for (the entry's may be wider).
-    Shadow {
-        id: u32,
-        access: u32,
-    },
+    Shadow { id: u32, access: u32 },
     /// A handle with its own remote key (`Registrar::grant`), revoked at release.
-    Granted {
-        id: u32,
-        access: u32,
-    },
+    Granted { id: u32, access: u32 },
     Uncached {
         mr: Mr,
         /// The registration's length (0: not known, after `ibv_rereg_mr`), for the
@@ -128,10 +122,7 @@ pub enum Handle {
     /// (issue 25): a copy of `mr`, now the app's own registration. Its dereg deregisters
     /// `mr` and returns the handle's memory to the pool it came from (`grant`: the
     /// registrar's spare grants, else the spare shadows).
-    Alias {
-        mr: Mr,
-        grant: bool,
-    },
+    Alias { mr: Mr, grant: bool },
 }
 
 impl Handle {

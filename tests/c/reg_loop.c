@@ -25,10 +25,15 @@ int main(int argc, char **argv) {
             CHECK(lb_prove_write(&lb, mr, buf, len, (unsigned)i) == 0, "data did not land at iteration %d", i);
         CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr failed at iteration %d", i);
     }
-    /* MRCACHE_TEST_EXPECT_HITS=0: the preload is loaded but the cache must be off. */
+    /* MRCACHE_TEST_EXPECT_HITS=0: the preload is loaded but the cache must be off; =most:
+     * at least 99% of the registrations reuse the cached MR (the default admission passes a
+     * cached remote class's hit through now and then, to time a miss). */
     const char *expect = getenv("MRCACHE_TEST_EXPECT_HITS");
     int want_hits = mrcache_loaded() && !(expect && !strcmp(expect, "0"));
-    if (want_hits)
+    if (want_hits && expect && !strcmp(expect, "most"))
+        CHECK(same * 100 >= iters * 99, "only %d of %d registrations reused the cached MR (want 99%%)",
+              same, iters);
+    else if (want_hits)
         CHECK(same == iters, "only %d of %d registrations reused the cached MR", same, iters);
     else if (mrcache_loaded())
         CHECK(same < iters, "all %d registrations reused one MR, yet the cache should be off", iters);
