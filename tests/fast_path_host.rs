@@ -7,26 +7,10 @@ mod common;
 
 use common::text;
 use std::path::PathBuf;
-use std::process::Command;
 
 fn run(scenario: &str, env: &[(&str, &str)]) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fast_path_host");
-    let (shim, prog) = common::shim_and_program(
-        "host",
-        "verbs_shim",
-        "fast_hit",
-        &dir,
-        scenario,
-        &["-libverbs", "-ldl", "-lpthread"],
-    );
-    let preload = common::preload_with(&shim);
-    let out = Command::new(&prog)
-        .arg(scenario)
-        .env("LD_PRELOAD", preload)
-        .env("MRCACHE_MONITOR", "patch")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+    let out = common::fake_scenario(&dir, "fast_hit", scenario, env);
     assert_eq!(out.status.code(), Some(0), "{scenario}: {}", text(&out));
 }
 

@@ -6,26 +6,10 @@ mod common;
 
 use common::text;
 use std::path::PathBuf;
-use std::process::Command;
 
 fn run(scenario: &str, env: &[(&str, &str)]) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("review_hit_host");
-    let (shim, prog) = common::shim_and_program(
-        "host",
-        "verbs_shim",
-        "rev_hit",
-        &dir,
-        scenario,
-        &["-libverbs", "-ldl", "-lpthread"],
-    );
-    let preload = common::preload_with(&shim);
-    let out = Command::new(&prog)
-        .arg(scenario)
-        .env("LD_PRELOAD", preload)
-        .env("MRCACHE_MONITOR", "patch")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+    let out = common::fake_scenario(&dir, "rev_hit", scenario, env);
     println!("{scenario}: {}", text(&out));
     assert_eq!(out.status.code(), Some(0), "{scenario}: {}", text(&out));
 }

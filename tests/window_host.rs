@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{lib, text};
+use common::text;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -15,28 +15,10 @@ use std::process::Command;
 #[test]
 fn a_revoke_after_a_timed_out_unbind_waits_for_its_own_key() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("window_host");
-    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
-    let map = format!(
-        "-Wl,--version-script={}/tests/c/host/w6_shim.map",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let shim = common::build_host(
-        "w6_shim.c",
-        &dir,
-        "libw6_shim.so",
-        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
-    );
-    let prog = common::build_host(
-        "w6_late.c",
-        &dir,
-        "w6_late",
-        &[&flags[..], &["-libverbs"]].concat(),
-    );
+    let (shim, prog) =
+        common::shim_and_program("host", "w6_shim", "w6_late", &dir, "late", &["-libverbs"]);
     let out = Command::new(&prog)
-        .env(
-            "LD_PRELOAD",
-            format!("{} {}", lib().display(), shim.display()),
-        )
+        .env("LD_PRELOAD", common::preload_with(&shim))
         .env("MRCACHE_MONITOR", "patch")
         .env("MRCACHE_REMOTE", "revoke")
         .env("MRCACHE_TEST_COMPLETION_LIMIT_MS", "200")
@@ -54,22 +36,13 @@ fn a_revoke_after_a_timed_out_unbind_waits_for_its_own_key() {
 #[test]
 fn rereg_of_a_windows_handle_answers_as_the_provider() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("window_host_rereg");
-    let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
-    let map = format!(
-        "-Wl,--version-script={}/tests/c/host/w6_shim.map",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let shim = common::build_host(
-        "w6_shim.c",
-        &dir,
-        "libw6_shim.so",
-        &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
-    );
-    let prog = common::build_host(
-        "w25_rereg.c",
-        &dir,
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "w6_shim",
         "w25_rereg",
-        &[&flags[..], &["-libverbs"]].concat(),
+        &dir,
+        "rereg",
+        &["-libverbs"],
     );
     let mut failed = vec![];
     for scenario in [
@@ -77,10 +50,7 @@ fn rereg_of_a_windows_handle_answers_as_the_provider() {
     ] {
         let out = Command::new(&prog)
             .arg(scenario)
-            .env(
-                "LD_PRELOAD",
-                format!("{} {}", lib().display(), shim.display()),
-            )
+            .env("LD_PRELOAD", common::preload_with(&shim))
             .env("MRCACHE_MONITOR", "patch")
             .env("MRCACHE_REMOTE", "revoke")
             .env(

@@ -114,3 +114,28 @@ pub fn shim_and_program(
 pub fn preload_with(shim: &Path) -> String {
     format!("{} {}", lib().display(), shim.display())
 }
+
+/// Run `scenario` of the fake-provider program `tests/c/host/PROG.c` (built per scenario
+/// under `dir`) behind libmrcache.so and `verbs_shim.c`, with the patch monitor and `env`.
+pub fn fake_scenario(
+    dir: &Path,
+    prog: &str,
+    scenario: &str,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let (shim, prog) = shim_and_program(
+        "host",
+        "verbs_shim",
+        prog,
+        dir,
+        scenario,
+        &["-libverbs", "-ldl", "-lpthread"],
+    );
+    std::process::Command::new(&prog)
+        .arg(scenario)
+        .env("LD_PRELOAD", preload_with(&shim))
+        .env("MRCACHE_MONITOR", "patch")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
