@@ -242,7 +242,7 @@ pub fn ensure_writer() {
     if !enabled() || WRITER_RUNNING.load(Relaxed) || WRITER_RUNNING.swap(true, Relaxed) {
         return;
     }
-    crate::runtime::spawn_settled(c"mrcache-trace", || {
+    crate::sys::thread::spawn_settled(c"mrcache-trace", || {
         loop {
             let asked = FLUSH_ASKED.load(Acquire);
             while !drain() {

@@ -20,9 +20,9 @@
 //! hook or unwind into C.
 
 use crate::ffi::{IbvMr, IbvPd};
-use crate::guard;
-use crate::patch;
-use crate::provider::Provider;
+use crate::monitor::patch;
+use crate::runtime::guard;
+use crate::verbs::provider::Provider;
 use mrcache::cache::{Cache, Request};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};

@@ -2,18 +2,18 @@
 //! names. Runs before `main`, possibly before the allocator is ready: getenv only, no
 //! allocation, nothing printed (a bad value is reported at the first verbs call).
 
-use crate::memory::{
+use crate::monitor::memory::{
     CURBRK, GLIBC_REALLOC, REPORTING, brk, madvise, mmap, mmap64, mprotect, mremap, munmap,
     pkey_mprotect, realloc, sbrk, shmat, shmdt,
 };
-use crate::patch::{self, PatchTarget, Target};
-use crate::real;
+use crate::monitor::patch::{self, PatchTarget, Target};
+use crate::sys::symbol;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
 /// libc's own handle, for its internal entry points: its `struct link_map`, from the
 /// loader's list (`dlsym::libc_handle`, not `dlopen`, which a sanitizer intercepts).
-/// Look symbols up in it with `real::address`/`real::function` only: libc's `dlsym` does
+/// Look symbols up in it with `symbol::address`/`symbol::function` only: libc's `dlsym` does
 /// not take a link_map `dlopen` did not prepare.
 pub static LIBC: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -66,25 +66,25 @@ pub fn install() {
     if STARTED.swap(true, Relaxed) {
         return;
     }
-    crate::forward::resolve_next();
+    crate::monitor::forward::resolve_next();
     // May run inside a sanitizer's set-up (its dlsym of a memory function): nothing here
     // calls what it intercepts (no dlopen, dl_iterate_phdr, malloc or pthread_*).
-    let h = crate::dlsym::libc_handle();
+    let h = crate::sys::elf::libc_handle();
     if h.is_null() {
         return;
     }
     LIBC.store(h, Relaxed);
-    crate::forward::resolve(h);
+    crate::monitor::forward::resolve(h);
     // The definition libc's own code uses (through its GOT): a program that reads
     // __curbrk holds a copy of it (a copy relocation), found first; libc's original is not.
     CURBRK.store(
-        real::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void,
+        symbol::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void,
         Relaxed,
     );
-    real::REALLOC.resolve();
-    let next = real::REALLOC.address();
+    symbol::REALLOC.resolve();
+    let next = symbol::REALLOC.address();
     GLIBC_REALLOC.store(
-        !next.is_null() && next == real::address(h, c"realloc"),
+        !next.is_null() && next == symbol::address(h, c"realloc"),
         Relaxed,
     );
     let monitor = LoadMonitor::from_env();
@@ -92,7 +92,7 @@ pub fn install() {
         REPORTING.store(false, Relaxed);
     }
     // Our hooks' own addresses, not our GOT entries for them (see dlsym::own_symbol).
-    let own = |name: &std::ffi::CStr, at: usize| crate::dlsym::own_symbol(name).unwrap_or(at);
+    let own = |name: &std::ffi::CStr, at: usize| crate::sys::elf::own_symbol(name).unwrap_or(at);
     for (name, at) in [
         (c"munmap", munmap as *const () as usize),
         (c"madvise", madvise as *const () as usize),
@@ -107,7 +107,7 @@ pub fn install() {
         (c"mprotect", mprotect as *const () as usize),
         (c"pkey_mprotect", pkey_mprotect as *const () as usize),
     ] {
-        crate::patch::watch_hook(name, own(name, at));
+        crate::monitor::patch::watch_hook(name, own(name, at));
     }
     let disabled = env_is(c"MRCACHE_ENABLE", &[b"0", b"off", b"false", b"no"]) == Some(true);
     if monitor != LoadMonitor::Patch || disabled {
@@ -116,7 +116,7 @@ pub fn install() {
     let targets = PatchTarget::ALL.map(|t| Target {
         name: t.name(),
         prologues: t.prologues(),
-        hook: crate::memory::from_libc(t),
+        hook: crate::monitor::memory::from_libc(t),
     });
     PATCHED.store(patch::install(h, &targets), Relaxed);
     // libc's own mprotect entry, for the patch check's watch only (not an unmap: caching
@@ -125,7 +125,7 @@ pub fn install() {
     let mprotect = Target {
         name: c"mprotect",
         prologues: &patch::MPROTECT,
-        hook: crate::memory::mprotect_from_libc as *const () as usize,
+        hook: crate::monitor::memory::mprotect_from_libc as *const () as usize,
     };
     patch::MPROTECT_PATCHED.store(patch::patch(h, &mprotect).is_ok(), Relaxed);
 }

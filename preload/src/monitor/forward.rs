@@ -22,8 +22,8 @@
 //! allocation, no lock: these run inside allocators. Before the constructor a call through
 //! our symbol goes to libc's entry, as one through our jump does.
 
-use crate::patch::PatchTarget;
-use crate::real::Symbol;
+use crate::monitor::patch::PatchTarget;
+use crate::sys::symbol::Symbol;
 use std::cell::Cell;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
@@ -113,15 +113,15 @@ impl<F: Copy> Entry<F> {
                 });
             }
         }
-        let at = match crate::patch::site(self.target) {
-            crate::patch::Site::Chained(t) => t as *mut c_void,
-            crate::patch::Site::Ours => return None,
-            crate::patch::Site::Other => {
+        let at = match crate::monitor::patch::site(self.target) {
+            crate::monitor::patch::Site::Chained(t) => t as *mut c_void,
+            crate::monitor::patch::Site::Ours => return None,
+            crate::monitor::patch::Site::Other => {
                 let mut at = self.libc.address();
                 if at.is_null() {
                     // Before our constructor (another library's constructor calls us): from
                     // libc's symbol table, without dlsym or allocation.
-                    at = crate::dlsym::libc_symbol(self.name());
+                    at = crate::sys::elf::libc_symbol(self.name());
                     self.libc.store(at);
                 }
                 if at.is_null() {
@@ -176,7 +176,7 @@ impl<F: Copy> Entry<F> {
     fn resolve_next(&self, dlsym: DlsymFn) {
         // SAFETY: libc's dlsym with a pseudo-handle and a NUL-terminated name.
         let next = unsafe { dlsym(libc::RTLD_NEXT, self.name().as_ptr()) };
-        let libc = crate::dlsym::libc_symbol(self.name());
+        let libc = crate::sys::elf::libc_symbol(self.name());
         if !next.is_null() && !libc.is_null() && next != libc {
             self.next.store(next, Release);
         }
@@ -253,7 +253,7 @@ pub fn next_definition(name: &CStr) -> *mut c_void {
 
 pub fn resolve_next() {
     // libc's own dlsym, not ours (whose routing is for other callers).
-    let dlsym = crate::dlsym::libc_symbol(c"dlsym");
+    let dlsym = crate::sys::elf::libc_symbol(c"dlsym");
     if dlsym.is_null() {
         return;
     }

@@ -28,7 +28,7 @@
 //! 8-byte address) in a page mapped within reach; the trampoline is written before the jump
 //! that leads to it, so no thread can see it half written.
 
-use crate::patch::PatchError;
+use crate::monitor::patch::PatchError;
 use crate::sys::{PAGE, page_down, syscall6};
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize,

@@ -1,13 +1,13 @@
 //! Setting the runtime up at the first verbs call: configuration, the self-test, the
 //! cache, the fork policy, and failing closed when the monitor cannot see everything.
 
-use crate::fork;
-use crate::memory::QUEUE;
-use crate::patch::{self, PatchTarget};
-use crate::provider::Provider;
+use crate::monitor::memory::QUEUE;
+use crate::monitor::patch::{self, PatchTarget};
+use crate::monitor::selftest::{self, Coverage};
+use crate::runtime::fork;
 use crate::runtime::{ATFORK_REGISTERED, Runtime, STATS_AT_EXIT};
-use crate::selftest::{self, Coverage};
 use crate::trace;
+use crate::verbs::provider::Provider;
 use mrcache::cache::{Cache, Limits};
 use mrcache::config::{self, LogLevel, Monitor, StatsMode};
 use std::sync::atomic::Ordering::*;
@@ -27,7 +27,7 @@ pub fn environment() -> (config::Config, Vec<config::Problem>) {
 pub fn set_up() -> Runtime {
     test_init_delay();
     let (config, problems) = environment();
-    crate::budget::record(&config);
+    crate::runtime::budget::record(&config);
     for p in &problems {
         eprintln!("{p}");
     }
@@ -37,7 +37,7 @@ pub fn set_up() -> Runtime {
     }
     if config.stats != StatsMode::Off && !STATS_AT_EXIT.swap(true, SeqCst) {
         // SAFETY: registering a plain extern "C" fn with atexit.
-        unsafe { libc::atexit(crate::report::print_stats) };
+        unsafe { libc::atexit(crate::runtime::report::print_stats) };
     }
     if config.log >= LogLevel::Trace {
         trace::start(config.trace_buffer);
@@ -63,7 +63,7 @@ pub fn set_up() -> Runtime {
         }
         if config.monitor != Monitor::None
             && blind.is_none()
-            && let Some(name) = crate::dlsym::sanitizer_allocator()
+            && let Some(name) = crate::sys::elf::sanitizer_allocator()
         {
             blind = Some(format!(
                 "the monitor does not see: memory {name}'s allocator releases (the sanitizer's runtime unmaps it with its own system calls, past libc and mrcache's hooks)"
@@ -76,7 +76,7 @@ pub fn set_up() -> Runtime {
             verify = false;
         }
         Cache::with_queue(
-            Provider::new(verify),
+            Provider::new(verify, crate::runtime::log),
             Limits {
                 max_entries: config.max_entries,
                 max_bytes: config.max_bytes,
@@ -228,18 +228,18 @@ fn test_init_delay() {
 fn pagemap_shows_frames() -> bool {
     let probe = Box::new([1u8; 64]);
     let addr = probe.as_ptr() as usize;
-    crate::provider::page_frames(addr & !4095, 1).is_some_and(|f| f[0] != 0)
+    crate::verbs::provider::page_frames(addr & !4095, 1).is_some_and(|f| f[0] != 0)
 }
 
 /// The startup self-test, on this process's monitor.
 pub fn run_selftest() -> Coverage {
     QUEUE.activate();
-    let libc_handle = crate::load::LIBC.load(Relaxed);
-    let patched = crate::load::PATCHED.load(Relaxed);
+    let libc_handle = crate::monitor::load::LIBC.load(Relaxed);
+    let patched = crate::monitor::load::PATCHED.load(Relaxed);
     // The allocator probes only mean something when the program's malloc is glibc's.
     let glibc_malloc = !libc_handle.is_null()
-        && crate::real::address(libc::RTLD_DEFAULT, c"malloc")
-            == crate::real::address(libc_handle, c"malloc");
+        && crate::sys::symbol::address(libc::RTLD_DEFAULT, c"malloc")
+            == crate::sys::symbol::address(libc_handle, c"malloc");
     selftest::run(
         libc_handle,
         glibc_malloc,

@@ -9,7 +9,7 @@
 //! Like a memory hook it allocates nothing and takes no lock of ours; it does nothing extra
 //! until a cache exists.
 
-use crate::memory::{QUEUE, REPORTING};
+use crate::monitor::memory::{QUEUE, REPORTING};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering::*;
 
@@ -102,13 +102,13 @@ fn footprint(handle: *mut c_void) -> Option<Search> {
         n: 0,
     };
     // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is given.
-    unsafe { crate::dlsym::iterate_phdr(visit, &mut search as *mut Search as *mut c_void) };
+    unsafe { crate::sys::elf::iterate_phdr(visit, &mut search as *mut Search as *mut c_void) };
     search.found.then_some(search)
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
-    let Some(real) = crate::real::DLCLOSE.get() else {
+    let Some(real) = crate::sys::symbol::DLCLOSE.get() else {
         return -1;
     };
     let found = if !handle.is_null() && QUEUE.is_active() && REPORTING.load(Relaxed) {
@@ -119,12 +119,12 @@ pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let spans = found.as_ref().map_or(&[][..], |s| &s.spans[..s.n]);
     let mut watched = 0;
     for &(start, end) in spans {
-        watched += crate::memory::report_begin(start, end) as usize;
+        watched += crate::monitor::memory::report_begin(start, end) as usize;
     }
     // SAFETY: the app's own dlclose call, forwarded.
     let rc = unsafe { real(handle) };
     for k in 0..spans.len() {
-        crate::memory::report_end(k < watched);
+        crate::monitor::memory::report_end(k < watched);
     }
     rc
 }

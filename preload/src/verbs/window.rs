@@ -23,7 +23,7 @@
 //! object (they belong to the parent's device context).
 
 use crate::ffi::{self, IbvContext, IbvCq, IbvMr, IbvMw, IbvMwBind, IbvPd, IbvQp, IbvWc};
-use crate::real::Symbol;
+use crate::sys::symbol::Symbol;
 use mrcache::access::REMOTE;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;

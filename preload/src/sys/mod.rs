@@ -1,5 +1,11 @@
-//! Raw system calls, errno and the page size, in one place. Hooks issue their system calls
-//! here, never through a libc wrapper that could be patched or hooked again.
+//! The bottom layer: raw system calls, errno and the page size (this file; hooks issue
+//! their system calls here, never through a libc wrapper that could be patched or hooked
+//! again), the loader's tables (`elf`), looking a symbol up (`symbol`) and our own threads
+//! (`thread`). Uses nothing of the crate but `ffi`-free plain types.
+
+pub mod elf;
+pub mod symbol;
+pub mod thread;
 
 use std::ffi::{c_int, c_long};
 

@@ -5,9 +5,10 @@
 //! by the path that made it, so libibverbs' fork refcounts stay balanced.
 
 use crate::ffi::{IbvContext, IbvMr, IbvPd, ProviderDeregMr, ProviderRegMr, VERBS_MR_SIZE};
-use crate::real;
+use crate::verbs::real;
 use mrcache::access::{MW_BIND, OPTIONAL_RANGE, REMOTE};
 use mrcache::cache::{Mr, Registrar, Request};
+use mrcache::config::LogLevel;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -21,15 +22,19 @@ const SHADOW_BYTES: usize = 256;
 /// page frames its range had at registration.
 pub struct Provider {
     pub verify: bool,
+    /// Writes one line at or above the configured level (the runtime's `log`): given, as
+    /// the layer below the runtime cannot ask it.
+    pub log: fn(LogLevel, std::fmt::Arguments<'_>),
     frames: Mutex<HashMap<usize, (usize, Vec<u64>)>>,
     /// Handles of revoked grants, reused for the next grant (never freed).
     spare_grants: Mutex<Vec<usize>>,
 }
 
 impl Provider {
-    pub fn new(verify: bool) -> Provider {
+    pub fn new(verify: bool, log: fn(LogLevel, std::fmt::Arguments<'_>)) -> Provider {
         Provider {
             verify,
+            log,
             frames: Mutex::new(HashMap::new()),
             spare_grants: Mutex::new(Vec::new()),
         }
@@ -70,8 +75,8 @@ use crate::sys::{PAGE, errno};
 impl Registrar for Provider {
     fn uncacheable(&self, req: &Request) -> Option<mrcache::access::Bypass> {
         let why = cpu_unreadable(req.addr, req.len)?;
-        crate::runtime::log(
-            mrcache::config::LogLevel::Debug,
+        (self.log)(
+            LogLevel::Debug,
             format_args!(
                 "ibv_reg_mr({:#x}, {}): {why}: device memory (a peer-memory client's), passed to libibverbs uncached (bypassed: device-memory)",
                 req.addr, req.len
@@ -187,7 +192,7 @@ impl Registrar for Provider {
         if req.access & remote_writes != 0 && req.access & mrcache::access::LOCAL_WRITE == 0 {
             return Err(mrcache::cache::UNSUPPORTED);
         }
-        crate::window::prepare(req.pd, req.context)?;
+        crate::verbs::window::prepare(req.pd, req.context)?;
         // The MR itself grants no remote right: its rkey reaches nothing. Remote access goes
         // through the windows bound for each handle.
         let local = Request {
@@ -228,7 +233,7 @@ impl Registrar for Provider {
         if !self.fill_shadow(slot, mr, req.addr, req.len) {
             return give_back(libc::ENOMEM);
         }
-        match crate::window::grant(
+        match crate::verbs::window::grant(
             slot,
             req.pd,
             mr.ptr as *mut IbvMr,
@@ -246,7 +251,7 @@ impl Registrar for Provider {
     }
 
     fn revoke(&self, handle: usize) -> Result<(), i32> {
-        crate::window::revoke(handle)?;
+        crate::verbs::window::revoke(handle)?;
         // The app may still read the released handle by mistake: no live key in it.
         // SAFETY: handle is our shadow slot.
         unsafe { (*(handle as *mut IbvMr)).rkey = 0 };
@@ -260,7 +265,7 @@ impl Registrar for Provider {
     fn recycle_grant(&self, handle: usize) {
         // Revoked at the rereg; if that failed (logged then), once more now: a slot whose
         // window is still bound is never handed out again (it leaks instead).
-        if crate::window::revoke(handle).is_err() {
+        if crate::verbs::window::revoke(handle).is_err() {
             return;
         }
         // SAFETY: handle is our shadow slot, its window revoked.
@@ -399,7 +404,7 @@ mod tests {
             (*mr).lkey = 0x1234;
             (*mr).rkey = 0x5678;
         }
-        let provider = Provider::new(false);
+        let provider = Provider::new(false, |_, _| {});
         let slot = provider.alloc_shadow().unwrap();
         let m = Mr {
             ptr: obj as usize,

@@ -13,9 +13,9 @@
 //! allocators: they take no lock, allocate nothing, print nothing, and when no cache
 //! exists they only bump two counters around the syscall.
 
-use crate::forward::{self, Via};
-use crate::patch::PatchTarget;
-use crate::real;
+use crate::monitor::forward::{self, Via};
+use crate::monitor::patch::PatchTarget;
+use crate::sys::symbol;
 use crate::sys::{PAGE, errno, page_span, set_errno, syscall6};
 use crate::trace;
 use mrcache::invalidation::InvalidationQueue;
@@ -104,7 +104,7 @@ thread_local! {
 /// touches the code the patch check watches (`patch::watch_begin`), for `report_end`.
 pub fn report_begin(start: usize, end: usize) -> bool {
     let _ = OPEN_HERE.try_with(|n| n.set(n.get() + 1));
-    let watched = crate::patch::watch_begin(start, end - start);
+    let watched = crate::monitor::patch::watch_begin(start, end - start);
     QUEUE.begin(start, end);
     watched
 }
@@ -112,7 +112,7 @@ pub fn report_begin(start: usize, end: usize) -> bool {
 /// The hook's system call is done.
 pub fn report_end(watched: bool) {
     QUEUE.end();
-    crate::patch::watch_end(watched);
+    crate::monitor::patch::watch_end(watched);
     let _ = OPEN_HERE.try_with(|n| n.set(n.get().saturating_sub(1)));
 }
 
@@ -281,7 +281,7 @@ pub extern "C" fn mprotect_from_libc(addr: *mut c_void, len: usize, prot: c_int)
 }
 
 fn protect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let watched = crate::patch::watch_begin(addr as usize, len);
+    let watched = crate::monitor::patch::watch_begin(addr as usize, len);
     let r = syscall6(
         libc::SYS_mprotect,
         addr as usize,
@@ -291,13 +291,13 @@ fn protect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
         0,
         0,
     ) as c_int;
-    crate::patch::watch_end(watched);
+    crate::monitor::patch::watch_end(watched);
     r
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
-    let watched = crate::patch::watch_begin(addr as usize, len);
+    let watched = crate::monitor::patch::watch_begin(addr as usize, len);
     // glibc's: pkey -1 is plain mprotect (kernels without pkeys refuse pkey_mprotect).
     let r = if pkey == -1 {
         syscall6(
@@ -320,7 +320,7 @@ pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey
             0,
         )
     } as c_int;
-    crate::patch::watch_end(watched);
+    crate::monitor::patch::watch_end(watched);
     r
 }
 
@@ -562,7 +562,7 @@ fn move_break(via: Via, addr: *mut c_void) -> c_int {
     if curbrk.is_null() {
         // Called before our constructor (another library's initialisation): find libc's
         // __curbrk now, or libc's sbrk and malloc would go on from a stale break.
-        curbrk = real::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void;
+        curbrk = symbol::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void;
         CURBRK.store(curbrk, Relaxed);
     }
     // SAFETY: CURBRK is null or libc's exported __curbrk variable.
@@ -800,7 +800,7 @@ pub static GLIBC_REALLOC: AtomicBool = AtomicBool::new(false);
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     // The next realloc in the search order (the allocator's).
-    let Some(real) = real::REALLOC.get() else {
+    let Some(real) = symbol::REALLOC.get() else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };

@@ -13,14 +13,17 @@
 //! glibc's `fork()` runs the atfork handlers; `_Fork()` (glibc 2.34+) skips them, so it is
 //! hooked as well, signal-safely (see `_Fork`).
 
-use crate::real;
 use crate::runtime;
+use crate::verbs::real;
 use mrcache::config::ForkMode;
 use std::cell::RefCell;
 use std::ffi::c_void;
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicBool, Ordering::*};
 
 pub use mrcache::fork::Decision;
+
+/// The app turned on libibverbs' fork tracking with `ibv_fork_init()`.
+pub static FORK_INIT_CALLED: AtomicBool = AtomicBool::new(false);
 
 /// `ibv_is_fork_initialized()`: 2 (IBV_FORK_UNNEEDED) when the kernel copies pinned pages.
 fn copy_on_fork() -> Option<bool> {
@@ -34,8 +37,8 @@ fn copy_on_fork() -> Option<bool> {
 /// rdma-core v35-v50 answer UNNEEDED even with tracking on, so tracking is tracked here,
 /// not asked).
 pub fn decide(mode: ForkMode) -> Decision {
-    let tracking = crate::FORK_INIT_CALLED.load(Relaxed)
-        || mrcache::fork::tracking_in_env(|k| std::env::var(k).ok());
+    let tracking =
+        FORK_INIT_CALLED.load(Relaxed) || mrcache::fork::tracking_in_env(|k| std::env::var(k).ok());
     mrcache::fork::decide(mode, copy_on_fork(), tracking)
 }
 
@@ -45,7 +48,10 @@ thread_local! {
     static HELD: RefCell<Option<Vec<(usize, usize)>>> = const { RefCell::new(None) };
 }
 
-pub(crate) fn for_ranges(sym: &real::Symbol<real::RangeFn>, ranges: &[(usize, usize)]) {
+pub(crate) fn for_ranges(
+    sym: &crate::sys::symbol::Symbol<real::RangeFn>,
+    ranges: &[(usize, usize)],
+) {
     if ranges.is_empty() {
         return;
     }
@@ -114,7 +120,7 @@ pub extern "C" fn child() {
 pub extern "C" fn _Fork() -> libc::pid_t {
     // Looked up in the constructor; here only when called before it ran (from another
     // library's constructor).
-    let Some(real) = real::FORK.get() else {
+    let Some(real) = crate::sys::symbol::FORK.get() else {
         crate::sys::set_errno(libc::ENOSYS);
         return -1;
     };

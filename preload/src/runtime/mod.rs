@@ -1,21 +1,31 @@
 //! The process-wide state behind the hooks: the runtime (set up by `init` at the first verbs
 //! call, never in the constructor, so a process that never touches verbs reads no
 //! configuration, prints nothing and starts nothing), the cache a fork child replaces,
-//! the fork bookkeeping, the background drain, and the shell's counters.
+//! the fork bookkeeping, the background drain, and the shell's counters. Beside it: the
+//! set-up (`init`, `once`, `budget`), the fast hit path's gate (`fast`), the re-entrancy
+//! guard and panic shield (`guard`), the fork handlers (`fork`) and the report (`report`).
+//!
+//! Layer: below `calls`; uses `verbs`, `monitor`, `trace`, `sys` and `ffi`
+//! (docs/design.md, "Architecture").
 
-use crate::fork;
-use crate::memory::{self, QUEUE};
-use crate::once::InitOnce;
-use crate::provider::Provider;
-use crate::selftest::Coverage;
+pub mod budget;
+pub mod fast;
+pub mod fork;
+pub mod guard;
+pub mod init;
+pub mod once;
+pub mod report;
+
+use crate::monitor::memory::{self, QUEUE};
+use crate::monitor::selftest::Coverage;
 use crate::trace;
+use crate::verbs::provider::Provider;
 use mrcache::cache::Cache;
 use mrcache::config::{LogLevel, Monitor, StatsMode};
 use mrcache::fork::FlushRequests;
 use mrcache::stats::{Bypassed, Counter, Counters, Tally};
-use std::ffi::CStr;
+use once::InitOnce;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 pub struct Runtime {
@@ -53,7 +63,7 @@ static RUNTIME: InitOnce<Runtime> = InitOnce::new();
 /// The runtime, set up at the first call; None while another thread sets it up (the caller
 /// passes through instead of waiting: see `once`).
 pub fn runtime() -> Option<&'static Runtime> {
-    RUNTIME.get_or_init(crate::init::set_up)
+    RUNTIME.get_or_init(crate::runtime::init::set_up)
 }
 
 /// The runtime if it is set up (never sets it up).
@@ -118,7 +128,7 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
                 let p = RENEWED.load(Acquire);
                 // SAFETY: a non-null RENEWED is a leaked Box, never freed.
                 let current = if p.is_null() { first } else { unsafe { &*p } };
-                let fresh = current.renewed(Provider::new(current.registrar().verify));
+                let fresh = current.renewed(Provider::new(current.registrar().verify, log));
                 let older = INHERITED.load(Acquire);
                 let node = Box::leak(Box::new(Inherited {
                     cache: current,
@@ -126,14 +136,14 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
                 }));
                 INHERITED.store(node, Release);
                 RENEWED.store(Box::leak(Box::new(fresh)), Release);
-                crate::window::after_fork_child();
+                crate::verbs::window::after_fork_child();
                 let dofork = CHILD_DOFORK.swap(std::ptr::null_mut(), AcqRel);
                 if !dofork.is_null() {
                     // SAFETY: made by Box::into_raw in `fork_child_ranges`, taken once.
                     let ranges = unsafe { Box::from_raw(dofork) };
                     // The child has no mapping there; libibverbs ignores the DOFORK error
                     // but its reference counts (inherited) come back into balance.
-                    fork::for_ranges(&crate::real::DOFORK_RANGE, &ranges);
+                    fork::for_ranges(&crate::verbs::real::DOFORK_RANGE, &ranges);
                 }
                 RENEW.store(0, Release);
             }
@@ -209,7 +219,7 @@ pub fn inherited_handle(mr: usize) -> bool {
 pub fn begin_fork() {
     FORKER.store(getpid(), SeqCst);
     FORKING.fetch_add(1, SeqCst);
-    crate::fast::disarm();
+    crate::runtime::fast::disarm();
 }
 
 /// `_Fork()`, before the real call.
@@ -230,7 +240,7 @@ pub fn after_fork_parent() {
     FORKING.fetch_sub(1, SeqCst);
     // Calls that saw the fork in progress did not arm; any that armed before it began was
     // disarmed then. Again, after the flag: the flush comes before the next hit.
-    crate::fast::disarm();
+    crate::runtime::fast::disarm();
 }
 
 /// Whether a fork is in progress in this process (a lookup then passes through).
@@ -252,8 +262,8 @@ pub fn after_signal_safe_fork_child() -> bool {
     FLUSHES.forget();
     FORKER.store(me, SeqCst);
     FORKING.store(0, SeqCst);
-    crate::fast::disarm();
-    crate::guard::after_fork_child();
+    crate::runtime::fast::disarm();
+    crate::runtime::guard::after_fork_child();
     DRAIN_RUNNING.store(false, Relaxed);
     trace::writer_gone();
     // Other threads' hooks may have been mid-push at the fork: they are gone.
@@ -317,65 +327,6 @@ pub fn fork_child() {
     );
 }
 
-/// Start one of our threads and wait (at most 100 ms) until it has made its first
-/// allocation. glibc gives a thread its own malloc arena at its first allocation, a new
-/// 64 MiB reservation whose place the kernel picks then: made later, at the thread's first
-/// drain (right after the program freed a block), it could land where the program's next
-/// `malloc` would have reused the freed block's address. Made now, it is where it would be
-/// without us looking. A bare pthread, not `std::thread`: std's start-up registers a
-/// thread-local destructor, which takes the loader lock, so a first registration made in a
-/// library constructor (under that lock) waited the whole 100 ms. The wait stays bounded:
-/// the new thread may simply not get a CPU for a while.
-pub fn spawn_settled(name: &'static CStr, body: fn()) {
-    let start = Arc::new(Start {
-        body,
-        settled: AtomicBool::new(false),
-    });
-    let arg = Arc::into_raw(start.clone()) as *mut libc::c_void;
-    // SAFETY: plain pthread calls on a local attr; `run` takes over `arg`'s reference
-    // when the thread starts, and we take it back when it does not.
-    let started = unsafe {
-        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-        libc::pthread_attr_init(&mut attr);
-        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        // std::thread's default, so the address space looks as it did.
-        libc::pthread_attr_setstacksize(&mut attr, 2 << 20);
-        let mut thread: libc::pthread_t = 0;
-        let rc = libc::pthread_create(&mut thread, &attr, run, arg);
-        libc::pthread_attr_destroy(&mut attr);
-        if rc == 0 {
-            libc::pthread_setname_np(thread, name.as_ptr());
-        } else {
-            drop(Arc::from_raw(arg as *const Start));
-        }
-        rc == 0
-    };
-    if !started {
-        return;
-    }
-    let t0 = std::time::Instant::now();
-    while !start.settled.load(Acquire) && t0.elapsed() < std::time::Duration::from_millis(100) {
-        std::thread::sleep(std::time::Duration::from_micros(50));
-    }
-}
-
-struct Start {
-    body: fn(),
-    settled: AtomicBool,
-}
-
-extern "C" fn run(arg: *mut libc::c_void) -> *mut libc::c_void {
-    // SAFETY: `arg` is the reference spawn_settled made with Arc::into_raw for this thread.
-    let start = unsafe { Arc::from_raw(arg as *const Start) };
-    std::hint::black_box(Box::new(0u64));
-    start.settled.store(true, Release);
-    let body = start.body;
-    drop(start);
-    // Nothing may unwind out of an extern "C" function.
-    let _ = catch_unwind(body);
-    std::ptr::null_mut()
-}
-
 /// Deregisters idle entries whose memory went away even when the program makes no more
 /// verbs calls, so their pinned pages are given back. Started at the first registration
 /// (and again in a fork child).
@@ -384,7 +335,7 @@ pub fn ensure_drain_thread() {
     if DRAIN_RUNNING.load(Relaxed) || DRAIN_RUNNING.swap(true, Relaxed) {
         return;
     }
-    spawn_settled(c"mrcache-drain", || {
+    crate::sys::thread::spawn_settled(c"mrcache-drain", || {
         loop {
             std::thread::sleep(std::time::Duration::from_millis(20));
             if let Some(rt) = RUNTIME.get()
@@ -392,9 +343,9 @@ pub fn ensure_drain_thread() {
             {
                 let _ = catch_unwind(AssertUnwindSafe(|| {
                     if rt.monitor == Monitor::Patch {
-                        crate::init::check_patches(cache);
+                        crate::runtime::init::check_patches(cache);
                         if cache.caching_stopped().is_none() {
-                            crate::patch::drain_tick();
+                            crate::monitor::patch::drain_tick();
                         }
                     }
                     flush_after_fork(cache);

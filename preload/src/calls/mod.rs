@@ -1,14 +1,17 @@
 //! What each verbs hook does: registrations through the cache, deregistration, rereg,
 //! and the calls that must first flush the cache's idle entries.
+//!
+//! Layer: below `abi`; uses `runtime`, `verbs`, `monitor`, `trace`, `sys` and `ffi`
+//! (docs/design.md, "Architecture").
 
 use crate::ffi::{self, IbvContext, IbvMr, IbvPd};
-use crate::guard::{Guard, shielded, with_cache};
-use crate::provider::Provider;
-use crate::real;
+use crate::runtime::guard::{Guard, shielded, with_cache};
 use crate::runtime::{
     cache, ensure_drain_thread, flush_after_fork, forking, log, note_bypass, runtime,
 };
 use crate::trace;
+use crate::verbs::provider::Provider;
+use crate::verbs::real;
 use mrcache::cache::{AcquireError, Cache, Detached, Released, Request};
 use mrcache::config::{LogLevel, Monitor};
 use mrcache::stats::Bypassed;
@@ -30,7 +33,7 @@ pub fn register(
     if trace::enabled() {
         return register_traced(call, pd, addr, len, iova, access);
     }
-    match crate::fast::hit(pd, addr, len, iova, access) {
+    match crate::runtime::fast::hit(pd, addr, len, iova, access) {
         Some(mr) => mr,
         None => register_inner(pd, addr, len, iova, access).0,
     }
@@ -46,7 +49,7 @@ fn register_traced(
     access: u32,
 ) -> *mut IbvMr {
     let t = trace::now_ns();
-    let (mr, outcome) = match crate::fast::hit(pd, addr, len, iova, access) {
+    let (mr, outcome) = match crate::runtime::fast::hit(pd, addr, len, iova, access) {
         Some(mr) => (mr, Outcome::Hit),
         None => register_inner(pd, addr, len, iova, access),
     };
@@ -86,7 +89,7 @@ fn register_inner(
     // an admission figure (`Cache::note_remote_hit`). Local calls read no clock here.
     let t_hook = (access & mrcache::access::REMOTE != 0).then(std::time::Instant::now);
     // Before the checks: a disarm after this keeps the fast path shut (see `fast`).
-    let seen = crate::fast::seen();
+    let seen = crate::runtime::fast::seen();
     let Some(_guard) = Guard::enter() else {
         return passthrough(Bypassed::Nested);
     };
@@ -106,7 +109,7 @@ fn register_inner(
             }
             flush_after_fork(cache);
             if rt.monitor == Monitor::Patch {
-                crate::init::check_patches(cache);
+                crate::runtime::init::check_patches(cache);
             }
             if pd.is_null() {
                 return passthrough(Bypassed::NullPd); // libibverbs' own behaviour for a NULL pd
@@ -131,7 +134,7 @@ fn register_inner(
             trace::ensure_writer();
             match result {
                 Ok((handle, o)) => {
-                    crate::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
+                    crate::runtime::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
                     let o = match o {
                         mrcache::cache::Outcome::Hit => Outcome::Hit,
                         mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
@@ -219,7 +222,7 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
     if mr.is_null() {
         return (libc::EINVAL, Outcome::Failed);
     }
-    if crate::fast::release(mr) {
+    if crate::runtime::fast::release(mr) {
         return (0, Outcome::Kept);
     }
     dereg_full(mr)
@@ -393,7 +396,7 @@ fn sole_rereg(
     // window: the registrar's revoke would also hand the slot out again as a spare, and
     // the app keeps it (it goes back at the alias's dereg).
     if h.grant
-        && let Err(e) = crate::window::revoke(mr as usize)
+        && let Err(e) = crate::verbs::window::revoke(mr as usize)
     {
         log(
             LogLevel::Error,
@@ -565,7 +568,7 @@ pub fn dealloc_pd(pd: *mut IbvPd) -> i32 {
         |c| {
             let n = c.flush_pd(pd as usize);
             // Our windows, QP and CQ on it would keep the PD busy.
-            crate::window::release_pd(pd as usize);
+            crate::verbs::window::release_pd(pd as usize);
             n
         },
         || real::dealloc_pd(pd),
@@ -578,7 +581,7 @@ pub fn close_device(ctx: *mut IbvContext) -> i32 {
         ctx as u64,
         |c| {
             let n = c.flush_context(ctx as usize);
-            crate::window::release_context(ctx as usize);
+            crate::verbs::window::release_context(ctx as usize);
             n
         },
         || real::close_device(ctx),
@@ -587,7 +590,7 @@ pub fn close_device(ctx: *mut IbvContext) -> i32 {
 
 pub fn fork_init() -> i32 {
     let t = if trace::enabled() { trace::now_ns() } else { 0 };
-    crate::FORK_INIT_CALLED.store(true, Relaxed);
+    crate::runtime::fork::FORK_INIT_CALLED.store(true, Relaxed);
     let rc = real::fork_init();
     if t != 0 {
         trace::emit(Call::ForkInit, Outcome::Passthrough, [0; 5], rc as i64, t);

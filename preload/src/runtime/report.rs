@@ -1,8 +1,8 @@
 //! This process's statistics report and exit summary, and the self-test text of `mrcache
 //! info`.
 
-use crate::init::{blind_spots, run_selftest};
-use crate::memory::{self, QUEUE};
+use crate::monitor::memory::{self, QUEUE};
+use crate::runtime::init::{blind_spots, run_selftest};
 use crate::runtime::{self, BYPASSED, COUNTERS, cache};
 use crate::trace;
 use mrcache::config::{Monitor, StatsMode};
@@ -16,8 +16,8 @@ pub fn selftest_report() -> String {
     }
     let c = run_selftest();
     let mut out = c.lines();
-    if crate::load::PATCHED.load(Relaxed) != 0 {
-        out.push_str(if crate::patch::MPROTECT_PATCHED.load(Relaxed) {
+    if crate::monitor::load::PATCHED.load(Relaxed) != 0 {
+        out.push_str(if crate::monitor::patch::MPROTECT_PATCHED.load(Relaxed) {
             "patch check: libc's mprotect entry patched: with MRCACHE_PATCH_CHECK=watch a hit reads the watch word only\n"
         } else {
             "patch check: libc's mprotect entry not patched (its start is not one mrcache knows): every hit reads every patched site\n"
@@ -25,7 +25,7 @@ pub fn selftest_report() -> String {
     }
     let missed = c.missed();
     if !missed.is_empty() {
-        let monitor = crate::init::environment().0.monitor;
+        let monitor = crate::runtime::init::environment().0.monitor;
         if monitor != Monitor::None {
             out.push_str(&format!(
                 "caching would be OFF in a verbs program here: {}\n",
@@ -55,7 +55,7 @@ pub fn report() -> Option<Report> {
         admission: cache.admission().to_report(),
         ..Report::default()
     };
-    crate::budget::fill(&mut r);
+    crate::runtime::budget::fill(&mut r);
     let c = &mut r.counts;
     c[Counter::UnmapsMergedOnOverflow] = QUEUE.overflows.load(Relaxed);
     c[Counter::EntriesAtExit] = s.entries;

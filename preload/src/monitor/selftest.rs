@@ -2,7 +2,7 @@
 //! whether the active monitor reported it. Runs once, when the cache is created (the first
 //! registration), before any entry exists, so draining the queue here loses nothing.
 
-use crate::memory::QUEUE;
+use crate::monitor::memory::QUEUE;
 use std::ffi::{CStr, c_int, c_void};
 use std::time::Instant;
 
@@ -16,7 +16,7 @@ use crate::sys::PAGE;
 /// `F` must be `name`'s C prototype.
 unsafe fn sym<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
     // SAFETY: the caller's contract.
-    unsafe { crate::real::function(handle, name) }
+    unsafe { crate::sys::symbol::function(handle, name) }
 }
 
 fn scratch(len: usize) -> usize {

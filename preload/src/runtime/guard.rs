@@ -1,7 +1,7 @@
 //! The re-entrancy guard and the panic shield every verbs hook runs inside.
 
-use crate::provider::Provider;
 use crate::runtime::cache;
+use crate::verbs::provider::Provider;
 use mrcache::cache::Cache;
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};

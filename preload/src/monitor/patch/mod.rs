@@ -18,7 +18,7 @@
 //! Another patcher (UCX, Open MPI, a profiler) can overwrite our jump later: `site()`
 //! and the checks before each hit compare the bytes; the runtime stops caching when they changed.
 
-use crate::cross_modify::{self, JMP_LEN};
+use crate::monitor::cross_modify::{self, JMP_LEN};
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::{
     AtomicU8, AtomicU64, AtomicUsize,
@@ -414,7 +414,7 @@ pub fn adopt_overwritten() -> bool {
                     && t != hook
                     && cross_modify::trampoline_hook(t) != Some(hook) =>
             {
-                crate::dl::pin_object_of(t);
+                crate::monitor::dl::pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
                 let old = std::array::from_fn(|k| have[k]);
                 // SAFETY: our own patch site in libc's code; the other patcher's first
@@ -503,7 +503,7 @@ static REFUSED: [AtomicU8; SITES] = [const { AtomicU8::new(0) }; SITES];
 
 /// Overwrite libc's `target.name` with a jump to `target.hook`.
 pub fn patch(libc_handle: *mut c_void, target: &Target) -> Result<(), PatchError> {
-    let f = crate::real::address(libc_handle, target.name) as *mut u8;
+    let f = crate::sys::symbol::address(libc_handle, target.name) as *mut u8;
     if f.is_null() {
         return Err(PatchError::NotFound);
     }
@@ -537,7 +537,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         },
     };
     if let Some(t) = foreign {
-        crate::dl::pin_object_of(t);
+        crate::monitor::dl::pin_object_of(t);
     }
     let (skip, first, pad) = match known_start(target.prologues, &head) {
         Some((skip, p)) => (skip, p.first as usize, p.pad),
@@ -1186,5 +1186,4 @@ pub extern "C" fn mrcache_patch_watch_clean() -> std::ffi::c_int {
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
-#[path = "patch_tests.rs"]
 mod tests;

@@ -27,7 +27,7 @@ pub fn ours_comes_next(caller: usize, name: &'static CStr, ours: usize) -> bool 
         answer: None,
     };
     // SAFETY: visit matches dl_iterate_phdr's callback type and only reads what it is given.
-    unsafe { crate::dlsym::iterate_phdr(visit, &mut walk as *mut Walk as *mut c_void) };
+    unsafe { crate::sys::elf::iterate_phdr(visit, &mut walk as *mut Walk as *mut c_void) };
     walk.answer == Some(true)
 }
 
@@ -40,7 +40,7 @@ unsafe extern "C" fn visit(
     // description of one loaded object, valid during the call.
     let (walk, info) = unsafe { (&mut *(data as *mut Walk), &*info) };
     // SAFETY: as above.
-    let (lo, hi) = unsafe { crate::dlsym::span(info) };
+    let (lo, hi) = unsafe { crate::sys::elf::span(info) };
     let contains = |a: usize| (lo..hi).contains(&a);
     if !walk.seen {
         walk.seen = contains(walk.caller);
@@ -56,7 +56,7 @@ unsafe extern "C" fn visit(
         return 1;
     }
     // SAFETY: as above.
-    match unsafe { crate::dlsym::defines(info, walk.name) } {
+    match unsafe { crate::sys::elf::defines(info, walk.name) } {
         Some(false) => 0,
         // Defined here, or this object's table cannot be read: not ours.
         _ => {

@@ -1,0 +1,346 @@
+//! The loader's view, read from its own data (`_r_debug`, our ELF header) and the objects'
+//! mapped tables: libc.so.6's link map and symbols, libmrcache.so's own symbols and span,
+//! a walk of the loaded objects through libc's own `dl_iterate_phdr`.
+//!
+//! It runs inside `dlsym` while a sanitizer's runtime looks up what
+//! it intercepts (its interceptors of dl_iterate_phdr, dlopen, malloc or pthread_* call
+//! through NULL until then), and inside allocators: it calls no function but libc's own
+//! dl_iterate_phdr (by its address, past any interceptor) and strlen/memcmp, which the
+//! sanitizers' interceptors serve themselves before their set-up.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+/// libc's function `name`, looked up once into `slot` (from libc's own symbol table).
+pub fn slot(slot: &AtomicPtr<c_void>, name: &CStr) -> Option<*mut c_void> {
+    let mut p = slot.load(Acquire);
+    if p.is_null() {
+        p = libc_symbol(name);
+        if p.is_null() {
+            return None;
+        }
+        slot.store(p, Release);
+    }
+    Some(p)
+}
+
+/// The span of an object's loadable segments.
+///
+/// # Safety
+/// `info` must be the loader's description of a loaded object.
+pub unsafe fn span(info: &libc::dl_phdr_info) -> (usize, usize) {
+    let base = info.dlpi_addr as usize;
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let (mut lo, mut hi) = (usize::MAX, 0usize);
+    for ph in phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD) {
+        let start = base.wrapping_add(ph.p_vaddr as usize);
+        lo = lo.min(start);
+        hi = hi.max(start.saturating_add(ph.p_memsz as usize));
+    }
+    (lo, hi)
+}
+
+/// The start of glibc's `struct link_map` (<link.h>: the public, stable part).
+#[repr(C)]
+struct LinkMap {
+    l_addr: usize,
+    l_name: *const c_char,
+    l_ld: *const Dyn,
+    l_next: *const LinkMap,
+    l_prev: *const LinkMap,
+}
+
+/// glibc's `struct r_debug` (<link.h>): `r_map` heads the base namespace's objects, in
+/// load order (the program first). Set by the loader before any constructor runs.
+#[repr(C)]
+struct RDebug {
+    r_version: c_int,
+    r_map: *const LinkMap,
+}
+
+unsafe extern "C" {
+    /// The loader's debugger interface (ld.so exports it; a data reference, no call).
+    static _r_debug: RDebug;
+    /// The linker's symbol for our own ELF header, at the start of our first segment.
+    static __ehdr_start: libc::Elf64_Ehdr;
+}
+
+/// The objects of the base namespace in load order (the program first). Objects loaded at
+/// start-up (the program, its preloads and dependencies, libc) are never unloaded, and the
+/// loader links a new object in only at the end: a walk that stops at one of them reads
+/// only links that stay.
+fn maps() -> impl Iterator<Item = &'static LinkMap> {
+    // SAFETY: _r_debug is the loader's; reading its head pointer is a plain load.
+    let mut m = unsafe { _r_debug.r_map };
+    std::iter::from_fn(move || {
+        // SAFETY: m is null or one of the loader's link_maps (see above).
+        let map = unsafe { m.as_ref()? };
+        m = map.l_next;
+        Some(map)
+    })
+}
+
+/// An object's file name without its directory ("" for the program).
+fn base_name(map: &LinkMap) -> &[u8] {
+    if map.l_name.is_null() {
+        return b"";
+    }
+    // SAFETY: l_name is the loader's NUL-terminated path of the object.
+    let path = unsafe { CStr::from_ptr(map.l_name) }.to_bytes();
+    path.rsplit(|&b| b == b'/').next().unwrap_or(path)
+}
+
+static LIBC_MAP: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// libc.so.6's `struct link_map`, found in the loader's list (null when it is not there).
+/// In glibc a handle `dlopen` returns is this pointer; but libc's `dlsym` needs a handle
+/// `dlopen` prepared (an object only loaded as a dependency has no search list yet, and
+/// `dlsym` on it crashes), so it is used as a handle only with `symbol::address`, which
+/// answers from libc's own symbol table (`libc_symbol`).
+pub fn libc_handle() -> *mut c_void {
+    let mut p = LIBC_MAP.load(Acquire);
+    if p.is_null() {
+        p = maps()
+            .find(|m| base_name(m) == b"libc.so.6")
+            .map_or(std::ptr::null_mut(), |m| m as *const LinkMap as *mut c_void);
+        LIBC_MAP.store(p, Release);
+    }
+    p
+}
+
+/// The address of `name` as libc.so.6 defines it, from its dynamic symbol table: the
+/// default version, as libc's `dlsym(handle, name)` answers. Null when not found.
+pub fn libc_symbol(name: &CStr) -> *mut c_void {
+    // SAFETY: a non-null libc_handle is libc's link_map, which stays for the process.
+    let Some(map) = (unsafe { (libc_handle() as *const LinkMap).as_ref() }) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: libc's mapped dynamic section and load base; its tables stay mapped.
+    unsafe { lookup_gnu_hash(map.l_addr, map.l_ld, name) }.unwrap_or(0) as *mut c_void
+}
+
+/// libmrcache.so itself, from its own ELF header: the span of its segments, its load base
+/// and dynamic section.
+struct Own {
+    lo: usize,
+    hi: usize,
+    base: usize,
+    dynamic: *const Dyn,
+}
+
+/// The span of libmrcache.so's own loadable segments ((0, 0) when unknown).
+pub fn own_span() -> (usize, usize) {
+    let own = Own::get();
+    (own.lo, own.hi)
+}
+
+impl Own {
+    fn get() -> Own {
+        let ehdr = &raw const __ehdr_start;
+        // SAFETY: our own ELF header and program headers, mapped in our first segment.
+        let phdrs = unsafe {
+            let e = &*ehdr;
+            std::slice::from_raw_parts(
+                (ehdr as usize + e.e_phoff as usize) as *const libc::Elf64_Phdr,
+                e.e_phnum as usize,
+            )
+        };
+        // The header is where the segment that maps file offset 0 was put.
+        let base = phdrs
+            .iter()
+            .find(|p| p.p_type == libc::PT_LOAD && p.p_offset == 0)
+            .map_or(0, |p| (ehdr as usize).wrapping_sub(p.p_vaddr as usize));
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        for ph in phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD) {
+            let start = base.wrapping_add(ph.p_vaddr as usize);
+            lo = lo.min(start);
+            hi = hi.max(start.saturating_add(ph.p_memsz as usize));
+        }
+        let dynamic = phdrs
+            .iter()
+            .find(|p| p.p_type == libc::PT_DYNAMIC)
+            .map_or(std::ptr::null(), |p| {
+                base.wrapping_add(p.p_vaddr as usize) as *const Dyn
+            });
+        Own {
+            lo: lo.min(hi),
+            hi,
+            base,
+            dynamic,
+        }
+    }
+}
+
+/// A dynamic section entry (<elf.h> Elf64_Dyn; the libc crate has no such type).
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    val: u64,
+}
+const DT_NULL: i64 = 0;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_GNU_HASH: i64 = 0x6fff_fef5;
+const DT_VERSYM: i64 = 0x6fff_fff0;
+/// A `DT_VERSYM` entry's bit for a hidden (non-default) version (`name@VER`, not `@@`).
+const VERSYM_HIDDEN: u16 = 0x8000;
+
+/// Where libmrcache.so itself defines `name`, from its own dynamic symbol table: not
+/// `munmap as usize`, which reads our GOT entry for the exported symbol, and another
+/// library may have pointed that entry at its own function (UCX's reloc mode does, before
+/// our constructor when its hooks came first). None when not found.
+pub fn own_symbol(name: &CStr) -> Option<usize> {
+    let own = Own::get();
+    if own.dynamic.is_null() {
+        return None;
+    }
+    // SAFETY: own.dynamic is our own mapped dynamic section, ended by DT_NULL.
+    let p = unsafe { lookup_gnu_hash(own.base, own.dynamic, name) }.unwrap_or(0);
+    (p != 0).then_some(p)
+}
+
+/// The sanitizer whose runtime (and allocator) is in the process, if any: its `malloc`
+/// takes memory from the kernel and gives it back with its own system calls, which no
+/// hook of ours sees. Read from the loaded objects' symbol tables (not with `dlsym`, whose
+/// failure would leave an error for the program's next `dlerror()`). Set-up only.
+pub fn sanitizer_allocator() -> Option<&'static str> {
+    const RUNTIMES: [(&CStr, &str); 4] = [
+        (c"__asan_init", "AddressSanitizer"),
+        (c"__tsan_init", "ThreadSanitizer"),
+        (c"__msan_init", "MemorySanitizer"),
+        (c"__hwasan_init", "HWAddressSanitizer"),
+    ];
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: data is the &mut Option<usize> passed below; info is the loader's
+        // description of one loaded object, valid during the call.
+        let (found, info) = unsafe { (&mut *(data as *mut Option<usize>), &*info) };
+        for (i, (symbol, _)) in RUNTIMES.iter().enumerate() {
+            // SAFETY: as above.
+            if unsafe { defines(info, symbol) } == Some(true) {
+                *found = Some(i);
+                return 1;
+            }
+        }
+        0
+    }
+    let mut found: Option<usize> = None;
+    // SAFETY: visit matches the callback type and only reads what it is given.
+    unsafe { iterate_phdr(visit, &mut found as *mut Option<usize> as *mut c_void) };
+    found.map(|i| RUNTIMES[i].1)
+}
+
+/// Call `dl_iterate_phdr` as libc defines it, not through our PLT entry, which a sanitizer
+/// runtime interposes: its interceptor calls through a NULL pointer until the runtime has
+/// set itself up, and that set-up (lazy, at the first intercepted call, when the runtime is
+/// preloaded into a program not built with it) looks up what it intercepts with `dlsym`,
+/// ours. libc's own walks the loader's list under the loader's lock and calls nothing
+/// interposable. None when libc's is not found (then nothing is walked).
+///
+/// # Safety
+/// `callback` must be a valid `dl_iterate_phdr` callback for `data`.
+pub unsafe fn iterate_phdr(
+    callback: unsafe extern "C" fn(*mut libc::dl_phdr_info, usize, *mut c_void) -> c_int,
+    data: *mut c_void,
+) -> Option<c_int> {
+    static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let p = slot(&REAL, c"dl_iterate_phdr")?;
+    type IterateFn = unsafe extern "C" fn(
+        Option<unsafe extern "C" fn(*mut libc::dl_phdr_info, usize, *mut c_void) -> c_int>,
+        *mut c_void,
+    ) -> c_int;
+    // SAFETY: p is libc's dl_iterate_phdr, of this prototype; the callback is the caller's.
+    Some(unsafe { std::mem::transmute::<*mut c_void, IterateFn>(p)(Some(callback), data) })
+}
+
+/// Whether the object `info` describes defines `name` (None: it has no GNU hash table).
+///
+/// # Safety
+/// `info` must be the loader's description of a loaded object.
+pub unsafe fn defines(info: &libc::dl_phdr_info, name: &CStr) -> Option<bool> {
+    let base = info.dlpi_addr as usize;
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let dynamic = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC)?;
+    let dynamic = base.wrapping_add(dynamic.p_vaddr as usize) as *const Dyn;
+    // SAFETY: the object's mapped dynamic section.
+    Some(unsafe { lookup_gnu_hash(base, dynamic, name) }? != 0)
+}
+
+/// The address of `name` in an object (0: not defined there; None: no GNU hash table):
+/// its default version (`name@@VER`) or an unversioned definition, as `dlsym` answers;
+/// a hidden version (`name@VER`) only when there is nothing else.
+///
+/// # Safety
+/// `dynamic` must be a loaded object's dynamic section and `base` its load base.
+unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
+    let (mut symtab, mut strtab, mut gnu_hash, mut versym) = (0usize, 0usize, 0usize, 0usize);
+    let mut d = dynamic;
+    // SAFETY (whole function): the caller's promise; every table read below lies inside
+    // the object's mapped, read-only data, at the places its dynamic section names.
+    unsafe {
+        while (*d).tag != DT_NULL {
+            let v = (*d).val as usize;
+            match (*d).tag {
+                DT_SYMTAB => symtab = v,
+                DT_STRTAB => strtab = v,
+                DT_GNU_HASH => gnu_hash = v,
+                DT_VERSYM => versym = v,
+                _ => {}
+            }
+            d = d.add(1);
+        }
+        if symtab == 0 || strtab == 0 || gnu_hash == 0 {
+            return None;
+        }
+        // glibc relocates these entries in place on x86-64; a loader that does not leaves
+        // them relative to the base, below it.
+        let fix = |p: usize| if p < base { base + p } else { p };
+        let (symtab, strtab, gnu_hash) = (fix(symtab), fix(strtab), fix(gnu_hash));
+        let versym = (versym != 0).then(|| fix(versym) as *const u16);
+        let header = gnu_hash as *const u32;
+        let (nbuckets, symoffset, bloom_words) = (*header, *header.add(1), *header.add(2));
+        if nbuckets == 0 {
+            return Some(0);
+        }
+        let buckets = (gnu_hash + 16 + bloom_words as usize * 8) as *const u32;
+        let chain = buckets.add(nbuckets as usize);
+        let want = name.to_bytes();
+        let hash = want
+            .iter()
+            .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32));
+        let mut i = *buckets.add((hash % nbuckets) as usize);
+        if i < symoffset {
+            return Some(0);
+        }
+        let mut hidden = 0;
+        loop {
+            let entry = *chain.add((i - symoffset) as usize);
+            let sym = &*(symtab as *const libc::Elf64_Sym).add(i as usize);
+            if (entry | 1) == (hash | 1)
+                && sym.st_shndx != 0
+                && sym.st_value != 0
+                && CStr::from_ptr((strtab + sym.st_name as usize) as *const c_char).to_bytes()
+                    == want
+            {
+                let at = base.wrapping_add(sym.st_value as usize);
+                match versym {
+                    Some(v) if *v.add(i as usize) & VERSYM_HIDDEN != 0 => {
+                        if hidden == 0 {
+                            hidden = at;
+                        }
+                    }
+                    _ => return Some(at),
+                }
+            }
+            if entry & 1 != 0 {
+                return Some(hidden);
+            }
+            i += 1;
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Our own threads (the drain thread, the trace writer): bare pthreads that have made their
+//! first allocation before the caller goes on.
+
+use std::ffi::CStr;
+use std::panic::catch_unwind;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+/// Start one of our threads and wait (at most 100 ms) until it has made its first
+/// allocation. glibc gives a thread its own malloc arena at its first allocation, a new
+/// 64 MiB reservation whose place the kernel picks then: made later, at the thread's first
+/// drain (right after the program freed a block), it could land where the program's next
+/// `malloc` would have reused the freed block's address. Made now, it is where it would be
+/// without us looking. A bare pthread, not `std::thread`: std's start-up registers a
+/// thread-local destructor, which takes the loader lock, so a first registration made in a
+/// library constructor (under that lock) waited the whole 100 ms. The wait stays bounded:
+/// the new thread may simply not get a CPU for a while.
+pub fn spawn_settled(name: &'static CStr, body: fn()) {
+    let start = Arc::new(Start {
+        body,
+        settled: AtomicBool::new(false),
+    });
+    let arg = Arc::into_raw(start.clone()) as *mut libc::c_void;
+    // SAFETY: plain pthread calls on a local attr; `run` takes over `arg`'s reference
+    // when the thread starts, and we take it back when it does not.
+    let started = unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        // std::thread's default, so the address space looks as it did.
+        libc::pthread_attr_setstacksize(&mut attr, 2 << 20);
+        let mut thread: libc::pthread_t = 0;
+        let rc = libc::pthread_create(&mut thread, &attr, run, arg);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc == 0 {
+            libc::pthread_setname_np(thread, name.as_ptr());
+        } else {
+            drop(Arc::from_raw(arg as *const Start));
+        }
+        rc == 0
+    };
+    if !started {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    while !start.settled.load(Acquire) && t0.elapsed() < std::time::Duration::from_millis(100) {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+struct Start {
+    body: fn(),
+    settled: AtomicBool,
+}
+
+extern "C" fn run(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `arg` is the reference spawn_settled made with Arc::into_raw for this thread.
+    let start = unsafe { Arc::from_raw(arg as *const Start) };
+    std::hint::black_box(Box::new(0u64));
+    start.settled.store(true, Release);
+    let body = start.body;
+    drop(start);
+    // Nothing may unwind out of an extern "C" function.
+    let _ = catch_unwind(body);
+    std::ptr::null_mut()
+}
