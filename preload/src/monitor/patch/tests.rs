@@ -1,8 +1,9 @@
-//! Tests of `patch.rs`: patching code pages of our own, decoding other patchers' jumps.
+//! Tests of `patch`: patching code pages of our own, decoding other patchers' jumps.
 
 use super::*;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 static CALLS: AtomicUsize = AtomicUsize::new(0);
 /// Held by tests that change a patched site: the others read every site at once.

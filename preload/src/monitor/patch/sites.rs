@@ -1,0 +1,410 @@
+//! Our jumps in libc's entries: where each was written and what it holds now (another
+//! patcher's jump decoded, ours taken back and chained), our own exported hooks' first
+//! bytes, writing the jump (`patch_at`, `install`) and the check that every one is intact.
+
+use super::*;
+use crate::monitor::cross_modify::{self, JMP_LEN};
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::{
+    AtomicU8, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+/// Jumps we wrote: (address of the jump, hook, its 5 bytes), for `intact`. Written in the constructor
+/// (before threads), read anywhere. Eight libc targets; the rest is room for the unit tests'
+/// stubs (the constructor patches libc in the test binary too).
+pub(super) const SITES: usize = 16;
+pub(super) static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+pub(super) static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// Our jump's bytes at the site, little-endian in the low five bytes.
+pub(super) static SITE_CODE: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
+pub(super) static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// How many bytes of endbr64 we kept before the jump (checked too: a patcher may write its
+/// own short jump over them).
+pub(super) static SITE_ENDBR: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// The hook another patcher (UCX's bistro, libfabric's memhooks) had put at the entry we
+/// took over: our hook calls it instead of issuing the system call, so both see the call.
+pub(super) static SITE_CHAINED: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+
+/// Where the jump another patcher wrote at `at` leads: `jmp rel32` (UCX 1.13's bistro),
+/// `movabs r11, imm64; jmp r11` (libfabric's memhooks), `jmp [rip+0]; abs64`.
+pub(super) fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
+    match code {
+        [0xe9, r @ ..] if r.len() >= 4 => {
+            let rel = i32::from_le_bytes([r[0], r[1], r[2], r[3]]) as isize;
+            Some((at as isize).wrapping_add(5).wrapping_add(rel) as usize)
+        }
+        [0x49, 0xbb, r @ ..] if r.len() >= 11 && r[8..11] == [0x41, 0xff, 0xe3] => {
+            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
+        }
+        [0xff, 0x25, 0, 0, 0, 0, r @ ..] if r.len() >= 8 => {
+            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
+        }
+        _ => None,
+    }
+}
+
+/// The length of the first instruction of a jump `foreign_target` decodes: the only
+/// instruction boundary in the bytes our jump replaces.
+pub(super) fn foreign_first_len(code: &[u8]) -> Option<usize> {
+    match code {
+        [0xe9, ..] => Some(5),
+        [0x49, 0xbb, ..] => Some(10),
+        [0xff, 0x25, ..] => Some(6),
+        _ => None,
+    }
+}
+
+/// What libc's entry of `name` holds, for a memory hook deciding where to forward.
+pub enum Site {
+    /// Our jump, which replaced the other patcher's hook at this address: call that hook.
+    Chained(usize),
+    /// Our own jump: calling the entry would come back to us.
+    Ours,
+    /// Never patched by us, or overwritten since: the entry is libc's (or another's).
+    Other,
+}
+
+/// Each target's site (its index + 1; 0: not patched), set by `install`: a memory hook
+/// finds its site with one load, not a search by name (this runs on every unmap).
+pub(super) static TARGET_SITE: [AtomicUsize; PatchTarget::ALL.len()] =
+    [const { AtomicUsize::new(0) }; PatchTarget::ALL.len()];
+
+/// The site `install` patched for `target`, with its address.
+pub(super) fn site_of(target: PatchTarget) -> Option<(usize, usize)> {
+    let i = TARGET_SITE[target as usize].load(Relaxed).checked_sub(1)?;
+    Some((i, SITE_AT[i].load(Relaxed)))
+}
+
+/// What libc's entry of `target` holds now.
+pub fn site(target: PatchTarget) -> Site {
+    let Some((i, at)) = site_of(target) else {
+        return Site::Other;
+    };
+    let chained = SITE_CHAINED[i].load(Acquire);
+    if chained != 0 {
+        Site::Chained(chained)
+    } else if site_intact(i, at) {
+        Site::Ours
+    } else {
+        Site::Other
+    }
+}
+
+/// Another patcher wrote its jump over one of ours (it installed after our constructor):
+/// put ours back and chain to its hook, so both see every call from here on. Only safe
+/// before anything is cached (what went through its hook alone in between is not known):
+/// the runtime calls it once, before the self-test and the cache. Threads may be running
+/// through the other patcher's jump meanwhile: ours replaces its first instruction only
+/// (`cross_modify`). Returns false when an overwrite is not a jump we know, or could not be
+/// replaced safely: the site then stays "overwritten", and `overwritten()` fails closed.
+pub fn adopt_overwritten() -> bool {
+    let mut all = true;
+    for i in 0..SITES {
+        let at = SITE_AT[i].load(Relaxed);
+        if at == 0 {
+            break;
+        }
+        let ours = SITE_CODE[i].load(Relaxed).to_le_bytes();
+        let ours: [u8; JMP_LEN] = std::array::from_fn(|k| ours[k]);
+        let mut have = [0u8; MATCH_LEN];
+        for (k, b) in have.iter_mut().enumerate() {
+            // SAFETY: patched libc code, never unmapped; volatile: another thread writes.
+            *b = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
+        }
+        if have[..JMP_LEN] == ours {
+            continue;
+        }
+        // Our jump's first bytes only: a patcher that overwrote kept endbr64 is not handled.
+        let hook = SITE_HOOK[i].load(Relaxed);
+        match (foreign_target(at, &have), foreign_first_len(&have)) {
+            (Some(t), Some(len))
+                if SITE_ENDBR[i].load(Relaxed) == 0
+                    && t != hook
+                    && cross_modify::trampoline_hook(t) != Some(hook) =>
+            {
+                crate::monitor::dl::pin_object_of(t);
+                SITE_CHAINED[i].store(t, Release);
+                let old = std::array::from_fn(|k| have[k]);
+                // SAFETY: our own patch site in libc's code; the other patcher's first
+                // instruction is replaced by our jump, whose hook now calls its target.
+                let began = watch_begin(at, JMP_LEN);
+                all &= unsafe { cross_modify::replace_entry(at as *mut u8, old, ours, len, None) }
+                    .is_ok();
+                watch_end(began);
+            }
+            _ => all = false,
+        }
+    }
+    all
+}
+/// Our own exported memory hooks: (entry, first 16 bytes as two words, name). A patcher
+/// that overwrites every loaded definition of munmap (not only libc's) takes ours too.
+pub(super) const HOOKS: usize = 16;
+pub(super) static HOOK_AT: [AtomicUsize; HOOKS] = [const { AtomicUsize::new(0) }; HOOKS];
+pub(super) static HOOK_BYTES: [[AtomicUsize; 2]; HOOKS] =
+    [const { [const { AtomicUsize::new(0) }; 2] }; HOOKS];
+pub(super) static HOOK_NAME: [AtomicUsize; HOOKS] = [const { AtomicUsize::new(0) }; HOOKS];
+
+pub(super) fn read16(at: usize) -> [usize; 2] {
+    // SAFETY: code of our own library, never unloaded while hooks exist.
+    unsafe {
+        [
+            std::ptr::read_volatile(at as *const usize),
+            std::ptr::read_volatile((at + 8) as *const usize),
+        ]
+    }
+}
+
+/// Remember the first bytes of one of our exported hooks (constructor).
+pub fn watch_hook(name: &'static CStr, at: usize) {
+    for i in 0..HOOKS {
+        if HOOK_AT[i].compare_exchange(0, at, Relaxed, Relaxed).is_ok() {
+            let b = read16(at);
+            HOOK_BYTES[i][0].store(b[0], Relaxed);
+            HOOK_BYTES[i][1].store(b[1], Relaxed);
+            HOOK_NAME[i].store(name.as_ptr() as usize, Relaxed);
+            widen(HOOK_SPAN, at, at + 16);
+            return;
+        }
+    }
+}
+/// One of our exported hooks that held another patcher's jump already when the constructor
+/// looked: it patched the first definition it found, ours (UCX's bistro takes
+/// `dlsym(RTLD_DEFAULT)` when `dlsym(RTLD_NEXT)` from libucm finds nothing, libucm being
+/// last in the search order, or when libucm is preloaded before us).
+pub fn hook_taken_before_start() -> Option<&'static CStr> {
+    for i in 0..HOOKS {
+        if HOOK_AT[i].load(Relaxed) == 0 {
+            break;
+        }
+        let mut code = [0u8; 16];
+        code[..8].copy_from_slice(&HOOK_BYTES[i][0].load(Relaxed).to_le_bytes());
+        code[8..].copy_from_slice(&HOOK_BYTES[i][1].load(Relaxed).to_le_bytes());
+        if foreign_target(HOOK_AT[i].load(Relaxed), &code).is_some() {
+            // SAFETY: a &'static CStr stored with it.
+            return Some(unsafe { CStr::from_ptr(HOOK_NAME[i].load(Relaxed) as *const _) });
+        }
+    }
+    None
+}
+
+/// For `dlsym`: libc's entry of `name` in place of `found` when `found` is our own exported
+/// hook of that name and libc's entry still leads to it (our jump, or our jump chained to
+/// another patcher's hook). Calling either reaches our hook; but a patcher that writes its
+/// jump over the function `dlsym` gave it (UCX's bistro) then writes over libc's entry,
+/// which we take back and chain to, and not over our hook, where nothing of ours would run.
+pub fn libc_entry_instead(target: PatchTarget, found: usize) -> Option<usize> {
+    let named = |slot: &AtomicUsize| {
+        // SAFETY: the name slots hold pointers of `&'static CStr`s stored with them.
+        (unsafe { CStr::from_ptr(slot.load(Relaxed) as *const _) }) == target.name()
+    };
+    (0..HOOKS)
+        .take_while(|&i| HOOK_AT[i].load(Relaxed) != 0)
+        .find(|&i| HOOK_AT[i].load(Relaxed) == found && named(&HOOK_NAME[i]))?;
+    let (i, at) = site_of(target)?;
+    (SITE_CHAINED[i].load(Acquire) != 0 || site_intact(i, at))
+        .then(|| at - SITE_ENDBR[i].load(Relaxed))
+}
+
+/// Why each target of `install` was not patched (a `PatchError` code, 0 = patched).
+pub(super) static REFUSED: [AtomicU8; SITES] = [const { AtomicU8::new(0) }; SITES];
+
+/// Overwrite libc's `target.name` with a jump to `target.hook`.
+pub fn patch(libc_handle: *mut c_void, target: &Target) -> Result<(), PatchError> {
+    let f = crate::sys::symbol::address(libc_handle, target.name) as *mut u8;
+    if f.is_null() {
+        return Err(PatchError::NotFound);
+    }
+    // SAFETY: f is the start of a libc function; every function we look for is longer
+    // than the bytes read (a stub plus its error path), and code pages are readable.
+    unsafe { patch_at(f, target) }
+}
+
+/// Overwrite the function at `f` (named `target.name`) with a jump to `target.hook`, if it
+/// starts with one of `target.prologues`.
+///
+/// # Safety
+/// `f` points at the entry of a function at least 18 bytes long that is never executed past
+/// its first instruction afterwards (the hook replaces it). Other threads may run it.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
+    let mut head = [0u8; ENDBR64.len() + MATCH_LEN];
+    // SAFETY: the caller guarantees f has at least that many readable bytes.
+    unsafe { std::ptr::copy_nonoverlapping(f, head.as_mut_ptr(), head.len()) };
+    // An entry another patcher already took (its constructor ran first): take it over
+    // and chain to its hook.
+    let foreign = match site_offset(target.prologues, &head) {
+        Some(_) => None,
+        None => match foreign_target(f as usize, &head) {
+            Some(t)
+                if t != target.hook && cross_modify::trampoline_hook(t) != Some(target.hook) =>
+            {
+                Some(t)
+            }
+            _ => return Err(PatchError::Unexpected),
+        },
+    };
+    if let Some(t) = foreign {
+        crate::monitor::dl::pin_object_of(t);
+    }
+    let (skip, first, pad) = match known_start(target.prologues, &head) {
+        Some((skip, p)) => (skip, p.first as usize, p.pad),
+        None => (
+            0,
+            foreign_first_len(&head).ok_or(PatchError::Unexpected)?,
+            &[][..],
+        ),
+    };
+    // SAFETY: inside the function (checked above).
+    let site = unsafe { f.add(skip) };
+    let old: [u8; JMP_LEN] = std::array::from_fn(|k| head[skip + k]);
+    let (code, pad_jump) = if first >= JMP_LEN {
+        (jump_to(site as usize, target.hook)?, None)
+    } else {
+        // A `jmp rel8` over the short first instruction, to a `jmp rel32` in the padding.
+        let at = (f as usize).wrapping_sub(JMP_LEN);
+        if pad.len() < JMP_LEN || !padding_ends_at(f as usize, pad) {
+            return Err(PatchError::Busy);
+        }
+        let short = cross_modify::jmp_rel8(site as usize, at).ok_or(PatchError::Busy)?;
+        let mut code = old;
+        code[..2].copy_from_slice(&short);
+        (code, Some((at, jump_to(at, target.hook)?)))
+    };
+    // Watched from before the write (a `try_clean` racing it must fail).
+    let lo = (f as usize).saturating_sub(JMP_LEN);
+    widen(LIBC_SPAN, lo, site as usize + JMP_LEN);
+    let began = watch_begin(lo, site as usize + JMP_LEN - lo);
+    // SAFETY: the entry of a function whose first instruction is `first` bytes long (only
+    // its bytes change); the jump leads to its hook, which replaces it; the padding before
+    // the function is dead code.
+    let written = unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) };
+    watch_end(began);
+    written?;
+    let mut word = [0u8; 8];
+    word[..JMP_LEN].copy_from_slice(&code);
+    for i in 0..SITES {
+        if SITE_AT[i]
+            .compare_exchange(0, site as usize, Relaxed, Relaxed)
+            .is_ok()
+        {
+            SITE_HOOK[i].store(target.hook, Relaxed);
+            SITE_CODE[i].store(u64::from_le_bytes(word), Relaxed);
+            SITE_NAME[i].store(target.name.as_ptr() as usize, Relaxed);
+            SITE_ENDBR[i].store(skip, Relaxed);
+            SITE_CHAINED[i].store(foreign.unwrap_or(0), Release);
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the bytes just before `f` are `pad`.
+pub(super) fn padding_ends_at(f: usize, pad: &[u8]) -> bool {
+    pad.iter().enumerate().all(|(k, &b)| {
+        // SAFETY: the bytes before a libc function (inside libc's text, or our test pages).
+        unsafe { std::ptr::read_volatile((f - pad.len() + k) as *const u8) == b }
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> {
+    Err(PatchError::Unexpected)
+}
+
+/// Patch each of `targets` (`PatchTarget::ALL`'s, in its order); returns the bitmask of
+/// those patched. Constructor.
+pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
+    let mut done = 0;
+    for (i, t) in targets.iter().enumerate().take(TARGET_SITE.len()) {
+        match patch(libc_handle, t) {
+            Ok(()) => {
+                done |= 1 << i;
+                // The site patch_at just filled is the last one in use.
+                let used = (0..SITES)
+                    .take_while(|&s| SITE_AT[s].load(Relaxed) != 0)
+                    .count();
+                TARGET_SITE[i].store(used, Relaxed);
+            }
+            Err(e) => REFUSED[i].store(e as u8, Relaxed),
+        }
+    }
+    done
+}
+
+/// Why target `i` of `install` was not patched (None: patched, or never tried).
+pub fn refused(i: usize) -> Option<PatchError> {
+    PatchError::from_code(REFUSED.get(i)?.load(Relaxed))
+}
+
+/// Eight bytes of code at `at` (any alignment), read as another thread may be writing
+/// them: one plain load the compiler can neither merge nor drop (this runs on every
+/// registration, hits included; byte-wise volatile reads cost ten times as much).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn load8(at: usize) -> u64 {
+    let word: u64;
+    // SAFETY: `at..at + 8` is code we patched in libc (or the endbr64 kept before it and
+    // our jump after it), which a patcher may change but never unmaps; a load, nothing else.
+    unsafe {
+        std::arch::asm!(
+            "mov {word}, qword ptr [{at}]",
+            word = out(reg) word,
+            at = in(reg) at,
+            options(nostack, preserves_flags, readonly),
+        )
+    };
+    word
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn load8(at: usize) -> u64 {
+    // Nothing is patched here (`patch_at` refuses); read byte by byte all the same.
+    let mut b = [0u8; 8];
+    for (k, x) in b.iter_mut().enumerate() {
+        // SAFETY: as above.
+        *x = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Whether site `i` (patched at `at`) still holds our jump, and the endbr64 kept before
+/// it. Two loads: the jump (with the three bytes after it, masked off) and the endbr64.
+pub(super) fn site_intact(i: usize, at: usize) -> bool {
+    const MASK: u64 = (1 << (8 * JMP_LEN)) - 1;
+    let endbr_kept = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len();
+    load8(at) & MASK == SITE_CODE[i].load(Relaxed)
+        && (!endbr_kept || load8(at - 4) as u32 == u32::from_le_bytes(ENDBR64))
+}
+
+/// The first of our jumps that is no longer in place (another patcher wrote over it), by
+/// function name. A few byte compares per patched function: cheap enough for every
+/// registration. No allocation, no lock.
+pub fn overwritten() -> Option<&'static CStr> {
+    for i in 0..SITES {
+        let at = SITE_AT[i].load(Relaxed);
+        if at == 0 {
+            break;
+        }
+        if !site_intact(i, at) {
+            // SAFETY: SITE_NAME holds the pointer of a `&'static CStr` stored with it.
+            return Some(unsafe { CStr::from_ptr(SITE_NAME[i].load(Relaxed) as *const _) });
+        }
+    }
+    for i in 0..HOOKS {
+        let at = HOOK_AT[i].load(Relaxed);
+        if at == 0 {
+            break;
+        }
+        if read16(at)
+            != [
+                HOOK_BYTES[i][0].load(Relaxed),
+                HOOK_BYTES[i][1].load(Relaxed),
+            ]
+        {
+            // SAFETY: a &'static CStr stored with it.
+            return Some(unsafe { CStr::from_ptr(HOOK_NAME[i].load(Relaxed) as *const _) });
+        }
+    }
+    None
+}

@@ -1,0 +1,495 @@
+//! The watch on the code we patched: one word a hit reads instead of every site, set by the
+//! hooks that change a watched page, cleared by `try_clean` after a look at the mappings
+//! (`/proc/self/maps` or PROCMAP_QUERY), re-checked by the drain thread.
+
+use super::*;
+use std::ffi::c_void;
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize,
+    Ordering::{Relaxed, SeqCst},
+};
+
+/// The watch on the code we patched (see docs/design.md, "A cheaper patch check"): instead
+/// of reading every site on every hit, a hit reads this one word. Bit 0 (`SUSPECT`): some
+/// watched page may be writable or replaced, or was since the last full check: check every
+/// site (`overwritten`). The next bits count the calls in flight that change a watched page
+/// (between their hook's start and end), the rest counts such calls. Set by the hooks of
+/// everything that makes a page writable or replaces it (`watch_begin`/`watch_end`:
+/// mprotect, pkey_mprotect, and each unmap hook's range), cleared only by `try_clean` when
+/// nothing is in flight, every site is intact and every watched page is mapped, not
+/// writable and still the page we patched (`pages_ok`): whatever writes one of our jumps
+/// afterwards needs a call those hooks see first, or one the drain's re-check of the pages
+/// (`drain_tick`) sees within a cycle.
+pub(super) static WATCH: AtomicU64 = AtomicU64::new(SUSPECT);
+pub(super) const SUSPECT: u64 = 1;
+pub(super) const IN_FLIGHT: u64 = 2;
+pub(super) const IN_FLIGHT_MASK: u64 = ((1 << 20) - 1) << 1;
+pub(super) const EVENT: u64 = 1 << 21;
+
+/// The pages the watch covers: libc's patched entries (and the endbr64 and padding around
+/// them) and mrcache's watched hooks, as two spans of whole pages `[lo, hi)` (over-watching
+/// only costs a full check until the next `try_clean`). Set in the constructor.
+pub(super) static SPAN: [[AtomicUsize; 2]; 2] = [
+    [AtomicUsize::new(usize::MAX), AtomicUsize::new(0)],
+    [AtomicUsize::new(usize::MAX), AtomicUsize::new(0)],
+];
+pub(super) const LIBC_SPAN: usize = 0;
+pub(super) const HOOK_SPAN: usize = 1;
+
+pub(super) fn widen(span: usize, lo: usize, hi: usize) {
+    SPAN[span][0].fetch_min(lo & !4095, Relaxed);
+    SPAN[span][1].fetch_max(hi.saturating_add(4095) & !4095, Relaxed);
+}
+
+/// Whether `[start, start + len)` touches a watched page.
+#[inline]
+pub fn watched(start: usize, len: usize) -> bool {
+    let end = start.saturating_add(len.max(1));
+    SPAN.iter()
+        .any(|s| start < s[1].load(Relaxed) && s[0].load(Relaxed) < end)
+}
+
+/// A hook is about to change the protection of `[start, start + len)`: if that touches a
+/// watched page, every hit from now on checks every site, and no `try_clean` can succeed
+/// until `watch_end`. Returns whether it did (for `watch_end`). Lock-free,
+/// allocation-free: any hook may call it.
+#[inline]
+pub fn watch_begin(start: usize, len: usize) -> bool {
+    if !watched(start, len) {
+        return false;
+    }
+    let _ = WATCH.fetch_update(SeqCst, SeqCst, |w| {
+        Some((w | SUSPECT).wrapping_add(IN_FLIGHT + EVENT))
+    });
+    true
+}
+
+/// The call `watch_begin` announced is done (its system call returned): still suspect.
+#[inline]
+pub fn watch_end(began: bool) {
+    if began {
+        let _ = WATCH.fetch_update(SeqCst, SeqCst, |w| {
+            Some((w | SUSPECT).wrapping_sub(IN_FLIGHT).wrapping_add(EVENT))
+        });
+    }
+}
+
+/// Whether a hit may skip the site check: no watched page changed protection or mapping
+/// since the last `try_clean`, which found every site intact and every page read-only.
+#[inline]
+pub fn watch_clean() -> bool {
+    WATCH.load(SeqCst) & SUSPECT == 0
+}
+
+/// `MRCACHE_PATCH_CHECK=every-hit`: never clear (every hit reads every site).
+pub static EVERY_HIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether libc's own `mprotect` entry was patched (`MPROTECT`): without it a call through
+/// libc's entry (glibc's internal `__mprotect`, `dlsym` on libc's handle) would make a
+/// watched page writable unseen, so the word is never cleared.
+pub static MPROTECT_PATCHED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// glibc's mprotect (2.36 and 2.41): `mov eax, 10; syscall; cmp rax, -4095; jae`.
+pub static MPROTECT: [Prologue; 1] = [syscall_stub(0x0a)];
+
+/// Clear `SUSPECT` when it is safe: nothing in flight, libc's mprotect entry patched, every
+/// site intact, every watched page mapped, not writable, not shared and still backed by
+/// the mapping it had at the first clean, and each page holding a site still the private
+/// copy our write made (`pages_ok`), and no watched call began or ended since the word was
+/// read (the compare-and-swap fails otherwise). Reads `/proc/self/maps` (or queries it):
+/// the runtime's set-up and the background drain thread only, never a hook or the hit.
+/// errno is the caller's afterwards: the set-up runs inside the app's first verbs call, and
+/// a kernel without PROCMAP_QUERY answers the probe with ENOTTY.
+pub fn try_clean() -> bool {
+    let errno = crate::sys::errno();
+    let clean = try_clean_now();
+    crate::sys::set_errno(errno);
+    clean
+}
+
+pub(super) fn try_clean_now() -> bool {
+    let w = WATCH.load(SeqCst);
+    if w & SUSPECT == 0 {
+        return true;
+    }
+    if w & IN_FLIGHT_MASK != 0
+        || EVERY_HIT.load(Relaxed)
+        || !MPROTECT_PATCHED.load(Relaxed)
+        || SITE_AT[0].load(Relaxed) == 0
+    {
+        return false;
+    }
+    if !pages_ok(true) || overwritten().is_some() {
+        return false;
+    }
+    WATCH
+        .compare_exchange(w, (w & !SUSPECT).wrapping_add(EVENT), SeqCst, SeqCst)
+        .is_ok()
+}
+
+/// The drain thread's part, once a cycle (20 ms), after its check of every site: while the
+/// word is clean, check the watched pages again (protection and identity, `pages_ok`), so a
+/// page made writable or replaced past every hook (a raw `syscall`) makes hits check every
+/// site from the next cycle on: one PROCMAP_QUERY ioctl per mapping of the watched spans
+/// every cycle, or, on kernels without it, a read of `/proc/self/maps` every
+/// `MAPS_RECHECK` cycles. While suspect, `try_clean`, backing off (1, 2, 4 ... up to
+/// `MAPS_RECHECK` cycles) while it keeps failing on the pages with no watched call since.
+pub fn drain_tick() {
+    static TICK: AtomicU64 = AtomicU64::new(0);
+    static NEXT_TRY: AtomicU64 = AtomicU64::new(0);
+    static BACKOFF: AtomicU64 = AtomicU64::new(1);
+    static LAST_EVENTS: AtomicU64 = AtomicU64::new(u64::MAX);
+    let tick = TICK.fetch_add(1, Relaxed) + 1;
+    let w = WATCH.load(SeqCst);
+    if w & SUSPECT == 0 {
+        let query = matches!(query_fd(), Some(fd) if fd >= 0);
+        if (query || tick % MAPS_RECHECK == 0) && !pages_ok(false) {
+            let _ = WATCH.fetch_update(SeqCst, SeqCst, |w| Some((w | SUSPECT).wrapping_add(EVENT)));
+        }
+        return;
+    }
+    let events = w >> 21;
+    if events != LAST_EVENTS.swap(events, Relaxed) {
+        // A watched call since the last try: try now.
+        BACKOFF.store(1, Relaxed);
+        NEXT_TRY.store(0, Relaxed);
+    }
+    if tick < NEXT_TRY.load(Relaxed) {
+        return;
+    }
+    if !try_clean() {
+        let b = BACKOFF.load(Relaxed);
+        NEXT_TRY.store(tick + b, Relaxed);
+        BACKOFF.store((b * 2).min(MAPS_RECHECK), Relaxed);
+    }
+}
+
+/// Drain cycles between two reads of `/proc/self/maps` while clean, and the longest
+/// back-off while suspect (50 cycles of 20 ms: one second).
+pub(super) const MAPS_RECHECK: u64 = 50;
+
+/// One mapping over a watched span, as `/proc/self/maps` or PROCMAP_QUERY give it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Vma {
+    pub start: usize,
+    pub end: usize,
+    pub writable: bool,
+    pub shared: bool,
+    /// `major << 32 | minor`.
+    pub dev: u64,
+    pub inode: u64,
+    pub offset: u64,
+}
+
+impl Vma {
+    /// What a page keeps across splits and merges of its mapping: the file, and the file
+    /// offset of address 0 (so two mappings of one file at the same place give the same).
+    fn identity(&self) -> [u64; 3] {
+        [
+            self.dev,
+            self.inode,
+            self.offset.wrapping_sub(self.start as u64),
+        ]
+    }
+}
+
+/// The identity of each span's mapping at the first clean (`Vma::identity`, all zero: not
+/// recorded yet).
+pub(super) static IDENTITY: [[AtomicU64; 3]; 2] = [
+    [const { AtomicU64::new(0) }; 3],
+    [const { AtomicU64::new(0) }; 3],
+];
+
+/// Whether every page of the watched spans is mapped, not writable, private, backed by a
+/// file (libc's and libmrcache.so's code), and by the same file at the same place as at
+/// the first clean (`record`: record it if not yet). A page replaced by a read-only view of
+/// a memfd or of another file, or by an anonymous copy, fails: its identity differs.
+pub(super) fn pages_ok(record: bool) -> bool {
+    let mut ok = true;
+    for (i, s) in SPAN.iter().enumerate() {
+        let (lo, hi) = (s[0].load(Relaxed), s[1].load(Relaxed));
+        if lo >= hi {
+            continue;
+        }
+        let want: [u64; 3] = std::array::from_fn(|k| IDENTITY[i][k].load(Relaxed));
+        let mut first: Option<[u64; 3]> = None;
+        let covered = each_vma(lo, hi, |v| {
+            let id = v.identity();
+            let same = match first {
+                None => {
+                    first = Some(id);
+                    true
+                }
+                Some(f) => f == id,
+            };
+            same && !v.writable && !v.shared && v.inode != 0 && (want == [0; 3] || want == id)
+        });
+        ok &= covered;
+        if covered
+            && record
+            && want == [0; 3]
+            && let Some(id) = first
+        {
+            for (k, x) in id.iter().enumerate() {
+                IDENTITY[i][k].store(*x, Relaxed);
+            }
+        }
+    }
+    ok && sites_private_copies()
+}
+
+/// Whether each page holding a site is still the private, anonymous copy of libc's page
+/// our write made (`/proc/self/pagemap`: present or swapped, bit 61 "file page or shared
+/// anonymous" clear): a page of the same file mapped again over it, not yet written, is a
+/// file page that follows its file.
+pub(super) fn sites_private_copies() -> bool {
+    // SAFETY: a constant NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/pagemap".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    let mut ok = true;
+    for site in &SITE_AT {
+        let at = site.load(Relaxed);
+        if at == 0 {
+            break;
+        }
+        for page in [at / 4096, (at + 7) / 4096] {
+            let mut entry = 0u64;
+            // SAFETY: reads 8 bytes into `entry` from our own descriptor.
+            let n = unsafe {
+                libc::pread(
+                    fd,
+                    &mut entry as *mut u64 as *mut c_void,
+                    8,
+                    (page * 8) as libc::off_t,
+                )
+            };
+            let mapped = entry & (1 << 63 | 1 << 62) != 0;
+            ok &= n == 8 && mapped && entry & (1 << 61) == 0;
+        }
+    }
+    // SAFETY: the descriptor just opened.
+    unsafe { libc::close(fd) };
+    ok
+}
+
+/// Calls `f` on each mapping over `[lo, hi)` in address order; true when they cover it
+/// without a hole and `f` accepted every one. PROCMAP_QUERY where the kernel has it (6.11),
+/// else a read of `/proc/self/maps`.
+pub(super) fn each_vma(lo: usize, hi: usize, mut f: impl FnMut(&Vma) -> bool) -> bool {
+    if let Some(fd) = query_fd()
+        && fd >= 0
+    {
+        let mut at = lo;
+        while at < hi {
+            let Some(v) = query(fd, at) else {
+                return false;
+            };
+            if v.start > at || v.end <= at || !f(&v) {
+                return false;
+            }
+            at = v.end;
+        }
+        return true;
+    }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    maps_cover(&maps, lo, hi, f)
+}
+
+/// Whether the mappings over `[lo, hi)` in `maps` (`/proc/self/maps`) cover it without a
+/// hole and `f` accepts each.
+pub(crate) fn maps_cover(
+    maps: &str,
+    lo: usize,
+    hi: usize,
+    mut f: impl FnMut(&Vma) -> bool,
+) -> bool {
+    let mut covered = lo;
+    for line in maps.lines() {
+        let Some(v) = parse_maps_line(line) else {
+            return false;
+        };
+        if v.end <= lo || v.start >= hi {
+            continue;
+        }
+        if v.start > covered || !f(&v) {
+            return false;
+        }
+        covered = covered.max(v.end);
+    }
+    covered >= hi
+}
+
+pub(super) fn parse_maps_line(line: &str) -> Option<Vma> {
+    let mut fields = line.split_ascii_whitespace();
+    let (range, perms, offset, dev, inode) = (
+        fields.next()?,
+        fields.next()?.as_bytes(),
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    let (a, b) = range.split_once('-')?;
+    let (major, minor) = dev.split_once(':')?;
+    Some(Vma {
+        start: usize::from_str_radix(a, 16).ok()?,
+        end: usize::from_str_radix(b, 16).ok()?,
+        writable: perms.get(1) != Some(&b'-'),
+        shared: perms.get(3) != Some(&b'p'),
+        dev: u64::from_str_radix(major, 16).ok()? << 32 | u64::from_str_radix(minor, 16).ok()?,
+        inode: inode.parse().ok()?,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+    })
+}
+
+/// `struct procmap_query` (linux/fs.h, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+pub(super) struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+pub(super) const PROCMAP_QUERY: u64 =
+    3 << 30 | (size_of::<ProcmapQuery>() as u64) << 16 | (b'f' as u64) << 8 | 17;
+pub(super) const PROCMAP_QUERY_VMA_WRITABLE: u64 = 0x02;
+pub(super) const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
+pub(super) const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+
+/// This process's `/proc/self/maps`, opened once for PROCMAP_QUERY (again in a fork child:
+/// the file stands for the process that opened it). Some(-1): the kernel has no
+/// PROCMAP_QUERY (read the file instead); None: it could not be opened.
+pub(super) fn query_fd() -> Option<i32> {
+    static FD: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-2);
+    static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let fd = FD.load(Relaxed);
+    if fd != -2 && PID.load(Relaxed) == pid {
+        return Some(fd as i32);
+    }
+    if fd >= 0 {
+        // The parent's, inherited: close our copy.
+        // SAFETY: our own descriptor, used by the drain thread only.
+        unsafe { libc::close(fd as i32) };
+    }
+    // SAFETY: a constant NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/maps".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let probe = query(fd, 0);
+    let e = crate::sys::errno();
+    let fd = if probe.is_none() && (e == libc::ENOTTY || e == libc::EINVAL) {
+        // SAFETY: the descriptor just opened.
+        unsafe { libc::close(fd) };
+        -1
+    } else {
+        fd
+    };
+    PID.store(pid, Relaxed);
+    FD.store(fd as i64, Relaxed);
+    Some(fd)
+}
+
+/// The mapping covering `at`, or the next one after it (PROCMAP_QUERY on `fd`).
+pub(super) fn query(fd: i32, at: usize) -> Option<Vma> {
+    let mut q = ProcmapQuery {
+        size: size_of::<ProcmapQuery>() as u64,
+        query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
+        query_addr: at as u64,
+        ..Default::default()
+    };
+    crate::sys::set_errno(0);
+    // SAFETY: PROCMAP_QUERY reads and writes one `struct procmap_query` of the size given,
+    // with no name or build-id buffer (both sizes 0).
+    if unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) } != 0 {
+        return None;
+    }
+    Some(Vma {
+        start: q.vma_start as usize,
+        end: q.vma_end as usize,
+        writable: q.vma_flags & PROCMAP_QUERY_VMA_WRITABLE != 0,
+        shared: q.vma_flags & PROCMAP_QUERY_VMA_SHARED != 0,
+        dev: (q.dev_major as u64) << 32 | q.dev_minor as u64,
+        inode: q.inode,
+        offset: q.vma_offset,
+    })
+}
+
+/// Whether `[lo, hi)` is covered, in `maps`, by mappings none of which is writable.
+#[cfg(test)]
+pub(super) fn range_read_only(maps: &str, lo: usize, hi: usize) -> bool {
+    maps_cover(maps, lo, hi, |v| !v.writable)
+}
+
+#[cfg(test)]
+#[test]
+pub(super) fn read_only_needs_every_page_mapped_and_none_writable() {
+    let maps = "1000-3000 r-xp 00000000 08:01 1 /lib/libc.so.6\n\
+                3000-4000 r--p 00000000 08:01 1 /lib/libc.so.6\n\
+                5000-6000 rwxp 00000000 00:00 0\n";
+    assert!(range_read_only(maps, 0x1000, 0x4000));
+    assert!(range_read_only(maps, 0x2000, 0x3000));
+    // A hole (4000-5000 unmapped) or a writable page is not read-only.
+    assert!(!range_read_only(maps, 0x3000, 0x5000));
+    assert!(!range_read_only(maps, 0x5000, 0x6000));
+    assert!(!range_read_only(maps, 0x1000, 0x6000));
+    assert!(!range_read_only("", 0x1000, 0x2000));
+}
+
+#[cfg(test)]
+#[test]
+pub(super) fn maps_lines_give_the_mapping_identity() {
+    let maps = "1000-3000 r-xp 00001000 08:01 77 /lib/libc.so.6\n\
+                3000-4000 r-xp 00003000 08:01 77 /lib/libc.so.6\n\
+                4000-5000 r-xs 00000000 00:01 9 /memfd:libc-page (deleted)\n\
+                5000-6000 r-xp 00000000 00:00 0\n";
+    let mut seen = Vec::new();
+    assert!(maps_cover(maps, 0x1000, 0x6000, |v| {
+        seen.push(*v);
+        true
+    }));
+    // Split mappings of one file at the same place have one identity; a memfd view or an
+    // anonymous copy at the same address has another, and a shared one says so.
+    assert_eq!(seen[0].identity(), seen[1].identity());
+    assert_eq!(seen[0].identity(), [8 << 32 | 1, 77, 0]);
+    assert!(seen[2].shared && !seen[0].shared && !seen[2].writable);
+    assert_ne!(seen[2].identity(), seen[0].identity());
+    assert_eq!(seen[3].inode, 0);
+    assert!(!maps_cover("zz-1 r-xp", 0x1000, 0x2000, |_| true));
+}
+
+/// For tests and diagnostics: whether hits skip the site check now.
+#[unsafe(no_mangle)]
+pub extern "C" fn mrcache_patch_watch_clean() -> std::ffi::c_int {
+    watch_clean() as std::ffi::c_int
+}
