@@ -3,11 +3,12 @@
 //! off, so nothing is silently misconfigured.
 
 use crate::log::LogFormat;
+pub use crate::log::LogLevel;
 use crate::node::{self, LocalRanks, Memlock, Node};
 use std::fmt;
 
 mod values;
-pub use values::{Admit, ForkMode, LogLevel, Monitor, RemoteMode, StatsMode};
+pub use values::{Admit, ForkMode, Monitor, RemoteMode, StatsMode};
 
 /// Every variable the library reads. docs/configuration.md is checked against this table.
 pub const VARIABLES: &[Variable] = &[

@@ -4,14 +4,41 @@
 //! with `MRCACHE_LOG_FORMAT=json` one JSON object per line with the call's fields, for tools.
 //! Hooks never come here: they push fixed records into the trace ring, and the writer thread
 //! turns each into an event.
+//!
+//! Below `config` (which parses `MRCACHE_LOG` with `parse_filter` and re-exports
+//! `LogLevel`): nothing here reads the configuration.
 
-use crate::config::LogLevel;
 use crate::trace::{Record, format};
 use std::io::Write;
 use tracing::{Dispatch, Level};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::{EnvFilter, Registry, fmt};
+
+/// `MRCACHE_LOG`: how much the library says on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Off,
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn parse(v: &str) -> Option<LogLevel> {
+        Some(match v.to_ascii_lowercase().as_str() {
+            "off" | "0" => LogLevel::Off,
+            "error" => LogLevel::Error,
+            "warn" => LogLevel::Warn,
+            "info" => LogLevel::Info,
+            "debug" => LogLevel::Debug,
+            "trace" => LogLevel::Trace,
+            _ => return None,
+        })
+    }
+}
 
 /// `MRCACHE_LOG_FORMAT`: how lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

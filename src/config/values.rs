@@ -1,31 +1,6 @@
 //! The values of the `MRCACHE_*` variables that name a mode or a level, each with its
 //! parser and its name.
 
-/// `MRCACHE_LOG`: how much the library says on stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Off,
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
-}
-
-impl LogLevel {
-    pub fn parse(v: &str) -> Option<LogLevel> {
-        Some(match v.to_ascii_lowercase().as_str() {
-            "off" | "0" => LogLevel::Off,
-            "error" => LogLevel::Error,
-            "warn" => LogLevel::Warn,
-            "info" => LogLevel::Info,
-            "debug" => LogLevel::Debug,
-            "trace" => LogLevel::Trace,
-            _ => return None,
-        })
-    }
-}
-
 /// Which registrations the cache keeps (`MRCACHE_ADMIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {

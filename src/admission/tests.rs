@@ -1,0 +1,235 @@
+//! Tests of `admission`.
+
+use super::*;
+
+fn costs(miss: f64, cached: f64, evict: f64) -> Costs {
+    Costs {
+        miss_ns: miss,
+        cached_ns: cached,
+        evict_ns: evict,
+    }
+}
+
+#[test]
+fn size_classes() {
+    assert_eq!(size_class(0), 0);
+    assert_eq!(size_class(1), 0);
+    assert_eq!(size_class(2), 1);
+    assert_eq!(size_class(3), 2);
+    assert_eq!(size_class(4096), 12);
+    assert_eq!(size_class(4097), 13);
+    assert_eq!(size_class(64 << 10), 16);
+    assert_eq!(size_class(64 << 20), 26);
+    assert_eq!(size_class(usize::MAX), 64);
+    assert_eq!(class_name(12), "4KiB");
+    assert_eq!(class_name(26), "64MiB");
+}
+
+#[test]
+fn verdicts_from_injected_costs() {
+    // Registration dear, hit cheap: cache.
+    assert_eq!(
+        verdict(Access::Local, &costs(20_000.0, 50.0, 100.0)),
+        Verdict::Cache
+    );
+    // Remote: the bind and unbind cost more than the registration: pass through.
+    assert_eq!(
+        verdict(Access::Remote, &costs(8_000.0, 9_000.0, 100.0)),
+        Verdict::PassThrough
+    );
+    // A tie passes through (nothing gained, memory pinned for nothing).
+    assert_eq!(
+        verdict(Access::Remote, &costs(5_000.0, 5_000.0, 0.0)),
+        Verdict::PassThrough
+    );
+    // Unmeasured figures cache (the first misses measure them).
+    assert_eq!(
+        verdict(Access::Remote, &costs(5_000.0, 0.0, 0.0)),
+        Verdict::Cache
+    );
+    assert_eq!(
+        verdict(Access::Local, &costs(f64::NAN, 10.0, 0.0)),
+        Verdict::Cache
+    );
+    assert_eq!(Verdict::Cache.to_string(), "cache");
+    assert_eq!(Verdict::PassThrough.to_string(), "pass-through");
+}
+
+#[test]
+fn hit_ratio_and_break_even() {
+    let c = costs(1_000.0, 100.0, 900.0);
+    // Break-even h = 900 / (900 + 900) = 0.5.
+    assert_eq!(break_even(&c), Some(0.5));
+    assert_eq!(verdict_at(Access::Local, &c, 0.6), Verdict::Cache);
+    assert_eq!(verdict_at(Access::Local, &c, 0.4), Verdict::PassThrough);
+    assert_eq!(verdict_at(Access::Local, &c, 0.5), Verdict::PassThrough);
+    assert_eq!(break_even(&costs(1_000.0, 2_000.0, 0.0)), None);
+    assert_eq!(
+        verdict_at(Access::Local, &c, 1.0),
+        verdict(Access::Local, &c)
+    );
+}
+
+/// A class whose cached round costs more passes through, with one trial in
+/// PROBE_EVERY misses; when the cost changes the class caches again.
+#[test]
+fn decide_passes_through_probes_and_follows_a_change() {
+    let mut k = Classes::default();
+    let len = 64 << 10;
+    let f = k.get_mut(Access::Remote, len);
+    f.reg.add(3_000.0);
+    f.dereg.add(2_000.0);
+    f.hit.add(6_000.0);
+    f.release.add(4_000.0);
+    let mut seen = Vec::new();
+    // Trials after 32, then 64 more misses (the interval doubles).
+    for _ in 0..(3 * PROBE_EVERY) {
+        seen.push(k.decide(Access::Remote, len, true));
+    }
+    let trials: Vec<usize> = (0..seen.len())
+        .filter(|&i| seen[i] == Decision::Trial)
+        .collect();
+    assert_eq!(
+        trials,
+        vec![PROBE_EVERY as usize - 1, 3 * PROBE_EVERY as usize - 1],
+        "{seen:?}"
+    );
+    // After a trial its entry serves TRIAL_HITS hits, then no more.
+    let hits: Vec<bool> = (0..TRIAL_HITS + 2)
+        .map(|_| k.allow_hit(Access::Remote, len, true))
+        .collect();
+    assert_eq!(
+        hits.iter().filter(|h| **h).count() as u32,
+        TRIAL_HITS,
+        "{hits:?}"
+    );
+    assert!(!hits[TRIAL_HITS as usize]);
+    assert!(k.allow_hit(Access::Remote, len, false));
+    assert!(k.allow_hit(Access::Remote, 4096, true));
+    assert_eq!(
+        seen.iter().filter(|d| **d == Decision::PassThrough).count() as u64,
+        3 * PROBE_EVERY - 2
+    );
+    // Another class (4 KiB) and the local kind are untouched.
+    assert_eq!(k.decide(Access::Remote, 4096, true), Decision::Cache);
+    assert_eq!(k.decide(Access::Local, len, true), Decision::Cache);
+    // `always`: cached whatever the figures.
+    assert_eq!(k.decide(Access::Remote, len, false), Decision::Cache);
+    // A trial measures a cheap round now (the bind got cheaper), and dearer
+    // registrations: after a few samples the class caches again.
+    let f = k.get_mut(Access::Remote, len);
+    for _ in 0..8 {
+        f.reg.add(30_000.0);
+        f.hit.add(500.0);
+        f.release.add(500.0);
+    }
+    assert_eq!(k.decide(Access::Remote, len, true), Decision::Cache);
+    let r = k.report();
+    assert!(
+        r.iter()
+            .any(|l| l.starts_with("remote 64KiB: cache (miss ")),
+        "{r:?}"
+    );
+}
+
+/// A local class's round is the lock-free one the cache times; without it, the timed
+/// locked rounds; a remote class's is always the locked one (bind and unbind).
+#[test]
+fn which_round_counts() {
+    let mut f = Figures::default();
+    f.reg.add(300.0);
+    f.dereg.add(200.0);
+    assert_eq!(f.costs(Access::Local).cached_ns, 0.0);
+    f.hit.add(700.0);
+    f.release.add(100.0);
+    assert_eq!(f.costs(Access::Local).cached_ns, 800.0);
+    assert_eq!(
+        verdict(Access::Local, &f.costs(Access::Local)),
+        Verdict::PassThrough
+    );
+    f.round.add(30.0);
+    assert_eq!(f.costs(Access::Local).cached_ns, 30.0);
+    assert_eq!(f.costs(Access::Remote).cached_ns, 800.0);
+    assert_eq!(f.costs(Access::Local).miss_ns, 500.0);
+}
+
+/// The trial interval doubles up to PROBE_MAX and comes back when a figure moves.
+#[test]
+fn probe_interval_backs_off_and_resets_on_a_change() {
+    let mut k = Classes::default();
+    let f = k.get_mut(Access::Remote, 4096);
+    f.reg.add(1_000.0);
+    f.dereg.add(1_000.0);
+    f.hit.add(5_000.0);
+    f.release.add(5_000.0);
+    let mut at = Vec::new();
+    for i in 0..5_000u64 {
+        if k.decide(Access::Remote, 4096, true) == Decision::Trial {
+            at.push(i + 1);
+        }
+    }
+    assert_eq!(at[..6], [32, 96, 224, 480, 992, 2016]);
+    assert_eq!(at[6], 3040);
+    let f = k.get_mut(Access::Remote, 4096);
+    assert_eq!(f.probe_every, PROBE_MAX);
+    let before = f.costs(Access::Remote);
+    f.reg.add(1_050.0);
+    f.settle(Access::Remote, &before);
+    assert_eq!(f.probe_every, PROBE_MAX, "a small move keeps the interval");
+    let before = f.costs(Access::Remote);
+    f.reg.add(40_000.0);
+    f.settle(Access::Remote, &before);
+    assert_eq!(f.probe_every, PROBE_EVERY);
+}
+
+#[test]
+fn mean_follows_a_change_and_resists_spikes() {
+    let mut m = Mean::default();
+    m.add(1000.0);
+    assert_eq!(m.value, 1000.0);
+    // A first sample that was a set-up is dropped at the next.
+    m.add(10.0);
+    assert_eq!(m.value, 10.0);
+    m.add(50.0);
+    assert_eq!(m.value, 15.0);
+    // A stall counts at most 8 times the mean.
+    m.add(1e9);
+    assert_eq!(m.value, 15.0 + 105.0 / 8.0);
+    // A lasting change is followed.
+    for _ in 0..60 {
+        m.add(1000.0);
+    }
+    assert!(m.value > 990.0, "{}", m.value);
+    for _ in 0..60 {
+        m.add(10.0);
+    }
+    assert!(m.value < 20.0, "{}", m.value);
+}
+
+/// A remote class that caches passes one hit through after 32, then 64 more...
+#[test]
+fn cached_remote_class_is_probed() {
+    let mut k = Classes::default();
+    let at: Vec<u64> = (1..=200u64)
+        .filter(|_| k.probe_hit(Access::Remote, 1 << 20, true))
+        .collect();
+    assert_eq!(at, vec![32, 96]);
+    assert!(!(0..100).any(|_| k.probe_hit(Access::Local, 1 << 20, true)));
+    assert!(!(0..100).any(|_| k.probe_hit(Access::Remote, 4096, false)));
+}
+
+#[test]
+fn sketch_counts_fades_and_ties_keep() {
+    let mut s = Sketch::new(10, 64);
+    for _ in 0..5 {
+        s.see(7, 1);
+    }
+    assert_eq!(s.frequency(7), 5);
+    assert_eq!(s.frequency(8), 0);
+    s.see(9, 100);
+    // 105 sightings >= 64: halved once (9 saturated at 15 first).
+    assert_eq!(s.frequency(9), 7);
+    assert_eq!(s.frequency(7), 2);
+    assert!(!Sketch::admits(3, 3));
+    assert!(Sketch::admits(4, 3));
+}

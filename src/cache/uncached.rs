@@ -1,0 +1,207 @@
+//! What the cache does not keep: registrations passed through uncached (admission, a
+//! stopped cache) and their releases, the rounds it times, the per-class figures admission
+//! decides on, and the remote access checks (`bypass_remote`, `verified`).
+
+use super::*;
+
+impl<R: Registrar> Cache<R> {
+    /// A registration the app owns, released by its `ibv_dereg_mr` (after `stop_caching`,
+    /// and a miss passed through by admission).
+    pub(super) fn register_uncached(
+        &self,
+        req: &Request,
+        kind: Access,
+    ) -> Result<(usize, Outcome), AcquireError> {
+        let t0 = Instant::now();
+        let result = self.registrar.register(req);
+        let ns = t0.elapsed().as_nanos();
+        self.stats.add(Counter::RegistrationNs, ns as u64);
+        let mr = result.map_err(AcquireError::Failed)?;
+        if self.stopped.get().is_none() {
+            self.figures(kind, req.len, |f| f.reg.add(ns as f64));
+        }
+        let mut st = self.lock();
+        st.unbury(mr.ptr);
+        st.handles.insert(mr.ptr, Handle::uncached(mr, req));
+        drop(st);
+        self.stats.add(Counter::Uncached, 1);
+        Ok((mr.ptr, Outcome::Uncached))
+    }
+
+    /// What a local cached round costs, timed on the entry just inserted for `req` (cache
+    /// lock held, so nothing can drain it, and the app's coming reference keeps ours from
+    /// being the last): the lock-free hit's probe and claim, and the lock-free release's
+    /// probe and release, of one extra reference. The best of a few; `None` when the class
+    /// has enough samples (one new one in `ROUND_EVERY` misses then).
+    pub(super) fn time_round(&self, req: &Request, ptr: usize) -> Option<f64> {
+        const ROUND_EVERY: u64 = 64;
+        let n = self.classes().get(Access::Local, req.len).round.samples;
+        let misses = self.stats.get(Counter::Misses);
+        if n >= 4 && misses % ROUND_EVERY != 0 {
+            return None;
+        }
+        let hash = key_hash(req);
+        let mut best = f64::INFINITY;
+        for _ in 0..4 {
+            let t = Instant::now();
+            let claimed = self.fast.exact_candidates(hash, |id, slot| {
+                (slot.has_key(req) && slot.claim_other()).then_some(id)
+            })?;
+            let released = self.fast.mr_candidates(ptr, |id, slot| {
+                (id == claimed && slot.mr_ptr() == ptr).then(|| slot.release_other())
+            });
+            let ns = t.elapsed().as_nanos() as f64;
+            if released.is_none() {
+                // Not found by its pointer (cannot happen under the lock): give it back.
+                self.fast.slots.get(claimed)?.release_other();
+                return None;
+            }
+            best = best.min(ns.max(1.0));
+        }
+        Some(best)
+    }
+
+    pub(super) fn kind_of(&self, req: &Request) -> Access {
+        if req.access & access::REMOTE != 0 && self.remote == RemoteMode::Revoke {
+            Access::Remote
+        } else {
+            Access::Local
+        }
+    }
+
+    /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
+    /// `Scan`, `Probe`), libibverbs' whole `ibv_reg_mr` took `ns` and returned `mr`: a
+    /// sample of what the class's miss costs the app (`Figures::pass_reg`). `mr`'s
+    /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
+    pub fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
+        let kind = self.kind_of(req);
+        self.figures(kind, req.len, |f| f.pass_reg.add(ns as f64));
+        if kind == Access::Remote && mr != 0 {
+            self.passed_mrs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(mr, req.len);
+        }
+    }
+
+    /// Whether `mr` is a registration admission passed through (its `ibv_dereg_mr` is to be
+    /// timed and reported with `note_passthrough_dereg`).
+    pub fn passed_through(&self, mr: usize) -> bool {
+        self.passed_mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&mr)
+    }
+
+    /// libibverbs' whole `ibv_dereg_mr` of `mr`, a registration admission passed through,
+    /// took `ns` (`ok`: it succeeded): a sample of the class's miss (`Figures::pass_dereg`).
+    pub fn note_passthrough_dereg(&self, mr: usize, ns: u64, ok: bool) {
+        let len = self
+            .passed_mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&mr);
+        if let (Some(len), true) = (len, ok) {
+            self.figures(Access::Remote, len, |f| f.pass_dereg.add(ns as f64));
+        }
+    }
+
+    /// The caller (the preload) times remote rounds whole, from its hook's entry to its
+    /// return, and reports them (`note_remote_hit`, `release_at`).
+    pub fn with_rounds_timed_by_caller(mut self) -> Cache<R> {
+        self.outer_rounds = true;
+        self
+    }
+
+    /// A remote hit of `req` cost the app `ns`, hook entry to return (the bind and its
+    /// completion, the shadow copy, the hook's own checks): a sample of the cached round.
+    pub fn note_remote_hit(&self, req: &Request, ns: u64) {
+        if self.kind_of(req) == Access::Remote {
+            self.figures(Access::Remote, req.len, |f| f.hit.add(ns as f64));
+        }
+    }
+
+    pub(super) fn classes(&self) -> MutexGuard<'_, Classes> {
+        self.classes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Update one class's admission figures (never with the state lock held). When that
+    /// turns the class to pass-through, its idle entries go (local hits take the lock-free
+    /// path, which does not look at the verdict).
+    pub(super) fn figures(&self, kind: Access, len: usize, f: impl FnOnce(&mut Figures)) {
+        let flipped = {
+            let mut c = self.classes();
+            let fig = c.get_mut(kind, len);
+            let costs = fig.costs(kind);
+            let before = fig.verdict_shown(kind);
+            f(fig);
+            fig.settle(kind, &costs);
+            let after = fig.verdict_now(kind);
+            before == Verdict::Cache && after == Verdict::PassThrough
+        };
+        // A remote class's entries go lazily (every remote hit takes the locked path, which
+        // evicts an idle entry of a passed-through class); a local one's now, in one pass.
+        if flipped && kind == Access::Local && self.admit == Admit::Auto {
+            let class = admission::size_class(len);
+            let remote = self.remote;
+            let idle = self.lock().evict_idle(&self.fast, |e| {
+                let revocable = e.req.access & access::REMOTE != 0 && remote == RemoteMode::Revoke;
+                admission::size_class(e.req.len) == class && revocable == (kind == Access::Remote)
+            });
+            self.stats.add(Counter::Evictions, idle.len() as u64);
+            self.deregister_all(&idle);
+        }
+    }
+
+    /// `MRCACHE_ADMIT` (`Always` unless set: every registration caches).
+    pub fn with_admit(mut self, admit: Admit) -> Cache<R> {
+        self.admit = admit;
+        self
+    }
+
+    pub fn admit(&self) -> Admit {
+        self.admit
+    }
+
+    /// The admission figures and decisions of every measured class.
+    pub fn admission(&self) -> Classes {
+        self.classes().clone()
+    }
+
+    pub(super) fn bypass_remote(&self) -> AcquireError {
+        AcquireError::Bypass(Bypass::Remote)
+    }
+
+    /// A moment with no invalidation in flight, from which on those begun can be checked
+    /// one by one. Unmap hooks are a system call long: wait for a few of them rather than
+    /// give up caching this registration because another thread happened to be unmapping.
+    pub(super) fn quiet_moment(&self) -> (u64, bool) {
+        for _ in 0..256 {
+            if let Some(started) = self.queue.quiet() {
+                return (started, true);
+            }
+            std::thread::yield_now();
+        }
+        (self.queue.started(), false)
+    }
+
+    /// `MRCACHE_VERIFY`: check the entry behind a hit; on a mismatch the entry leaves the
+    /// index, the app's new handle is released (deregistering it if it was the last) and
+    /// the caller registers afresh.
+    pub(super) fn verified(&self, id: u32, handle: usize) -> bool {
+        if !self.registrar.verifies() {
+            return true;
+        }
+        let mr = match self.lock().entry(&self.fast, id) {
+            Some(e) => e.mr,
+            None => return true,
+        };
+        if self.registrar.verify(mr) {
+            return true;
+        }
+        self.stats.add(Counter::VerifyMismatches, 1);
+        self.lock().unindex(&self.fast, id);
+        self.release(handle);
+        false
+    }
+}
