@@ -1,4 +1,4 @@
-//! The preload's fast path for hits and releases (preload/src/fast.rs) keeps the full
+//! The preload's fast path for hits and releases (preload/src/runtime/fast.rs) keeps the full
 //! path's guarantees: checked on the host with a fake provider (tests/c/host/fast_hit.c)
 //! and, behind libmrcache.so, a stand-in for libibverbs' reg/dereg (verbs_shim.c), since
 //! libibverbs itself cannot handle a fake context.

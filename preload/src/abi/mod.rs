@@ -1,11 +1,10 @@
 //! The entry points: every symbol libmrcache.so exports for the verbs calls it replaces,
-//! each a line into `calls` (what the hook does); `dlsym`/`dlvsym` (in `dlsym.rs`); the
-//! `mrcache info` exports and the constructor. The hooks are exported under libibverbs'
+//! each a line into `calls` (what the hook does); `dlsym`/`dlvsym` (in `dlsym.rs`);
+//! `dlclose` and `_Fork`; the `mrcache info` exports and the constructor. The hooks are exported under libibverbs'
 //! own symbol versions (`libmrcache.map`), defined here with `global_asm!` so that rustc's
 //! version script (which exports everything unversioned) does not claim them. (The memory
 //! hooks -- munmap, madvise, mmap, brk, ... -- are exported by `monitor::memory`, whose
-//! patching and watch need their own addresses; `dlclose` by `monitor::dl`, `_Fork` by
-//! `runtime::fork`.)
+//! patching and watch need their own addresses.)
 //!
 //! Layer: the top. May use every layer below (docs/design.md, "Architecture").
 
@@ -170,6 +169,20 @@ extern "C" fn close_device(ctx: *mut IbvContext) -> c_int {
 
 extern "C" fn fork_init() -> c_int {
     crate::calls::fork_init()
+}
+
+/// `dlclose`: the loader unmaps the object with its own munmap, which no memory hook sees
+/// (`monitor::dl`).
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+    crate::monitor::dl::dlclose(handle)
+}
+
+/// `_Fork()`: skips the atfork handlers; async-signal-safe (`runtime::fork`).
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(non_snake_case)] // glibc's name
+pub extern "C" fn _Fork() -> libc::pid_t {
+    crate::runtime::fork::signal_safe_fork()
 }
 
 /// Constructor: resolve the real verbs functions if libibverbs is already loaded, and

@@ -106,8 +106,9 @@ fn footprint(handle: *mut c_void) -> Option<Search> {
     search.found.then_some(search)
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+/// The `dlclose` hook's body (`abi::dlclose`): the object's span reported around the real
+/// call.
+pub fn dlclose(handle: *mut c_void) -> c_int {
     let Some(real) = crate::sys::symbol::DLCLOSE.get() else {
         return -1;
     };

@@ -29,7 +29,7 @@ type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) 
 static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static REAL_DLVSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 /// The span of libmrcache.so's own segments (0, 0 until known): lookups made from inside it
-/// are ours (real.rs, memory.rs, std) and always go to libc untouched.
+/// are ours (`sys::symbol`, `monitor::memory`, std) and always go to libc untouched.
 static SELF_LO: AtomicUsize = AtomicUsize::new(0);
 static SELF_HI: AtomicUsize = AtomicUsize::new(0);
 

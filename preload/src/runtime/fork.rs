@@ -11,7 +11,7 @@
 //! the parent's verbs objects) and serves its own registrations.
 //!
 //! glibc's `fork()` runs the atfork handlers; `_Fork()` (glibc 2.34+) skips them, so it is
-//! hooked as well, signal-safely (see `_Fork`).
+//! hooked as well, signal-safely (see `signal_safe_fork`).
 
 use crate::runtime;
 use crate::verbs::real;
@@ -115,9 +115,8 @@ pub extern "C" fn child() {
 /// at its first call. Ranges in use are not marked DONTFORK here (that takes locks): with
 /// libibverbs' fork tracking on a kernel that does not copy pinned pages at fork (< 5.13),
 /// use fork(). (glibc's fork() calls its internal _Fork directly, never this.)
-#[cfg_attr(not(test), unsafe(no_mangle))]
-#[allow(non_snake_case)] // glibc's name
-pub extern "C" fn _Fork() -> libc::pid_t {
+/// The `_Fork` hook's body (`abi::_Fork`).
+pub fn signal_safe_fork() -> libc::pid_t {
     // Looked up in the constructor; here only when called before it ran (from another
     // library's constructor).
     let Some(real) = crate::sys::symbol::FORK.get() else {

@@ -1,7 +1,10 @@
 //! The bottom layer: raw system calls, errno and the page size (this file; hooks issue
 //! their system calls here, never through a libc wrapper that could be patched or hooked
 //! again), the loader's tables (`elf`), looking a symbol up (`symbol`) and our own threads
-//! (`thread`). Uses nothing of the crate but `ffi`-free plain types.
+//! (`thread`).
+//!
+//! Layer: the bottom (with `ffi`); uses nothing else of the crate (docs/design.md,
+//! "Architecture").
 
 pub mod elf;
 pub mod symbol;
