@@ -58,6 +58,9 @@ pub struct Cache<R: Registrar> {
     /// reports it (`note_remote_hit`, `release_at`): the cache does not add its own,
     /// shorter, timing of a remote hit (`with_rounds_timed_by_caller`).
     outer_rounds: bool,
+    /// Time one call in about this many for the admission figures (`sampled`); 1 (every
+    /// call) unless the caller says (`with_sampling`).
+    sample_every: u64,
     /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
     /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
     passed_mrs: Mutex<HashMap<usize, usize>>,
@@ -103,6 +106,7 @@ impl<R: Registrar> Cache<R> {
             remote: RemoteMode::Keep,
             admit: Admit::Always,
             outer_rounds: false,
+            sample_every: 1,
             passed_mrs: Mutex::new(HashMap::new()),
             classes: Mutex::new(Classes::default()),
             fast: Fast::default(),
@@ -221,7 +225,10 @@ impl<R: Registrar> Cache<R> {
         let auto = self.admit == Admit::Auto;
         // The locked path: timed, a hit's round for the admission figures (the lock-free
         // hits above are not: timing them would cost every hit).
-        let t_start = (!(self.outer_rounds && kind == Access::Remote)).then(Instant::now);
+        // Sampled (`admission::sampled`): a clock read is dear in some places, and this
+        // path also takes every miss and pass-through, which do not use it.
+        let t_start =
+            (!(self.outer_rounds && kind == Access::Remote) && self.sampled()).then(Instant::now);
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
         if !stale.is_empty() {
@@ -302,19 +309,24 @@ impl<R: Registrar> Cache<R> {
             Decision::Trial => self.stats.add(Counter::AdmissionTrials, 1),
             Decision::Cache => {}
         }
+        // Timed on a sample of the calls (`sampled`): this runs on every miss, and on every
+        // call the scan rule passes through.
+        let time_room = self.sampled();
         let mut st = self.lock();
-        let t_room = Instant::now();
+        let t_room = time_room.then(Instant::now);
         let room = st.make_room(
             &self.fast,
             req.len as u64,
             self.limits,
             auto.then(|| key_hash(req)),
         );
-        let room_ns = t_room.elapsed().as_nanos() as f64;
+        let room_ns = t_room.map(|t| t.elapsed().as_nanos() as f64);
         drop(st);
         let (evicted, fits) = (room.evicted, room.fits);
-        if !evicted.is_empty() {
-            let per = room_ns / evicted.len() as f64;
+        if !evicted.is_empty()
+            && let Some(ns) = room_ns
+        {
+            let per = ns / evicted.len() as f64;
             self.figures(kind, req.len, |f| f.evict.add(per));
         }
         self.deregister_all(&evicted);
@@ -487,9 +499,25 @@ impl<R: Registrar> Cache<R> {
     /// `Scan`, `Probe`), libibverbs' whole `ibv_reg_mr` took `ns` and returned `mr`: a
     /// sample of what the class's miss costs the app (`Figures::pass_reg`). `mr`'s
     /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
+    /// Whether the preload should time this pass-through of `req` (`note_passthrough`):
+    /// while its class has fewer than 4 such samples or its last one moved the figure by
+    /// more than a quarter (`Figures::pass_moving`: a change of cost is followed at every
+    /// call), else one call in about `admission::SAMPLE_EVERY` (each timing costs two
+    /// clock reads, and one more at its deregistration for a remote class).
+    pub fn wants_passthrough_sample(&self, req: &Request) -> bool {
+        let kind = self.kind_of(req);
+        let f = *self.classes().get(kind, req.len);
+        f.pass_reg.samples < 4 || f.pass_moving || self.sampled()
+    }
+
     pub fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
         let kind = self.kind_of(req);
-        self.figures(kind, req.len, |f| f.pass_reg.add(ns as f64));
+        self.figures(kind, req.len, |f| {
+            let before = f.pass_reg.value;
+            f.pass_reg.add(ns as f64);
+            let after = f.pass_reg.value;
+            f.pass_moving = before > 0.0 && (after - before).abs() > 0.25 * before.min(after);
+        });
         if kind == Access::Remote && mr != 0 {
             self.passed_mrs
                 .lock()
@@ -527,6 +555,19 @@ impl<R: Registrar> Cache<R> {
         self
     }
 
+    /// Time one admission figure's call (a locked round, a pass-through, a release) in about
+    /// `every` (`admission::SAMPLE_EVERY` in the preload, where a clock read can cost a
+    /// system call); the first samples of a pass-through class are always taken.
+    pub fn with_sampling(mut self, every: u64) -> Cache<R> {
+        self.sample_every = every.max(1);
+        self
+    }
+
+    /// Whether this call is to be timed for the admission figures (`with_sampling`).
+    pub fn sampled(&self) -> bool {
+        admission::sampled(self.sample_every)
+    }
+
     /// A remote hit of `req` cost the app `ns`, hook entry to return (the bind and its
     /// completion, the shadow copy, the hook's own checks): a sample of the cached round.
     pub fn note_remote_hit(&self, req: &Request, ns: u64) {
@@ -558,10 +599,18 @@ impl<R: Registrar> Cache<R> {
         if flipped && kind == Access::Local && self.admit == Admit::Auto {
             let class = admission::size_class(len);
             let remote = self.remote;
-            let idle = self.lock().evict_idle(&self.fast, |e| {
+            let pred = |e: &state::Entry| {
                 let revocable = e.req.access & access::REMOTE != 0 && remote == RemoteMode::Revoke;
                 admission::size_class(e.req.len) == class && revocable == (kind == Access::Remote)
-            });
+            };
+            // The class's own entries only (its list), not every entry's: a local class
+            // is those without remote rights, and those with them unless under revoke.
+            let mut st = self.lock();
+            let mut idle = st.evict_idle_class(&self.fast, class, false, pred);
+            if remote != RemoteMode::Revoke {
+                idle.extend(st.evict_idle_class(&self.fast, class, true, pred));
+            }
+            drop(st);
             self.stats.add(Counter::Evictions, idle.len() as u64);
             self.deregister_all(&idle);
         }
@@ -696,12 +745,13 @@ impl<R: Registrar> Cache<R> {
 
     /// The app's `ibv_dereg_mr(ptr)`.
     pub fn release(&self, ptr: usize) -> Released {
-        self.release_at(ptr, Instant::now())
+        self.release_at(ptr, self.sampled().then(Instant::now))
     }
 
     /// `release`, for a hook entered at `t_start`: a remote release's admission figure is
     /// timed from there (what the app's `ibv_dereg_mr` costs, not only the cache's part).
-    pub fn release_at(&self, ptr: usize, t_start: Instant) -> Released {
+    /// `None`: not a sampled call (`admission::sampled`), no figure.
+    pub fn release_at(&self, ptr: usize, t_start: Option<Instant>) -> Released {
         self.drain_pending();
         // The provider's own pointer, not the last reference of a dead entry: no lock.
         if let Some(released) = self.try_release(ptr) {
@@ -793,8 +843,10 @@ impl<R: Registrar> Cache<R> {
                 let len = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
                 let gone = st.unref(&self.fast, id);
                 drop(st);
-                if len > 0 {
-                    let ns = t_start.elapsed().as_nanos() as f64;
+                if len > 0
+                    && let Some(t) = t_start
+                {
+                    let ns = t.elapsed().as_nanos() as f64;
                     self.figures(Access::Remote, len, |f| f.release.add(ns));
                 }
                 st = self.lock();
@@ -878,5 +930,7 @@ impl<R: Registrar> Cache<R> {
     }
 }
 
+#[cfg(test)]
+mod class_flip;
 #[cfg(test)]
 mod stale_words;
