@@ -105,6 +105,32 @@ fn known(x: f64) -> bool {
     x.is_finite() && x > 0.0
 }
 
+/// One call in this many (on average) reads the clock for the admission figures of a
+/// round, a pass-through or a release (`sampled`). A clock read is not free everywhere:
+/// in the TCG guest the clock source is the emulated HPET and `clock_gettime` is a system
+/// call plus an emulated device read, 1.4-4.5 us, against a 70 us registration; every
+/// call timed made a pass-through pay two to four of them. The figures are decaying means
+/// (`Mean`): a sample in 16 follows a change of cost as surely, 16 times more slowly.
+pub const SAMPLE_EVERY: u64 = 16;
+
+/// Whether this call is one of the sampled ones (about one in `every`; every call for
+/// `every` 0 or 1): a counter shared by every thread, mixed (splitmix64) so a program that
+/// alternates between a few classes does not land every sample on one of them.
+pub fn sampled(every: u64) -> bool {
+    if every <= 1 {
+        return true;
+    }
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut z = CALLS
+        .fetch_add(1, Relaxed)
+        .wrapping_add(1)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % every == 0
+}
+
 /// Cache `access`'s class with these `costs` where a cached round is cheaper than a miss.
 /// A figure not measured yet (zero, negative or not finite) caches: the first misses
 /// measure it, as the cache without admission would.
@@ -251,6 +277,10 @@ pub struct Figures {
     pub verdict: Option<Verdict>,
     /// Misses between trials now (0: `PROBE_EVERY`).
     pub probe_every: u64,
+    /// The last pass-through sample moved `pass_reg` by more than a quarter: the cost is
+    /// changing, every pass-through is timed until a sample no longer moves it
+    /// (`Cache::wants_passthrough_sample`; steady, one in `SAMPLE_EVERY`).
+    pub pass_moving: bool,
     /// The banded verdict (`verdict_banded`) as of the last update (`None`: cache).
     pub held: Option<Verdict>,
     /// Hits left in the current trial: a passed-through class's cached entries serve this

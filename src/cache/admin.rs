@@ -237,7 +237,13 @@ impl<R: Registrar> Cache<R> {
     pub fn renewed(&self, registrar: R) -> Cache<R> {
         let fresh = Cache::with_queue(registrar, self.limits, self.queue)
             .with_remote(self.remote)
-            .with_admit(self.admit);
+            .with_admit(self.admit)
+            .with_sampling(self.sample_every);
+        let fresh = if self.outer_rounds {
+            fresh.with_rounds_timed_by_caller()
+        } else {
+            fresh
+        };
         if let Some(why) = self.caching_stopped() {
             fresh.stop_caching(why);
         }

@@ -60,6 +60,9 @@ pub struct Cache<R: Registrar> {
     /// reports it (`note_remote_hit`, `release_at`): the cache does not add its own,
     /// shorter, timing of a remote hit (`with_rounds_timed_by_caller`).
     outer_rounds: bool,
+    /// Time one call in about this many for the admission figures (`sampled`); 1 (every
+    /// call) unless the caller says (`with_sampling`).
+    sample_every: u64,
     /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
     /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
     passed_mrs: Mutex<HashMap<usize, usize>>,
@@ -105,6 +108,7 @@ impl<R: Registrar> Cache<R> {
             remote: RemoteMode::Keep,
             admit: Admit::Always,
             outer_rounds: false,
+            sample_every: 1,
             passed_mrs: Mutex::new(HashMap::new()),
             classes: Mutex::new(Classes::default()),
             fast: Fast::default(),
@@ -223,7 +227,10 @@ impl<R: Registrar> Cache<R> {
         let auto = self.admit == Admit::Auto;
         // The locked path: timed, a hit's round for the admission figures (the lock-free
         // hits above are not: timing them would cost every hit).
-        let t_start = (!(self.outer_rounds && kind == Access::Remote)).then(Instant::now);
+        // Sampled (`admission::sampled`): a clock read is dear in some places, and this
+        // path also takes every miss and pass-through, which do not use it.
+        let t_start =
+            (!(self.outer_rounds && kind == Access::Remote) && self.sampled()).then(Instant::now);
         let mut st = self.lock();
         let stale = self.drain_locked(&mut st);
         if !stale.is_empty() {
@@ -304,19 +311,24 @@ impl<R: Registrar> Cache<R> {
             Decision::Trial => self.stats.add(Counter::AdmissionTrials, 1),
             Decision::Cache => {}
         }
+        // Timed on a sample of the calls (`sampled`): this runs on every miss, and on every
+        // call the scan rule passes through.
+        let time_room = self.sampled();
         let mut st = self.lock();
-        let t_room = Instant::now();
+        let t_room = time_room.then(Instant::now);
         let room = st.make_room(
             &self.fast,
             req.len as u64,
             self.limits,
             auto.then(|| key_hash(req)),
         );
-        let room_ns = t_room.elapsed().as_nanos() as f64;
+        let room_ns = t_room.map(|t| t.elapsed().as_nanos() as f64);
         drop(st);
         let (evicted, fits) = (room.evicted, room.fits);
-        if !evicted.is_empty() {
-            let per = room_ns / evicted.len() as f64;
+        if !evicted.is_empty()
+            && let Some(ns) = room_ns
+        {
+            let per = ns / evicted.len() as f64;
             self.figures(kind, req.len, |f| f.evict.add(per));
         }
         self.deregister_all(&evicted);
@@ -561,5 +573,7 @@ impl<R: Registrar> Cache<R> {
     }
 }
 
+#[cfg(test)]
+mod class_flip;
 #[cfg(test)]
 mod stale_words;

@@ -7,12 +7,13 @@ use super::*;
 impl<R: Registrar> Cache<R> {
     /// The app's `ibv_dereg_mr(ptr)`.
     pub fn release(&self, ptr: usize) -> Released {
-        self.release_at(ptr, Instant::now())
+        self.release_at(ptr, self.sampled().then(Instant::now))
     }
 
     /// `release`, for a hook entered at `t_start`: a remote release's admission figure is
     /// timed from there (what the app's `ibv_dereg_mr` costs, not only the cache's part).
-    pub fn release_at(&self, ptr: usize, t_start: Instant) -> Released {
+    /// `None`: not a sampled call (`admission::sampled`), no figure.
+    pub fn release_at(&self, ptr: usize, t_start: Option<Instant>) -> Released {
         self.drain_pending();
         // The provider's own pointer, not the last reference of a dead entry: no lock.
         if let Some(released) = self.try_release(ptr) {
@@ -104,8 +105,10 @@ impl<R: Registrar> Cache<R> {
                 let len = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
                 let gone = st.unref(&self.fast, id);
                 drop(st);
-                if len > 0 {
-                    let ns = t_start.elapsed().as_nanos() as f64;
+                if len > 0
+                    && let Some(t) = t_start
+                {
+                    let ns = t.elapsed().as_nanos() as f64;
                     self.figures(Access::Remote, len, |f| f.release.add(ns));
                 }
                 st = self.lock();

@@ -182,6 +182,27 @@ pub struct State {
     landing: HashMap<usize, (usize, bool)>,
     /// Per slot id: its lock-free hit count when the hand last passed (or at insert).
     seen_hits: Vec<u16>,
+    /// Per slot id: the previous and next entry of its admission class (`ClassKey`), a
+    /// doubly linked list per class (`NO_ID` ends it), so a class's flip to pass-through
+    /// visits that class's entries only (`evict_idle_class`).
+    class_links: Vec<[u32; 2]>,
+    /// Each admission class's first entry.
+    class_heads: HashMap<ClassKey, u32>,
+    /// Entries looked at by `evict_idle` and `evict_idle_class` so far (a test figure).
+    pub examined: usize,
+}
+
+/// An entry's admission class as far as its list goes: its size class and whether it
+/// asked for remote rights.
+type ClassKey = (u32, bool);
+
+const NO_ID: u32 = u32::MAX;
+
+fn class_key(req: &Request) -> ClassKey {
+    (
+        crate::admission::size_class(req.len),
+        req.access & access::REMOTE != 0,
+    )
 }
 
 /// What `make_room` did.
@@ -471,8 +492,41 @@ impl State {
     }
 
     pub fn evict_idle(&mut self, f: &Fast, pred: impl Fn(&Entry) -> bool) -> Vec<Mr> {
-        let ids: Vec<u32> = self
-            .ids(f)
+        let all = self.ids(f);
+        self.evict_idle_of(f, all, pred)
+    }
+
+    /// `evict_idle` over one admission class's entries (those of `size_class` with
+    /// remote rights or without, `remote`), found through its list: a flip of one class
+    /// costs what that class holds, not what the whole cache does.
+    pub fn evict_idle_class(
+        &mut self,
+        f: &Fast,
+        size_class: u32,
+        remote: bool,
+        pred: impl Fn(&Entry) -> bool,
+    ) -> Vec<Mr> {
+        let mut ids = Vec::new();
+        let mut at = self
+            .class_heads
+            .get(&(size_class, remote))
+            .copied()
+            .unwrap_or(NO_ID);
+        while at != NO_ID {
+            ids.push(at);
+            at = self.class_links[at as usize][1];
+        }
+        self.evict_idle_of(f, ids, pred)
+    }
+
+    fn evict_idle_of(
+        &mut self,
+        f: &Fast,
+        candidates: Vec<u32>,
+        pred: impl Fn(&Entry) -> bool,
+    ) -> Vec<Mr> {
+        self.examined += candidates.len();
+        let ids: Vec<u32> = candidates
             .into_iter()
             .filter(|&id| f.slots.get(id).is_some_and(Slot::indexed))
             .filter(|&id| self.entry(f, id).is_some_and(|e| pred(&e)))
@@ -504,6 +558,7 @@ impl State {
             self.next_id += 1;
         }
         self.unbury(mr.ptr);
+        self.link_class(id, &req);
         self.index.insert(req.addr, req.end(), id);
         f.exact.insert(key_hash(&req), id, |i| f.slot_key_hash(i));
         f.by_mr.insert(mr_hash(mr.ptr), id, |i| f.slot_mr_hash(i));
@@ -539,6 +594,40 @@ impl State {
         slot.kill()
     }
 
+    /// `id` (a new entry of `req`) at the head of its class's list.
+    fn link_class(&mut self, id: u32, req: &Request) {
+        let i = id as usize;
+        if self.class_links.len() <= i {
+            self.class_links.resize(i + 1, [NO_ID; 2]);
+        }
+        let head = self.class_heads.insert(class_key(req), id).unwrap_or(NO_ID);
+        self.class_links[i] = [NO_ID, head];
+        if head != NO_ID {
+            self.class_links[head as usize][0] = id;
+        }
+    }
+
+    /// `id` (an entry of `req` leaving the cache) out of its class's list.
+    fn unlink_class(&mut self, id: u32, req: &Request) {
+        let Some(&[prev, next]) = self.class_links.get(id as usize) else {
+            return;
+        };
+        if prev != NO_ID {
+            self.class_links[prev as usize][1] = next;
+        } else {
+            let key = class_key(req);
+            if next != NO_ID {
+                self.class_heads.insert(key, next);
+            } else {
+                self.class_heads.remove(&key);
+            }
+        }
+        if next != NO_ID {
+            self.class_links[next as usize][0] = prev;
+        }
+        self.class_links[id as usize] = [NO_ID; 2];
+    }
+
     /// Forget the entry entirely; returns its MR for deregistration.
     pub fn remove(&mut self, f: &Fast, id: u32) -> Option<Mr> {
         self.unindex(f, id);
@@ -548,6 +637,7 @@ impl State {
             .get(id)
             .is_some_and(|s| s.load() & slots::REVOCABLE != 0);
         self.landing.insert(e.mr.ptr, (e.req.len, revocable));
+        self.unlink_class(id, &e.req);
         f.by_mr.remove(mr_hash(e.mr.ptr), id, |i| f.slot_mr_hash(i));
         f.slots.get(id)?.set_absent();
         self.bury(e.mr.ptr);

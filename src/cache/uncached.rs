@@ -73,9 +73,25 @@ impl<R: Registrar> Cache<R> {
     /// `Scan`, `Probe`), libibverbs' whole `ibv_reg_mr` took `ns` and returned `mr`: a
     /// sample of what the class's miss costs the app (`Figures::pass_reg`). `mr`'s
     /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
+    /// Whether the preload should time this pass-through of `req` (`note_passthrough`):
+    /// while its class has fewer than 4 such samples or its last one moved the figure by
+    /// more than a quarter (`Figures::pass_moving`: a change of cost is followed at every
+    /// call), else one call in about `admission::SAMPLE_EVERY` (each timing costs two
+    /// clock reads, and one more at its deregistration for a remote class).
+    pub fn wants_passthrough_sample(&self, req: &Request) -> bool {
+        let kind = self.kind_of(req);
+        let f = *self.classes().get(kind, req.len);
+        f.pass_reg.samples < 4 || f.pass_moving || self.sampled()
+    }
+
     pub fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
         let kind = self.kind_of(req);
-        self.figures(kind, req.len, |f| f.pass_reg.add(ns as f64));
+        self.figures(kind, req.len, |f| {
+            let before = f.pass_reg.value;
+            f.pass_reg.add(ns as f64);
+            let after = f.pass_reg.value;
+            f.pass_moving = before > 0.0 && (after - before).abs() > 0.25 * before.min(after);
+        });
         if kind == Access::Remote && mr != 0 {
             self.passed_mrs
                 .lock()
@@ -113,6 +129,19 @@ impl<R: Registrar> Cache<R> {
         self
     }
 
+    /// Time one admission figure's call (a locked round, a pass-through, a release) in about
+    /// `every` (`admission::SAMPLE_EVERY` in the preload, where a clock read can cost a
+    /// system call); the first samples of a pass-through class are always taken.
+    pub fn with_sampling(mut self, every: u64) -> Cache<R> {
+        self.sample_every = every.max(1);
+        self
+    }
+
+    /// Whether this call is to be timed for the admission figures (`with_sampling`).
+    pub fn sampled(&self) -> bool {
+        admission::sampled(self.sample_every)
+    }
+
     /// A remote hit of `req` cost the app `ns`, hook entry to return (the bind and its
     /// completion, the shadow copy, the hook's own checks): a sample of the cached round.
     pub fn note_remote_hit(&self, req: &Request, ns: u64) {
@@ -144,10 +173,18 @@ impl<R: Registrar> Cache<R> {
         if flipped && kind == Access::Local && self.admit == Admit::Auto {
             let class = admission::size_class(len);
             let remote = self.remote;
-            let idle = self.lock().evict_idle(&self.fast, |e| {
+            let pred = |e: &state::Entry| {
                 let revocable = e.req.access & access::REMOTE != 0 && remote == RemoteMode::Revoke;
                 admission::size_class(e.req.len) == class && revocable == (kind == Access::Remote)
-            });
+            };
+            // The class's own entries only (its list), not every entry's: a local class
+            // is those without remote rights, and those with them unless under revoke.
+            let mut st = self.lock();
+            let mut idle = st.evict_idle_class(&self.fast, class, false, pred);
+            if remote != RemoteMode::Revoke {
+                idle.extend(st.evict_idle_class(&self.fast, class, true, pred));
+            }
+            drop(st);
             self.stats.add(Counter::Evictions, idle.len() as u64);
             self.deregister_all(&idle);
         }

@@ -90,8 +90,12 @@ fn register_inner(
     };
     // A remote call's round is timed whole, from here to the return (what the app pays
     // for a hit: the hook's checks, the shadow copy, the window bind and its completion):
-    // an admission figure (`Cache::note_remote_hit`). Local calls read no clock here.
-    let t_hook = (access & mrcache::access::REMOTE != 0).then(std::time::Instant::now);
+    // an admission figure (`Cache::note_remote_hit`), on one call in about
+    // `SAMPLE_EVERY` (a clock read is a system call in some guests: every call timed made
+    // even a pass-through pay it). Local calls read no clock here.
+    let t_hook = (access & mrcache::access::REMOTE != 0
+        && mrcache::admission::sampled(mrcache::admission::SAMPLE_EVERY))
+    .then(std::time::Instant::now);
     // Before the checks: a disarm after this keeps the fast path shut (see `fast`).
     let seen = crate::runtime::fast::seen();
     let Some(_guard) = Guard::enter() else {
@@ -155,12 +159,13 @@ fn register_inner(
                 Err(AcquireError::Bypass(b)) => {
                     // Passed through by admission: libibverbs' registration is a sample of
                     // what a miss of its class costs.
-                    let timed = matches!(
-                        b,
+                    // Sampled (`Cache::wants_passthrough_sample`); a probe always.
+                    let timed = match b {
+                        mrcache::access::Bypass::Probe => true,
                         mrcache::access::Bypass::NotWorthCaching
-                            | mrcache::access::Bypass::Scan
-                            | mrcache::access::Bypass::Probe
-                    );
+                        | mrcache::access::Bypass::Scan => cache.wants_passthrough_sample(&req),
+                        _ => false,
+                    };
                     let t = timed.then(std::time::Instant::now);
                     let (mr, o) = passthrough(Bypassed::from(b));
                     if let Some(t) = t
@@ -235,8 +240,11 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
 /// The full path, apart for the same reason as `register_inner`.
 #[inline(never)]
 fn dereg_full(mr: *mut IbvMr) -> (i32, Outcome) {
-    // A remote release's admission figure is timed from here (`Cache::release_at`).
-    let t_hook = std::time::Instant::now();
+    // A remote release's admission figure is timed from here (`Cache::release_at`), on
+    // one call in about `SAMPLE_EVERY`: most calls here are not remote releases (a
+    // pass-through's, a miss's), and a clock read can be a system call.
+    let t_hook =
+        mrcache::admission::sampled(mrcache::admission::SAMPLE_EVERY).then(std::time::Instant::now);
     let passthrough = || (real::dereg_mr(mr), Outcome::Passthrough);
     with_cache(passthrough, |cache| {
         match cache.release_at(mr as usize, t_hook) {

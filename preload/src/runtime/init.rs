@@ -88,6 +88,7 @@ pub fn set_up() -> Runtime {
         .with_remote(config.remote)
         .with_admit(config.admit)
         .with_rounds_timed_by_caller()
+        .with_sampling(mrcache::admission::SAMPLE_EVERY)
     });
     if let Some(cache) = &cache {
         if let Some(why) = blind {
