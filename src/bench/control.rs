@@ -7,8 +7,8 @@
 //! same buffer, in short alternating phases (`SLICE`, the order rotated every round so
 //! that none always runs first). Each round has three phases: the `dlmopen` copy timed by
 //! the table's own phase (`measure::alone_phase`); the base copy timed by the plainest loop
-//! (a fixed number of pairs between two clock readings); the base copy timed by the table's
-//! phase. The table's "no-preload" column is the plain base figures' median (what an
+//! (between two clock readings, as many pairs as the table's phase of that copy last did);
+//! the base copy timed by the table's phase. The table's "no-preload" column is the plain base figures' median (what an
 //! application pays); the third against the second checks the table's timing (`timing`,
 //! the VM case fails when they differ), the first against the second shows what the
 //! namespace costs (`namespace`, reported).
@@ -170,7 +170,9 @@ fn row(
     // the plainest timing, a fixed number of pairs (a slice's worth, and the batch at
     // least) between two readings of the clock.
     let batch = batch_for(est, clock);
-    let plain = ((SLICE.as_nanos() as f64 / est) as usize).max(batch).max(1);
+    // The plain loop does as many pairs as the table's phase of the same copy last did, so
+    // that a stall of the machine weighs the same in both.
+    let mut plain = ((SLICE.as_nanos() as f64 / est) as usize).max(batch).max(1);
     let t0 = Instant::now();
     let mut rounds: Vec<[f64; 3]> = Vec::new();
     while rounds.is_empty() || (rounds.len() < MAX_ROUNDS && t0.elapsed() < budget) {
@@ -179,7 +181,7 @@ fn row(
         for k in 0..3 {
             let phase = (k + rounds.len()) % 3;
             r[phase] = match phase {
-                0 => alone_phase(apd, buf.addr, size, flags, SLICE, batch)?,
+                0 => alone_phase(apd, buf.addr, size, flags, SLICE, batch)?.0,
                 1 => {
                     let t = Instant::now();
                     for _ in 0..plain {
@@ -187,7 +189,11 @@ fn row(
                     }
                     t.elapsed().as_nanos() as f64 / plain as f64
                 }
-                _ => alone_phase(bpd, buf.addr, size, flags, SLICE, batch)?,
+                _ => {
+                    let (ns, n) = alone_phase(bpd, buf.addr, size, flags, SLICE, batch)?;
+                    plain = n;
+                    ns
+                }
             };
         }
         rounds.push(r);

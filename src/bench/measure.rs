@@ -287,7 +287,7 @@ pub(super) fn phase(
     Ok((t.elapsed().as_nanos() as f64 / n as f64, n))
 }
 
-/// The libibverbs-alone phase, ns per `ibv_reg_mr` + `ibv_dereg_mr` pair: no clock is read
+/// The libibverbs-alone phase: (ns per `ibv_reg_mr` + `ibv_dereg_mr` pair, pairs); no clock is read
 /// between the pairs of a batch (a reading costs microseconds where the clock is a system
 /// call; `batch_for` keeps the one per batch under 1%, as in the cached phase). The table's
 /// column and the control's check of it (`control::row`) both come from here.
@@ -298,8 +298,8 @@ pub(super) fn alone_phase(
     flags: u32,
     slice: Duration,
     batch: usize,
-) -> Result<f64, String> {
-    Ok(phase(slice, batch, || apd.dereg(apd.reg(addr, size, flags)?))?.0)
+) -> Result<(f64, usize), String> {
+    phase(slice, batch, || apd.dereg(apd.reg(addr, size, flags)?))
 }
 
 fn measure(
@@ -370,14 +370,7 @@ fn measure(
     loop {
         let r0 = Instant::now();
         // libibverbs alone (the control checks this very phase, `alone_phase`).
-        alone.push(alone_phase(
-            apd,
-            buf.addr,
-            size,
-            flags,
-            slice_alone,
-            batch_alone,
-        )?);
+        alone.push(alone_phase(apd, buf.addr, size, flags, slice_alone, batch_alone)?.0);
         // Its deregistration timed apart (untimed registration), outside the phase.
         let mr = apd.reg(buf.addr, size, flags)?;
         let t = Instant::now();

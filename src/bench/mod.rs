@@ -37,7 +37,9 @@ pub const CHILD_MARK: &str = "_MRCACHE_BENCH_CHILD";
 pub const ADMIT_SET: &str = "admit";
 /// Its value in the control process (libibverbs without the preload, `control`).
 pub const CONTROL_MARK: &str = "control";
-/// The control's figures (one JSON line), handed to the measuring process.
+/// Set (to `stdin`) in the measuring process when its standard input holds the control's
+/// figures (one JSON line: an unlinked file the launcher wrote; up to hundreds of KiB, more
+/// than an environment string may hold).
 pub const CONTROL_FIGURES: &str = "_MRCACHE_BENCH_CONTROL";
 /// The largest size the bench registers (it pins about twice that at once).
 pub const MAX_SIZE: usize = 1 << 30;
@@ -274,7 +276,12 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
     }
     let control = match std::env::var(CONTROL_FIGURES) {
-        Ok(f) => Some(control::parse(&f)?),
+        Ok(_) => {
+            let mut f = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut f)
+                .map_err(|e| format!("cannot read the control process's figures: {e}"))?;
+            Some(control::parse(&f)?)
+        }
         Err(_) => None,
     };
     let result = measure::run(&plan, control)?;
@@ -328,6 +335,34 @@ fn run_control() -> Result<Result<String, ExitCode>, String> {
     }
 }
 
+/// The control's figures in a file of their own, unlinked, positioned at its start: the
+/// measuring process's standard input.
+fn figures_file(figures: &str) -> Result<std::fs::File, String> {
+    use std::io::{Seek, Write};
+    let path = std::env::temp_dir().join(format!("mrcache-bench-{}.json", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| {
+            format!(
+                "cannot write the control's figures to {}: {e}",
+                path.display()
+            )
+        })?;
+    let _ = std::fs::remove_file(&path);
+    f.write_all(figures.trim().as_bytes())
+        .and_then(|_| f.rewind())
+        .map_err(|e| {
+            format!(
+                "cannot write the control's figures to {}: {e}",
+                path.display()
+            )
+        })?;
+    Ok(f)
+}
+
 /// Run this same command again with libmrcache.so preloaded (the exit status is its own),
 /// in the default configuration: without the inherited variables `strip` (said on one
 /// stderr line), with MRCACHE_ADMIT=always, given the control's `figures`.
@@ -359,7 +394,8 @@ fn reexec(lib: &std::path::Path, strip: &[String], figures: &str) -> Result<Exit
             super::compose_preload(lib, std::env::var_os("LD_PRELOAD")),
         )
         .env(CHILD_MARK, ADMIT_SET)
-        .env(CONTROL_FIGURES, figures.trim())
+        .env(CONTROL_FIGURES, "stdin")
+        .stdin(figures_file(figures)?)
         .env_remove("MRCACHE_STATS")
         .env_remove("MRCACHE_STATS_FILE");
     let err = cmd.exec();

@@ -197,7 +197,7 @@ pub fn table(o: &Outcome) -> String {
         s,
         "configuration: {}{}",
         if std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET) {
-            "MRCACHE_ADMIT=always set by the bench (every size cached and measured; the default column is admission's verdict on the figures); "
+            "MRCACHE_ADMIT=always set by the bench (every size cached and measured; the default column is the library's admission decision on the figures); "
         } else {
             ""
         },
