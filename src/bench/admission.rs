@@ -1,11 +1,14 @@
-//! What the default would do for a size: the verdict of the cache's cost-aware admission
-//! (`mrcache::admission`, issue 21) on the figures the bench measured.
+//! What the default would do for a size: the decision of the cache's cost-aware admission
+//! (`mrcache::admission`, issue 21) on the figures the bench measured, taken from the same
+//! object the library decides with (`Classes::decide`, which applies the band of
+//! `verdict_banded` to the class's held verdict).
 
-pub use mrcache::admission::{Access, Costs, Verdict, verdict};
+pub use mrcache::admission::{Access, Costs, Verdict};
+use mrcache::admission::{BAND_OUT, Classes, Decision, Mean};
 
 /// The figures the default's model is given for a row: `miss_ns` = a registration and
-/// deregistration without the cache (libibverbs alone here; the cache times its own
-/// provider calls), `cached_ns` = a hit and its release (with the window bind and unbind
+/// deregistration without the cache (libibverbs' own call, as the cache times the calls it
+/// passes through), `cached_ns` = a hit and its release (with the window bind and unbind
 /// for remote access). `evict_ns`, an eviction's bookkeeping beyond the deregistration, is
 /// not measured here: 0 (the verdict at a hit ratio of 1 does not count it).
 pub fn costs(alone_ns: f64, cached_ns: f64) -> Costs {
@@ -16,16 +19,102 @@ pub fn costs(alone_ns: f64, cached_ns: f64) -> Costs {
     }
 }
 
-/// The verdict, and on which figures.
-pub fn describe(access: Access, costs: &Costs) -> (Verdict, String) {
-    let v = verdict(access, costs);
+fn mean(ns: f64) -> Mean {
+    Mean {
+        value: ns,
+        samples: 1,
+    }
+}
+
+/// A fresh `Classes` (a class starts held at "cache", as in the library) given `costs` for
+/// the `len`-byte class of `access`, in the fields its `Figures::costs` reads: libibverbs'
+/// own call for the miss (`pass_reg`, `pass_dereg`), the cached round whole (`round` for
+/// local access, `hit` and `release` for remote). Only the sums count: the first field of
+/// each pair carries the whole figure.
+pub fn classes_with(access: Access, len: usize, costs: &Costs) -> Classes {
+    let mut classes = Classes::default();
+    let f = classes.get_mut(access, len);
+    f.pass_reg = mean(costs.miss_ns);
+    f.pass_dereg = mean(0.0);
+    if access == Access::Local {
+        f.round = mean(costs.cached_ns);
+    } else {
+        f.hit = mean(costs.cached_ns);
+        f.release = mean(0.0);
+    }
+    f.evict = mean(costs.evict_ns);
+    classes
+}
+
+/// What the library decides for the next miss of that class on these figures:
+/// `Classes::decide` under `MRCACHE_ADMIT=auto` (a trial counts as caching).
+pub fn decide(access: Access, len: usize, costs: &Costs) -> Verdict {
+    match classes_with(access, len, costs).decide(access, len, true) {
+        Decision::Cache | Decision::Trial => Verdict::Cache,
+        Decision::PassThrough => Verdict::PassThrough,
+    }
+}
+
+/// The decision, and on which figures.
+pub fn describe(access: Access, len: usize, costs: &Costs) -> (Verdict, String) {
+    let v = decide(access, len, costs);
     (
         v,
         format!(
-            "mrcache::admission::verdict({}, miss_ns {:.0}, cached_ns {:.0}) = {v}",
+            "mrcache::admission::Classes::decide({}, {len} bytes): verdict_banded(miss_ns {:.0}, cached_ns {:.0}, held cache) = {v} (passes through when cached_ns > {BAND_OUT} x miss_ns)",
             access.name(),
             costs.miss_ns,
             costs.cached_ns
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mrcache::admission::verdict_banded;
+
+    /// The bench's default is the library's banded decision, not the bare tie of `verdict`:
+    /// a cached round dearer than a miss but inside the band still caches.
+    #[test]
+    fn default_is_the_librarys_banded_decision() {
+        for access in Access::ALL {
+            for (cached, want) in [
+                (50.0, Verdict::Cache),
+                (99.0, Verdict::Cache),
+                (110.0, Verdict::Cache), // in the band: the library keeps caching
+                (124.0, Verdict::Cache), // still in it
+                (126.0, Verdict::PassThrough),
+                (300.0, Verdict::PassThrough),
+            ] {
+                let c = costs(100.0, cached);
+                assert_eq!(decide(access, 4096, &c), want, "{access:?} cached {cached}");
+                assert_eq!(verdict_banded(&c, Verdict::Cache), want);
+                let (v, why) = describe(access, 4096, &c);
+                assert_eq!(v, want);
+                assert!(
+                    why.contains("verdict_banded")
+                        && why.ends_with(&format!(
+                            "= {want} (passes through when cached_ns > {BAND_OUT} x miss_ns)"
+                        )),
+                    "{why}"
+                );
+            }
+        }
+        // A figure not measured: the library caches (the first misses measure it).
+        assert_eq!(
+            decide(Access::Remote, 4096, &costs(f64::NAN, 10.0)),
+            Verdict::Cache
+        );
+        // The figures land where the library reads them.
+        for access in Access::ALL {
+            let c = costs(140_000.0, 3_000.0);
+            assert_eq!(
+                classes_with(access, 4096, &c)
+                    .get(access, 4096)
+                    .costs(access),
+                c
+            );
+        }
+    }
 }

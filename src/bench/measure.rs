@@ -9,6 +9,7 @@
 //! and the range of its rounds' figures.
 
 use super::admission::{self, Access, Costs, Verdict};
+use super::control::{Agreement, Control, NAMESPACE_SPREAD, TIMING_SPREAD};
 use super::verbs::{Buffer, Copy, DeviceInfo, Mover, Pd, Verbs};
 use super::{HIT_REGION_BYTES, HIT_REGIONS, Plan};
 use std::time::{Duration, Instant};
@@ -72,6 +73,12 @@ pub struct Row {
     pub fresh_alone: Spread,
     /// Remote rows: what the window bind and unbind add (cached remote less cached local).
     pub revoke_ns: Option<f64>,
+    /// The control's figures for this row: libibverbs in the base namespace without the
+    /// preload (what an application pays); how the `dlmopen` copy compared with it, and
+    /// the table's timing of the base copy with the plainest.
+    pub no_preload: Option<Spread>,
+    pub namespace: Option<Agreement>,
+    pub timing: Option<Agreement>,
     pub rounds: usize,
     pub misses: usize,
     /// The figures the default's admission is given, and its verdict.
@@ -99,6 +106,26 @@ pub struct Outcome {
     pub hit_path: Vec<HitPath>,
     pub elapsed: Duration,
     pub environment: Vec<(String, String)>,
+    pub clock_ns: f64,
+    pub control: Option<Control>,
+}
+
+impl Row {
+    /// What the application pays without the cache: the no-preload control's median when
+    /// measured, else libibverbs alone's.
+    pub fn baseline(&self) -> f64 {
+        self.no_preload.map_or(self.alone.median, |s| s.median)
+    }
+
+    /// The figures the default's admission is given, and its decision on them.
+    fn judge(&mut self) {
+        self.costs = admission::costs(self.baseline(), self.cached.median);
+        (self.verdict, self.verdict_why) = if let Some(why) = &self.passed_through {
+            (Verdict::PassThrough, why.clone())
+        } else {
+            admission::describe(self.access, self.size, &self.costs)
+        };
+    }
 }
 
 /// `VmPin` of this process, in bytes: pages pinned by registrations (ib_umem).
@@ -125,13 +152,38 @@ fn wait_unpinned(bytes: Option<u64>, limit: Duration) {
     }
 }
 
-fn is_ours(path: &str) -> bool {
+/// What one reading of the clock costs here, in ns (the median of 5 runs of 64 readings):
+/// tens of ns with a vDSO clock (TSC), microseconds where `clock_gettime` is a system call
+/// (the HPET of an emulated guest: about 7 us on the rxe guest).
+pub fn clock_ns() -> f64 {
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut last = t;
+        for _ in 0..64 {
+            last = std::hint::black_box(Instant::now());
+        }
+        runs.push((last - t).as_nanos() as f64 / 64.0);
+    }
+    Spread::of(&runs).median
+}
+
+/// Pairs per batch for a phase whose pairs take about `pair_ns`: enough that the one clock
+/// reading per batch is under 1% of the batch (at most 4,096; at least 1).
+pub fn batch_for(pair_ns: f64, clock_ns: f64) -> usize {
+    if !(pair_ns.is_finite() && pair_ns > 0.0 && clock_ns.is_finite()) {
+        return 1;
+    }
+    ((100.0 * clock_ns / pair_ns).ceil() as usize).clamp(1, 4096)
+}
+
+pub(super) fn is_ours(path: &str) -> bool {
     path.rsplit('/')
         .next()
         .is_some_and(|b| b.starts_with("libmrcache"))
 }
 
-pub fn run(plan: &Plan) -> Result<Outcome, String> {
+pub fn run(plan: &Plan, control: Option<Control>) -> Result<Outcome, String> {
     let t0 = Instant::now();
     let global = Verbs::open(Copy::Global)?;
     let alone = Verbs::open(Copy::Alone)?;
@@ -156,12 +208,13 @@ pub fn run(plan: &Plan) -> Result<Outcome, String> {
     let apd = actx.alloc_pd()?;
     let budget = Duration::from_secs_f64(plan.seconds);
 
+    let clock = clock_ns();
     let hit_path = hit_path(&gpd, budget)?;
 
     let mut rows: Vec<Row> = Vec::new();
     for &size in &plan.sizes {
         for access in [Access::Local, Access::Remote] {
-            let mut row = measure(&gpd, &apd, size, access, budget / 2, info.max_mw)?;
+            let mut row = measure(&gpd, &apd, size, access, budget / 2, info.max_mw, clock)?;
             if access == Access::Remote
                 && row.passed_through.is_none()
                 && let Some(local) = rows.iter().find(|r| {
@@ -172,6 +225,18 @@ pub fn run(plan: &Plan) -> Result<Outcome, String> {
             }
             rows.push(row);
         }
+    }
+    for row in &mut rows {
+        if let Some(c) = control.as_ref().and_then(|c| {
+            c.rows
+                .iter()
+                .find(|c| c.size == row.size && c.access == row.access)
+        }) {
+            row.no_preload = Some(c.base());
+            row.namespace = Some(Agreement::of(&c.namespace_pairs(), NAMESPACE_SPREAD));
+            row.timing = Some(Agreement::of(&c.timing_pairs(), TIMING_SPREAD));
+        }
+        row.judge();
     }
     let environment = std::env::vars_os()
         .filter_map(|(k, v)| {
@@ -194,6 +259,8 @@ pub fn run(plan: &Plan) -> Result<Outcome, String> {
         hit_path,
         elapsed: t0.elapsed(),
         environment,
+        clock_ns: clock,
+        control,
     };
     drop((gpd, apd));
     drop((gctx, actx));
@@ -201,7 +268,7 @@ pub fn run(plan: &Plan) -> Result<Outcome, String> {
 }
 
 /// `n` pairs of `f`, at least one, until `slice` has passed: (ns per pair, pairs).
-fn phase(
+pub(super) fn phase(
     slice: Duration,
     batch: usize,
     mut f: impl FnMut() -> Result<(), String>,
@@ -220,6 +287,21 @@ fn phase(
     Ok((t.elapsed().as_nanos() as f64 / n as f64, n))
 }
 
+/// The libibverbs-alone phase: (ns per `ibv_reg_mr` + `ibv_dereg_mr` pair, pairs); no clock is read
+/// between the pairs of a batch (a reading costs microseconds where the clock is a system
+/// call; `batch_for` keeps the one per batch under 1%, as in the cached phase). The table's
+/// column and the control's check of it (`control::row`) both come from here.
+pub(super) fn alone_phase(
+    apd: &Pd,
+    addr: *mut u8,
+    size: usize,
+    flags: u32,
+    slice: Duration,
+    batch: usize,
+) -> Result<(f64, usize), String> {
+    phase(slice, batch, || apd.dereg(apd.reg(addr, size, flags)?))
+}
+
 fn measure(
     gpd: &Pd,
     apd: &Pd,
@@ -227,11 +309,9 @@ fn measure(
     access: Access,
     budget: Duration,
     max_mw: i32,
+    clock_ns: f64,
 ) -> Result<Row, String> {
-    let flags = match access {
-        Access::Local => LOCAL,
-        Access::Remote => REMOTE,
-    };
+    let flags = flags(access);
     // The budget counts from when the memory is mapped and populated (under emulation
     // populating 64 MiB twice can take longer than a whole row's budget).
     let buf = Buffer::new(size)?;
@@ -243,6 +323,9 @@ fn measure(
     apd.dereg(apd.reg(buf.addr, size, flags)?)?;
     // What a miss round adds: a registration, two moves, the drain.
     let miss_estimate = 2 * t.elapsed() + Duration::from_millis(20);
+    let t = Instant::now();
+    apd.dereg(apd.reg(buf.addr, size, flags)?)?;
+    let batch_alone = batch_for(t.elapsed().as_nanos() as f64, clock_ns);
     let first = gpd.reg(buf.addr, size, flags)?;
     gpd.dereg(first)?;
     let passed_through = if held_hits(gpd, buf.addr, size, flags, first.lkey)? {
@@ -252,6 +335,11 @@ fn measure(
     } else {
         Some("passed through: the cache did not keep the registration".to_string())
     };
+    let t = Instant::now();
+    for _ in 0..16 {
+        gpd.dereg(gpd.reg(buf.addr, size, flags)?)?;
+    }
+    let batch_cached = batch_for(t.elapsed().as_nanos() as f64 / 16.0, clock_ns);
 
     let slice_alone = budget / 12;
     let slice_cached = budget / 40;
@@ -281,20 +369,16 @@ fn measure(
     // A round starts only if it fits in what is left of the budget.
     loop {
         let r0 = Instant::now();
-        // libibverbs alone, the deregistration timed apart as well.
-        let mut dereg_ns = 0.0;
-        let (a, n) = phase(slice_alone, 1, || {
-            let mr = apd.reg(buf.addr, size, flags)?;
-            let t = Instant::now();
-            apd.dereg(mr)?;
-            dereg_ns += t.elapsed().as_nanos() as f64;
-            Ok(())
-        })?;
-        alone.push(a);
-        alone_dereg.push(dereg_ns / n as f64);
+        // libibverbs alone (the control checks this very phase, `alone_phase`).
+        alone.push(alone_phase(apd, buf.addr, size, flags, slice_alone, batch_alone)?.0);
+        // Its deregistration timed apart (untimed registration), outside the phase.
+        let mr = apd.reg(buf.addr, size, flags)?;
+        let t = Instant::now();
+        apd.dereg(mr)?;
+        alone_dereg.push(t.elapsed().as_nanos() as f64);
         // Through the cache, on the range it holds.
         let mut lost = false;
-        let (c, _) = phase(slice_cached, 16, || {
+        let (c, _) = phase(slice_cached, batch_cached, || {
             let mr = gpd.reg(buf.addr, size, flags)?;
             lost |= mr.lkey != first.lkey;
             gpd.dereg(mr)
@@ -346,13 +430,7 @@ fn measure(
         Spread::of(&cached),
         Spread::of(&miss),
     );
-    let costs = admission::costs(alone.median, cached.median);
-    let (verdict, verdict_why) = if let Some(why) = &passed_through {
-        (Verdict::PassThrough, why.clone())
-    } else {
-        admission::describe(access, &costs)
-    };
-    Ok(Row {
+    let mut row = Row {
         size,
         access,
         alone,
@@ -362,12 +440,17 @@ fn measure(
         miss,
         fresh_alone: Spread::of(&fresh_alone),
         revoke_ns: None,
+        no_preload: None,
+        namespace: None,
+        timing: None,
         rounds,
         misses: miss_count,
-        costs,
-        verdict,
-        verdict_why,
-    })
+        costs: Costs::default(),
+        verdict: Verdict::Cache,
+        verdict_why: String::new(),
+    };
+    row.judge();
+    Ok(row)
 }
 
 /// Two registrations of the range through the cache, both held at once, come back with the
@@ -383,6 +466,14 @@ fn held_hits(pd: &Pd, addr: *mut u8, len: usize, flags: u32, key: u32) -> Result
     }
     pd.dereg(a)?;
     Ok(hit)
+}
+
+/// The access flags of a row: local write, and remote read and write for remote rows.
+pub fn flags(access: Access) -> u32 {
+    match access {
+        Access::Local => LOCAL,
+        Access::Remote => REMOTE,
+    }
 }
 
 pub fn access_name(a: Access) -> &'static str {
@@ -465,5 +556,21 @@ mod tests {
         );
         assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
         assert!(Spread::of(&[]).median.is_nan());
+    }
+
+    /// One clock reading per batch is under 1% of the batch (HPET: 7 us a reading).
+    #[test]
+    fn batches_hide_the_clock() {
+        assert_eq!(batch_for(140_000.0, 7_000.0), 5);
+        assert_eq!(batch_for(2_000.0, 7_000.0), 350);
+        assert_eq!(batch_for(5_000_000.0, 7_000.0), 1);
+        assert_eq!(batch_for(100.0, 7_000.0), 4096);
+        assert_eq!(batch_for(140_000.0, 20.0), 1);
+        for (pair, clock) in [(140_000.0, 7_000.0), (2_000.0, 7_000.0), (300.0, 25.0)] {
+            assert!(batch_for(pair, clock) as f64 * pair >= 100.0 * clock);
+        }
+        assert_eq!(batch_for(f64::NAN, 7_000.0), 1);
+        assert_eq!(batch_for(0.0, 7_000.0), 1);
+        assert!(clock_ns() > 0.0);
     }
 }

@@ -10,6 +10,7 @@
 //! link-map namespace of its own, which no preload reaches, is libibverbs alone.
 
 mod admission;
+mod control;
 mod measure;
 mod report;
 mod verbs;
@@ -34,6 +35,12 @@ pub struct Options {
 pub const CHILD_MARK: &str = "_MRCACHE_BENCH_CHILD";
 /// Its value when the bench set `MRCACHE_ADMIT=always` itself.
 pub const ADMIT_SET: &str = "admit";
+/// Its value in the control process (libibverbs without the preload, `control`).
+pub const CONTROL_MARK: &str = "control";
+/// Set (to `stdin`) in the measuring process when its standard input holds the control's
+/// figures (one JSON line: an unlinked file the launcher wrote; up to hundreds of KiB, more
+/// than an environment string may hold).
+pub const CONTROL_FIGURES: &str = "_MRCACHE_BENCH_CONTROL";
 /// The largest size the bench registers (it pins about twice that at once).
 pub const MAX_SIZE: usize = 1 << 30;
 const MAX_SIZES: usize = 16;
@@ -235,11 +242,25 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     let plan = plan(&o)?;
     check_memlock(&plan.sizes, Memlock::current())?;
     check_memory(&plan.sizes, mem_available())?;
-    // Always measured in a process of our own making (preloaded, the default
-    // configuration with MRCACHE_ADMIT=always).
-    if std::env::var_os(CHILD_MARK).is_none() {
+    // Always measured in processes of our own making: first the control (libibverbs
+    // without the preload), then the measuring process (preloaded, the default
+    // configuration with MRCACHE_ADMIT=always), given the control's figures.
+    let mark = std::env::var_os(CHILD_MARK);
+    if mark.is_none() {
         let stripped = inherited(&mrcache_vars())?;
-        return reexec(o.lib, &stripped);
+        let lib = super::find_library(o.lib)?;
+        let figures = match run_control()? {
+            Ok(f) => f,
+            Err(code) => return Ok(code),
+        };
+        return reexec(&lib, &stripped, &figures);
+    }
+    if mark.is_some_and(|m| m == CONTROL_MARK) {
+        if verbs::preloaded() {
+            return Err("the control process of mrcache bench has libmrcache.so loaded; it measures libibverbs without it".into());
+        }
+        println!("{}", control::json(&control::run(&plan)?));
+        return Ok(ExitCode::SUCCESS);
     }
     let copies = std::fs::read_to_string("/proc/self/maps")
         .map(|m| mapped_copies(&m))
@@ -254,7 +275,16 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     if !verbs::preloaded() {
         return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
     }
-    let result = measure::run(&plan)?;
+    let control = match std::env::var(CONTROL_FIGURES) {
+        Ok(_) => {
+            let mut f = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut f)
+                .map_err(|e| format!("cannot read the control process's figures: {e}"))?;
+            Some(control::parse(&f)?)
+        }
+        Err(_) => None,
+    };
+    let result = measure::run(&plan, control)?;
     if plan.json {
         println!("{}", report::json(&result));
     } else {
@@ -263,11 +293,80 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `LD_PRELOAD` without any copy of libmrcache (`None`: nothing left).
+fn preload_without_us(existing: Option<OsString>) -> Option<OsString> {
+    let existing = existing?;
+    let kept: Vec<&str> = existing
+        .to_str()
+        .unwrap_or_default()
+        .split([' ', ':'])
+        .filter(|p| !p.is_empty() && !is_libmrcache(p))
+        .collect();
+    (!kept.is_empty()).then(|| OsString::from(kept.join(":")))
+}
+
+/// Run this same command as the control process (no libmrcache.so in `LD_PRELOAD`) and
+/// return what it printed (its figures), or its exit status when it failed (it said why on
+/// stderr, one line).
+fn run_control() -> Result<Result<String, ExitCode>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(std::env::args_os().skip(1))
+        .env(CHILD_MARK, CONTROL_MARK)
+        .env_remove(CONTROL_FIGURES)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    match preload_without_us(std::env::var_os("LD_PRELOAD")) {
+        Some(p) => cmd.env("LD_PRELOAD", p),
+        None => cmd.env_remove("LD_PRELOAD"),
+    };
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if out.status.success() {
+        return Ok(Ok(String::from_utf8_lossy(&out.stdout).into_owned()));
+    }
+    match out.status.code() {
+        Some(c) => Ok(Err(ExitCode::from(c.clamp(1, 255) as u8))),
+        None => Err(format!(
+            "the control process of mrcache bench (libibverbs without the preload) ended by {}",
+            out.status
+        )),
+    }
+}
+
+/// The control's figures in a file of their own, unlinked, positioned at its start: the
+/// measuring process's standard input.
+fn figures_file(figures: &str) -> Result<std::fs::File, String> {
+    use std::io::{Seek, Write};
+    let path = std::env::temp_dir().join(format!("mrcache-bench-{}.json", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| {
+            format!(
+                "cannot write the control's figures to {}: {e}",
+                path.display()
+            )
+        })?;
+    let _ = std::fs::remove_file(&path);
+    f.write_all(figures.trim().as_bytes())
+        .and_then(|_| f.rewind())
+        .map_err(|e| {
+            format!(
+                "cannot write the control's figures to {}: {e}",
+                path.display()
+            )
+        })?;
+    Ok(f)
+}
+
 /// Run this same command again with libmrcache.so preloaded (the exit status is its own),
 /// in the default configuration: without the inherited variables `strip` (said on one
-/// stderr line), with MRCACHE_ADMIT=always.
-fn reexec(lib: Option<PathBuf>, strip: &[String]) -> Result<ExitCode, String> {
-    let lib = super::find_library(lib)?;
+/// stderr line), with MRCACHE_ADMIT=always, given the control's `figures`.
+fn reexec(lib: &std::path::Path, strip: &[String], figures: &str) -> Result<ExitCode, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut cmd = Command::new(&exe);
@@ -292,9 +391,11 @@ fn reexec(lib: Option<PathBuf>, strip: &[String]) -> Result<ExitCode, String> {
         .args(args)
         .env(
             "LD_PRELOAD",
-            super::compose_preload(&lib, std::env::var_os("LD_PRELOAD")),
+            super::compose_preload(lib, std::env::var_os("LD_PRELOAD")),
         )
         .env(CHILD_MARK, ADMIT_SET)
+        .env(CONTROL_FIGURES, "stdin")
+        .stdin(figures_file(figures)?)
         .env_remove("MRCACHE_STATS")
         .env_remove("MRCACHE_STATS_FILE");
     let err = cmd.exec();
@@ -411,6 +512,18 @@ mod tests {
             vec!["MRCACHE_MAX_BYTES", "MRCACHE_ADMIT"]
         );
         assert!(inherited(&[v("MRCACHE_PRELOAD", "/x")]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_control_runs_without_any_copy_of_the_library() {
+        let p = |s: &str| preload_without_us(Some(OsString::from(s)));
+        assert_eq!(p("/w/libmrcache.so"), None);
+        assert_eq!(
+            p("/a/libjemalloc.so.2:/w/libmrcache.so /tmp/cp2/libmrcache.so.1"),
+            Some(OsString::from("/a/libjemalloc.so.2"))
+        );
+        assert_eq!(p(""), None);
+        assert_eq!(preload_without_us(None), None);
     }
 
     #[test]

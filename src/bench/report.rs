@@ -1,6 +1,7 @@
 //! The table and the JSON of `mrcache bench`.
 
 use super::admission::{Access, Verdict};
+use super::control::{Agreement, ControlRow, NAMESPACE_SPREAD, SLICE, TIMING_SPREAD, Z_MAX};
 use super::measure::{Outcome, Row, Spread, access_name};
 use std::fmt::Write as _;
 
@@ -46,10 +47,48 @@ fn verdict_text(v: Verdict) -> &'static str {
     }
 }
 
+/// What the application pays without the cache (the no-preload control when measured)
+/// over the cached figure.
 fn speedup(r: &Row) -> Option<f64> {
     r.passed_through
         .is_none()
-        .then(|| r.alone.median / r.cached.median)
+        .then(|| r.baseline() / r.cached.median)
+}
+
+fn opt_spread(s: &Option<Spread>) -> String {
+    s.as_ref().map_or("-".into(), spread)
+}
+
+/// All the control's rounds together: (namespace, timing).
+fn pooled(o: &Outcome) -> Option<(Agreement, Agreement)> {
+    o.control.as_ref().map(|c| {
+        let ns: Vec<(f64, f64)> = c.rows.iter().flat_map(|r| r.namespace_pairs()).collect();
+        let t: Vec<(f64, f64)> = c.rows.iter().flat_map(|r| r.timing_pairs()).collect();
+        (
+            Agreement::of(&ns, NAMESPACE_SPREAD),
+            Agreement::of(&t, TIMING_SPREAD),
+        )
+    })
+}
+
+fn control_row<'a>(o: &'a Outcome, r: &Row) -> Option<&'a ControlRow> {
+    o.control
+        .as_ref()?
+        .rows
+        .iter()
+        .find(|c| c.size == r.size && c.access == r.access)
+}
+
+fn agreement_text(a: &Agreement) -> String {
+    format!(
+        "the first slower in {} of {} rounds (z {:.1}), median ratio {:.3}: {} (within {:.0}%)",
+        a.first_slower,
+        a.rounds,
+        a.z,
+        a.median_ratio,
+        if a.differ() { "DIFFER" } else { "agree" },
+        a.spread * 100.0
+    )
 }
 
 fn revoke_text(r: &Row) -> String {
@@ -136,8 +175,18 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "libibverbs alone: {} in a link-map namespace of its own (dlmopen); through the cache: {}",
-        o.alone_from, o.cache_hooks
+        "libibverbs alone: {} in a link-map namespace of its own (dlmopen); no preload: {}; through the cache: {}",
+        o.alone_from,
+        o.control.as_ref().map_or_else(
+            || "not measured (the measuring process was started directly)".to_string(),
+            |c| format!("{} in a control process without libmrcache.so", c.base_from)
+        ),
+        o.cache_hooks
+    );
+    let _ = writeln!(
+        s,
+        "clock: one reading costs {:.0} ns here; the timed phases read it once per batch, batches of pairs sized so that it is under 1%",
+        o.clock_ns
     );
     let env: Vec<String> = o
         .environment
@@ -148,7 +197,7 @@ pub fn table(o: &Outcome) -> String {
         s,
         "configuration: {}{}",
         if std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET) {
-            "MRCACHE_ADMIT=always set by the bench (every size cached and measured; the default column is admission's verdict on the figures); "
+            "MRCACHE_ADMIT=always set by the bench (every size cached and measured; the default column is the library's admission decision on the figures); "
         } else {
             ""
         },
@@ -186,10 +235,11 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  default",
+        "{:<8} {:<6} {:>22} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  default",
         "size",
         "access",
         "libibverbs µs",
+        "no-preload µs",
         "cached µs",
         "speed-up",
         "miss µs",
@@ -200,10 +250,11 @@ pub fn table(o: &Outcome) -> String {
     for r in &o.rows {
         let _ = writeln!(
             s,
-            "{:<8} {:<6} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  {}",
+            "{:<8} {:<6} {:>22} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  {}",
             size_text(r.size),
             access_name(r.access),
             spread(&r.alone),
+            opt_spread(&r.no_preload),
             spread(&r.cached),
             speedup(r).map_or("-".into(), |x| format!("{x:.1}x")),
             spread(&r.miss),
@@ -213,9 +264,27 @@ pub fn table(o: &Outcome) -> String {
             verdict_text(r.verdict)
         );
     }
+    match pooled(o) {
+        Some((ns, timing)) => {
+            let _ = writeln!(
+                s,
+                "\nno-preload µs: the same pairs through the process's own libibverbs, timed plainly, in a control process without the preload, in {} ms phases rotating with two more (the order changes every round); speed-up and default use it. The table's timing of that libibverbs against the plain one: {}. libibverbs alone (dlmopen) against it: {} (two differ when |z| > {Z_MAX} and the median ratio is off 1 by more than the spread)",
+                SLICE.as_millis(),
+                agreement_text(&timing),
+                agreement_text(&ns),
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "\nno-preload µs: not measured; speed-up and default use libibverbs alone"
+            );
+        }
+    }
     let _ = writeln!(
         s,
-        "\ndefault: what the cache's cost-aware admission decides on this row's figures: mrcache::admission::verdict(access, Costs {{ miss_ns: libibverbs µs, cached_ns: cached µs, evict_ns: 0 }}) (medians; the cache measures its own provider calls and hits the same way)"
+        "default: what the cache's cost-aware admission decides for the next miss of the row's class on its figures: mrcache::admission::Classes::decide, i.e. verdict_banded(Costs {{ miss_ns: no-preload µs (else libibverbs µs), cached_ns: cached µs, evict_ns: 0 }}, held: cache) on the medians: pass through only when cached µs > {} x the miss (the library's figures are its own calls timed the same way)",
+        mrcache::admission::BAND_OUT
     );
     for r in o.rows.iter().filter(|r| r.passed_through.is_some()) {
         let _ = writeln!(
@@ -245,6 +314,17 @@ fn spread_json(s: &Spread) -> serde_json::Value {
     serde_json::json!({"median": f(s.median), "min": f(s.min), "max": f(s.max)})
 }
 
+fn agreement_json(a: &Agreement) -> serde_json::Value {
+    serde_json::json!({
+        "rounds": a.rounds,
+        "first_slower": a.first_slower,
+        "z": a.z,
+        "median_ratio": a.median_ratio,
+        "spread": a.spread,
+        "differ": a.differ(),
+    })
+}
+
 pub fn json(o: &Outcome) -> String {
     let sys = system();
     let rows: Vec<serde_json::Value> = o
@@ -255,6 +335,14 @@ pub fn json(o: &Outcome) -> String {
                 "size": r.size,
                 "access": access_name(r.access),
                 "libibverbs_us": spread_json(&r.alone),
+                "no_preload_us": r.no_preload.as_ref().map(spread_json),
+                "speedup_from": if r.no_preload.is_some() { "no_preload" } else { "libibverbs_alone" },
+                "control_libibverbs_us": control_row(o, r).map(|c| spread_json(&c.alone())),
+                "control": control_row(o, r).zip(r.namespace.zip(r.timing)).map(|(c, (ns, t))| serde_json::json!({
+                    "rounds_us": c.rounds.iter().map(|x| x.map(|v| v / 1000.0)).collect::<Vec<_>>(),
+                    "namespace": agreement_json(&ns),
+                    "timing": agreement_json(&t),
+                })),
                 "libibverbs_dereg_us": spread_json(&r.alone_dereg),
                 "cached_us": spread_json(&r.cached),
                 "cached": r.passed_through.is_none(),
@@ -298,6 +386,9 @@ pub fn json(o: &Outcome) -> String {
             "max_mw": o.info.max_mw,
         },
         "libibverbs_alone": o.alone_from,
+        "no_preload": o.control.as_ref().map(|c| c.base_from.clone()),
+        "control": pooled(o).map(|(ns, t)| serde_json::json!({"namespace": agreement_json(&ns), "timing": agreement_json(&t)})),
+        "clock_ns": o.clock_ns,
         "cache_hooks": o.cache_hooks,
         "environment": env,
         "admit_always_set_by_bench": std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET),
