@@ -270,6 +270,11 @@ impl<R: Registrar> Cache<R> {
             // (the preload times it: `note_passthrough`).
             return Err(AcquireError::Bypass(Bypass::Probe));
         }
+        // A hit the sampling did not time, of a class whose round needs figures (a trial's
+        // hits, the first few): timed from here (the claim, the shadow copy, the bind).
+        let t_start = t_start.or_else(|| {
+            (found.is_some() && self.needs_round_sample(kind, req.len)).then(Instant::now)
+        });
         if let Some((id, outcome)) = found
             && let Some(claim) = st.claim(&self.fast, id, req, self.limits.shadow)
         {
@@ -563,6 +568,18 @@ impl<R: Registrar> Cache<R> {
         self
     }
 
+    /// Whether a cached round of this class is to be timed whatever the sampling: while
+    /// it has fewer than 4 hit or release figures, and while the class is passed through
+    /// (its hits are a trial's, the figures that can bring it back).
+    fn needs_round_sample(&self, kind: Access, len: usize) -> bool {
+        if self.sample_every <= 1 {
+            return false; // every call is timed already
+        }
+        let c = self.classes();
+        let f = c.get(kind, len);
+        f.hit.samples < 4 || f.release.samples < 4 || f.verdict_shown(kind) == Verdict::PassThrough
+    }
+
     /// Whether this call is to be timed for the admission figures (`with_sampling`).
     pub fn sampled(&self) -> bool {
         admission::sampled(self.sample_every)
@@ -831,7 +848,13 @@ impl<R: Registrar> Cache<R> {
                 // released first, so a racing second ibv_dereg_mr of it is a double release,
                 // never passed to libibverbs.
                 st.released_grants.insert(ptr);
+                let len0 = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
                 drop(st);
+                // Not a sampled call, but the class's round needs figures (a trial's
+                // release, the first few): timed from here (the unbind and its completion).
+                let t_start = t_start.or_else(|| {
+                    (len0 > 0 && self.needs_round_sample(Access::Remote, len0)).then(Instant::now)
+                });
                 if let Err(e) = self.registrar.revoke(ptr) {
                     let mut st = self.lock();
                     st.released_grants.remove(&ptr);
