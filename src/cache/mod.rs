@@ -272,6 +272,11 @@ impl<R: Registrar> Cache<R> {
             // (the preload times it: `note_passthrough`).
             return Err(AcquireError::Bypass(Bypass::Probe));
         }
+        // A hit the sampling did not time, of a class whose round needs figures (a trial's
+        // hits, the first few): timed from here (the claim, the shadow copy, the bind).
+        let t_start = t_start.or_else(|| {
+            (found.is_some() && self.needs_round_sample(kind, req.len)).then(Instant::now)
+        });
         if let Some((id, outcome)) = found
             && let Some(claim) = st.claim(&self.fast, id, req, self.limits.shadow)
         {

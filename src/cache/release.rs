@@ -93,7 +93,13 @@ impl<R: Registrar> Cache<R> {
                 // released first, so a racing second ibv_dereg_mr of it is a double release,
                 // never passed to libibverbs.
                 st.released_grants.insert(ptr);
+                let len0 = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
                 drop(st);
+                // Not a sampled call, but the class's round needs figures (a trial's
+                // release, the first few): timed from here (the unbind and its completion).
+                let t_start = t_start.or_else(|| {
+                    (len0 > 0 && self.needs_round_sample(Access::Remote, len0)).then(Instant::now)
+                });
                 if let Err(e) = self.registrar.revoke(ptr) {
                     let mut st = self.lock();
                     st.released_grants.remove(&ptr);

@@ -266,7 +266,8 @@ impl State {
 
     /// A live MR now has this address (the allocator reused it).
     pub fn unbury(&mut self, ptr: usize) {
-        if self.tombstone_set.remove(&ptr) {
+        // Every pass-through and every insert comes here: no hash while there is none.
+        if !self.tombstone_set.is_empty() && self.tombstone_set.remove(&ptr) {
             self.tombstones.retain(|&p| p != ptr);
         }
     }

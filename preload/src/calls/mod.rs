@@ -117,7 +117,7 @@ fn register_inner(
             }
             flush_after_fork(cache);
             if rt.monitor == Monitor::Patch {
-                crate::runtime::init::check_patches(cache);
+                crate::runtime::init::check_patches_watched(cache);
             }
             if pd.is_null() {
                 return passthrough(Bypassed::NullPd); // libibverbs' own behaviour for a NULL pd
@@ -174,10 +174,8 @@ fn register_inner(
                         cache.note_passthrough(&req, mr as usize, t.elapsed().as_nanos() as u64);
                     }
                     // libibverbs' MR may reuse the address of one the cache deregistered:
-                    // its dereg must not look like a second one.
-                    if !mr.is_null() {
-                        cache.note_foreign(mr as usize);
-                    }
+                    // its dereg must not look like a second one (`passthrough` told the
+                    // cache already: `note_foreign`).
                     (mr, o)
                 }
                 Err(AcquireError::Failed(e)) => {

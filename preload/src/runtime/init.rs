@@ -213,6 +213,18 @@ pub fn check_patches(cache: &Cache<Provider>) {
     }
 }
 
+/// `check_patches` on the registration hooks' full path, which every miss and every call
+/// passed through takes: while the watch word is clean no watched page changed since the
+/// last full check, so no site can have (the fast hit's own rule, docs/design.md, "A
+/// cheaper patch check"); every site is read only while it is not. The drain thread and
+/// the set-up still read every site (`check_patches`).
+pub fn check_patches_watched(cache: &Cache<Provider>) {
+    if patch::watch_clean() {
+        return;
+    }
+    check_patches(cache);
+}
+
 /// Test-only: `MRCACHE_TEST_INIT_DELAY_MS` stalls the set-up at the first verbs call, so a
 /// test can fork (or call from another thread) while it is in progress.
 fn test_init_delay() {
