@@ -185,7 +185,7 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "clock: one reading costs {:.0} ns here; the timed phases read it once per batch, batches of pairs sized so that it is under 1%",
+        "clock: one reading costs {:.0} ns here; the timed phases read it once per batch, batches of pairs sized so that it is under 0.1%",
         o.clock_ns
     );
     let env: Vec<String> = o
