@@ -180,6 +180,8 @@ pub const PROBE_EVERY: u64 = 32;
 pub const PROBE_MAX: u64 = 1024;
 /// The longest interval between a cached remote class's probes, in hits.
 pub const PROBE_HITS_MAX: u64 = 8192;
+/// A cached class passes through only on at least this many cached rounds (`Figures::complete`).
+pub const MIN_ROUNDS: u64 = 3;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
@@ -289,16 +291,40 @@ impl Figures {
         }
     }
 
+    /// Whether the figures are complete enough to stop caching the class on: a miss
+    /// measured whole (registration and deregistration) and at least `MIN_ROUNDS` cached
+    /// rounds. A class's first rounds carry its set-up (the first window bind, page
+    /// faults, a stall of a loaded machine); one such sample must not pass a class through
+    /// that pays many times over (CI saw a 5x class flip on its first hit and release).
+    pub fn complete(&self, access: Access) -> bool {
+        let rounds = if access == Access::Local && self.round.samples > 0 {
+            self.round.samples
+        } else {
+            self.hit.samples.min(self.release.samples)
+        };
+        self.miss_reg().samples > 0 && self.miss_dereg().samples > 0 && rounds >= MIN_ROUNDS
+    }
+
+    /// The banded verdict from the held one; a cached class stays cached until its
+    /// figures are `complete`.
+    fn verdict_from_held(&self, access: Access) -> Verdict {
+        let held = self.held.unwrap_or(Verdict::Cache);
+        if held == Verdict::Cache && !self.complete(access) {
+            return Verdict::Cache;
+        }
+        verdict_banded(&self.costs(access), held)
+    }
+
     /// The class's verdict now, with the band: updated from the held one.
     pub fn verdict_now(&mut self, access: Access) -> Verdict {
-        let v = verdict_banded(&self.costs(access), self.held.unwrap_or(Verdict::Cache));
+        let v = self.verdict_from_held(access);
         self.held = Some(v);
         v
     }
 
     /// The verdict the reports show (the held one, or what the next update would hold).
     pub fn verdict_shown(&self, access: Access) -> Verdict {
-        verdict_banded(&self.costs(access), self.held.unwrap_or(Verdict::Cache))
+        self.verdict_from_held(access)
     }
 
     /// The model's costs from these figures.
@@ -642,8 +668,10 @@ mod tests {
         let f = k.get_mut(Access::Remote, len);
         f.reg.add(3_000.0);
         f.dereg.add(2_000.0);
-        f.hit.add(6_000.0);
-        f.release.add(4_000.0);
+        for _ in 0..MIN_ROUNDS {
+            f.hit.add(6_000.0);
+            f.release.add(4_000.0);
+        }
         let mut seen = Vec::new();
         // Trials after 32, then 64 more misses (the interval doubles).
         for _ in 0..(3 * PROBE_EVERY) {
@@ -695,6 +723,46 @@ mod tests {
         );
     }
 
+    /// CI's reg_loop (remote 256 KiB under revoke, rxe in the guest): the first miss
+    /// measured its registration only, the first hit carried the first window bind. On
+    /// those two samples the class flipped to pass-through although a cached round costs
+    /// a fifth of a miss. A class passes through only on complete figures.
+    #[test]
+    fn first_noisy_round_does_not_pass_a_paying_class_through() {
+        let mut k = Classes::default();
+        let len = 256 << 10;
+        assert_eq!(k.decide(Access::Remote, len, true), Decision::Cache);
+        let f = k.get_mut(Access::Remote, len);
+        f.reg.add(200_000.0);
+        f.hit.add(400_000.0);
+        f.release.add(60_000.0);
+        assert_eq!(f.verdict_now(Access::Remote), Verdict::Cache);
+        assert!(k.allow_hit(Access::Remote, len, true));
+        // The next rounds are the class's real cost: the first sample is dropped.
+        let f = k.get_mut(Access::Remote, len);
+        for _ in 0..2 {
+            f.hit.add(30_000.0);
+            f.release.add(18_000.0);
+            assert_eq!(f.verdict_now(Access::Remote), Verdict::Cache);
+        }
+        // A probe measures libibverbs' whole miss: the figures are complete, and pay.
+        f.pass_reg.add(200_000.0);
+        f.pass_dereg.add(66_000.0);
+        assert!(f.complete(Access::Remote));
+        assert_eq!(f.verdict_now(Access::Remote), Verdict::Cache);
+        // A class that really does not pay still passes through once its figures are
+        // complete.
+        let g = k.get_mut(Access::Remote, 4096);
+        g.reg.add(20_000.0);
+        g.dereg.add(10_000.0);
+        for _ in 0..MIN_ROUNDS {
+            assert_eq!(g.verdict_now(Access::Remote), Verdict::Cache);
+            g.hit.add(40_000.0);
+            g.release.add(20_000.0);
+        }
+        assert_eq!(g.verdict_now(Access::Remote), Verdict::PassThrough);
+    }
+
     /// A local class's round is the lock-free one the cache times; without it, the timed
     /// locked rounds; a remote class's is always the locked one (bind and unbind).
     #[test]
@@ -723,8 +791,10 @@ mod tests {
         let f = k.get_mut(Access::Remote, 4096);
         f.reg.add(1_000.0);
         f.dereg.add(1_000.0);
-        f.hit.add(5_000.0);
-        f.release.add(5_000.0);
+        for _ in 0..MIN_ROUNDS {
+            f.hit.add(5_000.0);
+            f.release.add(5_000.0);
+        }
         let mut at = Vec::new();
         for i in 0..5_000u64 {
             if k.decide(Access::Remote, 4096, true) == Decision::Trial {
