@@ -206,6 +206,8 @@ pub const PROBE_EVERY: u64 = 32;
 pub const PROBE_MAX: u64 = 1024;
 /// The longest interval between a cached remote class's probes, in hits.
 pub const PROBE_HITS_MAX: u64 = 8192;
+/// A cached class passes through only on at least this many cached rounds (`Figures::complete`).
+pub const MIN_ROUNDS: u64 = 3;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
@@ -319,16 +321,40 @@ impl Figures {
         }
     }
 
+    /// Whether the figures are complete enough to stop caching the class on: a miss
+    /// measured whole (registration and deregistration) and at least `MIN_ROUNDS` cached
+    /// rounds. A class's first rounds carry its set-up (the first window bind, page
+    /// faults, a stall of a loaded machine); one such sample must not pass a class through
+    /// that pays many times over (CI saw a 5x class flip on its first hit and release).
+    pub fn complete(&self, access: Access) -> bool {
+        let rounds = if access == Access::Local && self.round.samples > 0 {
+            self.round.samples
+        } else {
+            self.hit.samples.min(self.release.samples)
+        };
+        self.miss_reg().samples > 0 && self.miss_dereg().samples > 0 && rounds >= MIN_ROUNDS
+    }
+
+    /// The banded verdict from the held one; a cached class stays cached until its
+    /// figures are `complete`.
+    fn verdict_from_held(&self, access: Access) -> Verdict {
+        let held = self.held.unwrap_or(Verdict::Cache);
+        if held == Verdict::Cache && !self.complete(access) {
+            return Verdict::Cache;
+        }
+        verdict_banded(&self.costs(access), held)
+    }
+
     /// The class's verdict now, with the band: updated from the held one.
     pub fn verdict_now(&mut self, access: Access) -> Verdict {
-        let v = verdict_banded(&self.costs(access), self.held.unwrap_or(Verdict::Cache));
+        let v = self.verdict_from_held(access);
         self.held = Some(v);
         v
     }
 
     /// The verdict the reports show (the held one, or what the next update would hold).
     pub fn verdict_shown(&self, access: Access) -> Verdict {
-        verdict_banded(&self.costs(access), self.held.unwrap_or(Verdict::Cache))
+        self.verdict_from_held(access)
     }
 
     /// The model's costs from these figures.

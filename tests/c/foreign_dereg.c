@@ -10,7 +10,8 @@
 
 #define LEN (64u << 10)
 #define OLD 32 /* more freed MR objects than glibc's per-size tcache holds (7) */
-#define TRIES 64
+#define TRIES 64 /* passthrough registrations held at once, per round */
+#define ROUNDS 16 /* rounds at most, until one lands at a tombstoned address */
 
 int main(void) {
     CHECK(mrcache_loaded(), "this test needs libmrcache.so preloaded");
@@ -56,22 +57,34 @@ int main(void) {
         for (int i = 0; i < OLD; i++)
             printf("cached %d at %p\n", i, old[i]);
 
-    int reused = 0;
-    for (int t = 0; t < TRIES; t++) {
-        struct ibv_mr *m = ibv_reg_mr(lb.pd, probe, LEN, flags[pick]);
-        CHECK(m, "%s registration %d: %s", names[pick], t, strerror(errno));
-        int at_old = 0;
-        for (int i = 0; i < OLD; i++)
-            at_old |= old[i] == (void *)m;
-        reused += at_old;
-        if (getenv("FOREIGN_DEBUG"))
-            printf("passthrough %d at %p%s\n", t, (void *)m, at_old ? " (tombstoned)" : "");
-        int rc = ibv_dereg_mr(m);
-        CHECK(rc == 0, "ibv_dereg_mr of a %s registration at %s address %p gave %d (%s): the MR leaked",
-              names[pick], at_old ? "a reused (tombstoned)" : "a fresh", (void *)m, rc, strerror(rc));
+    /* Held all at once, so that they exhaust this thread's tcache and come from the arena's
+     * bins, where the freed MR objects are whichever thread freed them (the cache
+     * deregisters on this thread or on its drain thread: in the second case this thread's
+     * tcache holds none of them, and one registration at a time would recycle one chunk). */
+    int reused = 0, tries = 0;
+    struct ibv_mr *held[TRIES];
+    for (int r = 0; r < ROUNDS && !reused; r++) {
+        int at_old[TRIES];
+        for (int t = 0; t < TRIES; t++, tries++) {
+            struct ibv_mr *m = ibv_reg_mr(lb.pd, probe, LEN, flags[pick]);
+            CHECK(m, "%s registration %d: %s", names[pick], tries, strerror(errno));
+            held[t] = m;
+            at_old[t] = 0;
+            for (int i = 0; i < OLD; i++)
+                at_old[t] |= old[i] == (void *)m;
+            reused += at_old[t];
+            if (getenv("FOREIGN_DEBUG"))
+                printf("passthrough %d at %p%s\n", tries, (void *)m, at_old[t] ? " (tombstoned)" : "");
+        }
+        for (int t = 0; t < TRIES; t++) {
+            void *m = held[t];
+            int rc = ibv_dereg_mr(held[t]);
+            CHECK(rc == 0, "ibv_dereg_mr of a %s registration at %s address %p gave %d (%s): the MR leaked",
+                  names[pick], at_old[t] ? "a reused (tombstoned)" : "a fresh", m, rc, strerror(rc));
+        }
     }
-    CHECK(reused > 0, "no passthrough MR object reused the address of a deregistered cached one in %d tries: the test proves nothing", TRIES);
+    CHECK(reused > 0, "no passthrough MR object reused the address of a deregistered cached one in %d tries: the test proves nothing", tries);
     lb_close(&lb);
-    printf("foreign_dereg: ok (%s passthrough, %d of %d MR objects at a tombstoned address)\n", names[pick], reused, TRIES);
+    printf("foreign_dereg: ok (%s passthrough, %d of %d MR objects at a tombstoned address)\n", names[pick], reused, tries);
     return 0;
 }
