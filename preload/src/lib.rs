@@ -25,6 +25,8 @@ mod load;
 mod memory;
 mod once;
 mod patch;
+#[cfg(any(target_arch = "aarch64", test))]
+mod patch_aarch64;
 mod provider;
 mod real;
 mod report;
