@@ -478,4 +478,84 @@ mod tests {
         assert_eq!(foreign_target(0x1000, &[0x14000010]), Some(0x1040));
     }
     const BTI_C_ONLY: [u32; 2] = [BTI_C, NOP];
+
+    /// On aarch64: two functions in an anonymous code page, `f` returning 1 and `g`
+    /// returning 2; 4 threads call `f` in a loop while the main thread stores `b g` over
+    /// `f`'s first instruction (one aligned 32-bit store, `sync_icache`), puts the `mov` back,
+    /// and again, 2000 times. Every call must return 1 or 2 (a torn or unflushed word would be
+    /// a crash, SIGILL, or another value), and after the last store of `b g` the main thread
+    /// must see 2. `MRCACHE_TEST_A64_TEAR=1` writes the word as two 16-bit halves instead, the
+    /// deliberately broken variant.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn a_branch_stored_over_a_running_function_is_never_torn() {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+        let tear = std::env::var_os("MRCACHE_TEST_A64_TEAR").is_some();
+        // SAFETY: a private anonymous page, ours alone; code written before it is made
+        // executable, then only whole words (or halves, in the broken variant) over f.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let code = page as *mut u32;
+        let mov1 = 0x5280_0020u32; // mov w0, #1
+        let mov2 = 0x5280_0040u32; // mov w0, #2
+        let ret = 0xd65f_03c0u32;
+        // SAFETY: within the page.
+        unsafe {
+            code.write_volatile(mov1);
+            code.add(1).write_volatile(ret);
+            code.add(4).write_volatile(mov2);
+            code.add(5).write_volatile(ret);
+        }
+        sync_icache(page as usize, 32);
+        // SAFETY: the page holds `mov w0, #1; ret` (then a branch to `mov w0, #2; ret`).
+        let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(page) };
+        let b = b_to(page as usize, page as usize + 16).unwrap();
+        let stop = AtomicBool::new(false);
+        let bad = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    while !stop.load(Relaxed) {
+                        let v = f();
+                        if v != 1 && v != 2 {
+                            bad.store(v | 0x100, Relaxed);
+                        }
+                    }
+                });
+            }
+            let store = |w: u32| {
+                if tear {
+                    let h = code as *mut u16;
+                    // SAFETY: the broken variant: the two halves of the same word.
+                    unsafe {
+                        h.write_volatile(w as u16);
+                        std::thread::yield_now();
+                        h.add(1).write_volatile((w >> 16) as u16);
+                    }
+                } else {
+                    // SAFETY: f's first word, 4-aligned: one single-copy-atomic store.
+                    unsafe { (*(code as *const AtomicU32)).store(w, Release) };
+                }
+                sync_icache(code as usize, 4);
+            };
+            for _ in 0..2000 {
+                store(b);
+                assert_eq!(f(), 2, "after the store of `b g` and sync_icache");
+                store(mov1);
+            }
+            stop.store(true, Relaxed);
+        });
+        assert_eq!(bad.load(Relaxed), 0, "a caller saw neither 1 nor 2");
+        // SAFETY: the page mapped above.
+        unsafe { libc::munmap(page, 4096) };
+    }
 }
