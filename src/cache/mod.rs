@@ -581,4 +581,6 @@ impl<R: Registrar> Cache<R> {
 #[cfg(test)]
 mod class_flip;
 #[cfg(test)]
+mod class_lists;
+#[cfg(test)]
 mod stale_words;

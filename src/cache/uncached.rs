@@ -69,13 +69,9 @@ impl<R: Registrar> Cache<R> {
         }
     }
 
-    /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
-    /// `Scan`, `Probe`), libibverbs' whole `ibv_reg_mr` took `ns` and returned `mr`: a
-    /// sample of what the class's miss costs the app (`Figures::pass_reg`). `mr`'s
-    /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
     /// Whether the preload should time this pass-through of `req` (`note_passthrough`):
-    /// while its class has fewer than 4 such samples or its last one moved the figure by
-    /// more than a quarter (`Figures::pass_moving`: a change of cost is followed at every
+    /// while its class has fewer than 4 such samples or its last one was more than half
+    /// off the figure (`Figures::pass_moving`: a change of cost is followed at every
     /// call), else one call in about `admission::SAMPLE_EVERY` (each timing costs two
     /// clock reads, and one more at its deregistration for a remote class).
     pub fn wants_passthrough_sample(&self, req: &Request) -> bool {
@@ -84,13 +80,19 @@ impl<R: Registrar> Cache<R> {
         f.pass_reg.samples < 4 || f.pass_moving || self.sampled()
     }
 
+    /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
+    /// `Scan`, `Probe`), libibverbs' whole `ibv_reg_mr` took `ns` and returned `mr`: a
+    /// sample of what the class's miss costs the app (`Figures::pass_reg`). `mr`'s
+    /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
     pub fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
         let kind = self.kind_of(req);
         self.figures(kind, req.len, |f| {
             let before = f.pass_reg.value;
             f.pass_reg.add(ns as f64);
-            let after = f.pass_reg.value;
-            f.pass_moving = before > 0.0 && (after - before).abs() > 0.25 * before.min(after);
+            // The sample against the figure, not the figure's own 1/8 step: a doubled
+            // cost is followed at every call until the figure is within half of it.
+            let x = ns as f64;
+            f.pass_moving = before > 0.0 && (x > 1.5 * before || 1.5 * x < before);
         });
         if kind == Access::Remote && mr != 0 {
             self.passed_mrs

@@ -31,6 +31,7 @@ extern "C" fn route_dlvsym(
 // arguments are saved around the call to route_* and restored for the jump, so libc's
 // function sees exactly the caller's call. Stack: entry rsp = 8 mod 16; pushes and the
 // out slot keep the call to route_* 16-byte aligned.
+#[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     ".globl dlsym",
     ".globl mrcache_dlsym_2_2_5",
@@ -86,3 +87,6 @@ std::arch::global_asm!(
     route_dlsym = sym route_dlsym,
     route_dlvsym = sym route_dlvsym,
 );
+#[cfg(target_arch = "aarch64")]
+#[path = "dlsym_aarch64.rs"]
+mod aarch64;

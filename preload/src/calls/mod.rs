@@ -142,6 +142,14 @@ fn register_inner(
             trace::ensure_writer();
             match result {
                 Ok((handle, o)) => {
+                    // A miss just cached an entry: the sites are read whatever the watch
+                    // word says (an overwrite no watched call announced, /proc/self/mem or
+                    // a raw mprotect, leaves it clean; review of s5-i21, D1): caught here,
+                    // `stop_caching` takes the entry out of the index. Pass-throughs cache
+                    // nothing and skip it; hits keep the watched check.
+                    if o == mrcache::cache::Outcome::Miss && rt.monitor == Monitor::Patch {
+                        crate::runtime::init::check_patches(cache);
+                    }
                     crate::runtime::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
                     let o = match o {
                         mrcache::cache::Outcome::Hit => Outcome::Hit,

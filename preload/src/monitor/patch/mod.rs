@@ -22,6 +22,8 @@
 //! Here: the prologues we recognise and the targets; `sites` (our jumps: writing them,
 //! what each holds now, chaining), `watch` (the one word a hit reads instead of every site).
 
+#[cfg(any(target_arch = "aarch64", test))]
+pub(crate) mod aarch64;
 mod sites;
 mod watch;
 
