@@ -367,8 +367,9 @@ fn measure(
     }
     let batch_cached = batch_for(t.elapsed().as_nanos() as f64 / 16.0, clock_ns);
 
-    let slice_alone = budget / 12;
-    let slice_cached = budget / 40;
+    // Each round: a libibverbs-alone phase, a no-preload phase as long, a cached phase.
+    let slice_alone = budget / 24;
+    let slice_cached = budget / 80;
     let (mut alone, mut alone_dereg, mut cached, mut miss) = (vec![], vec![], vec![], vec![]);
     let mut no_preload = vec![];
     let mut round_ns: Vec<[f64; 3]> = vec![];

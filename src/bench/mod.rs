@@ -139,11 +139,12 @@ pub fn check_memlock(sizes: &[usize], memlock: Memlock) -> Result<(), String> {
     }
 }
 
-/// The memory the bench maps and populates at once: a size's buffer and the misses' memory
-/// (twice the largest size), the hit-path regions (a gap page each), and a margin.
+/// The memory the bench maps and populates at once: a size's buffer, the misses' memory and
+/// the control co-process's buffer (three times the largest size), the hit-path regions (a
+/// gap page each), and a margin.
 pub fn memory_needed(sizes: &[usize]) -> u64 {
     let largest = sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64;
-    2 * largest + (2 * HIT_REGIONS * HIT_REGION_BYTES) as u64 + MEMORY_MARGIN
+    3 * largest + (2 * HIT_REGIONS * HIT_REGION_BYTES) as u64 + MEMORY_MARGIN
 }
 const MEMORY_MARGIN: u64 = 64 << 20;
 
@@ -167,9 +168,9 @@ pub fn check_memory(sizes: &[usize], available: Option<u64>) -> Result<(), Strin
     let need = memory_needed(sizes);
     match available {
         Some(have) if need > have / 4 * 3 => Err(format!(
-            "bench --sizes up to {} maps {need} bytes (twice the largest size, and {} MiB more), more than 3/4 of MemAvailable ({have} bytes): give smaller --sizes or free memory",
+            "bench --sizes up to {} maps {need} bytes (three times the largest size, and {} MiB more), more than 3/4 of MemAvailable ({have} bytes): give smaller --sizes or free memory",
             report::size_text(sizes.iter().copied().max().unwrap_or(0)),
-            (need - 2 * sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64) >> 20
+            (need - 3 * sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64) >> 20
         )),
         _ => Ok(()),
     }

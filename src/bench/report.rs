@@ -164,9 +164,7 @@ pub fn table(o: &Outcome) -> String {
     let _ = writeln!(
         s,
         "libibverbs alone: {} in a link-map namespace of its own (dlmopen); no preload: {} in a control process without libmrcache.so; through the cache: {}",
-        o.alone_from,
-        o.no_preload_from,
-        o.cache_hooks
+        o.alone_from, o.no_preload_from, o.cache_hooks
     );
     let _ = writeln!(
         s,
