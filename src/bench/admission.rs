@@ -48,23 +48,36 @@ pub fn classes_with(access: Access, len: usize, costs: &Costs) -> Classes {
 
 /// What the library decides for the next miss of that class on these figures:
 /// `Classes::decide` under `MRCACHE_ADMIT=auto` (a trial counts as caching).
+#[cfg(test)]
 pub fn decide(access: Access, len: usize, costs: &Costs) -> Verdict {
-    match classes_with(access, len, costs).decide(access, len, true) {
+    verdict_of(library_decision(access, len, costs))
+}
+
+/// What `Classes::decide` returned for that class on these figures.
+fn library_decision(access: Access, len: usize, costs: &Costs) -> Decision {
+    classes_with(access, len, costs).decide(access, len, true)
+}
+
+fn verdict_of(d: Decision) -> Verdict {
+    match d {
         Decision::Cache | Decision::Trial => Verdict::Cache,
         Decision::PassThrough => Verdict::PassThrough,
     }
 }
 
-/// The decision, and on which figures.
+/// The decision, and why: the text is made from the `Decision` the library's
+/// `Classes::decide` returned (not from the verdict), with the figures and the band.
 pub fn describe(access: Access, len: usize, costs: &Costs) -> (Verdict, String) {
-    let v = decide(access, len, costs);
+    let d = library_decision(access, len, costs);
+    let v = verdict_of(d);
     (
         v,
         format!(
-            "mrcache::admission::Classes::decide({}, {len} bytes): verdict_banded(miss_ns {:.0}, cached_ns {:.0}, held cache) = {v} (passes through when cached_ns > {BAND_OUT} x miss_ns)",
+            "mrcache::admission::Classes::decide({}, {len} bytes) returned {d:?} on miss_ns {:.0}, cached_ns {:.0} (cached / miss {:.3}; the band passes through above {BAND_OUT}, held cache) = {v}",
             access.name(),
             costs.miss_ns,
-            costs.cached_ns
+            costs.cached_ns,
+            costs.cached_ns / costs.miss_ns
         ),
     )
 }
@@ -92,11 +105,15 @@ mod tests {
                 assert_eq!(verdict_banded(&c, Verdict::Cache), want);
                 let (v, why) = describe(access, 4096, &c);
                 assert_eq!(v, want);
+                let returned = if want == Verdict::Cache {
+                    "returned Cache on"
+                } else {
+                    "returned PassThrough on"
+                };
                 assert!(
-                    why.contains("verdict_banded")
-                        && why.ends_with(&format!(
-                            "= {want} (passes through when cached_ns > {BAND_OUT} x miss_ns)"
-                        )),
+                    why.contains(returned)
+                        && why.contains(&format!("cached / miss {:.3}", cached / 100.0))
+                        && why.ends_with(&format!("= {want}")),
                     "{why}"
                 );
             }

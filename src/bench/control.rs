@@ -1,76 +1,39 @@
-//! The control of `mrcache bench`: is the "libibverbs alone" column what an application
-//! without the preload pays? (docs/design.md, "`mrcache bench`: the no-preload control")
+//! The control of `mrcache bench`: what an application without the preload pays, measured
+//! in the same time window as the cached figure (docs/design.md, "`mrcache bench`: the
+//! no-preload control, paired").
 //!
-//! Run by the launcher before the measuring process, in a process of its own without
-//! libmrcache.so: the process's own libibverbs (the base link-map namespace, as an
-//! application calls it) and the `dlmopen` copy the table's libibverbs column uses, on the
-//! same buffer, in short alternating phases (`SLICE`, the order rotated every round so
-//! that none always runs first). Each round has three phases: the `dlmopen` copy timed by
-//! the table's own phase (`measure::alone_phase`); the base copy timed by the plainest loop
-//! (between two clock readings, as many pairs as the table's phase of that copy last did);
-//! the base copy timed by the table's phase. The table's "no-preload" column is the plain base figures' median (what an
-//! application pays); the third against the second checks the table's timing (`timing`,
-//! the VM case fails when they differ), the first against the second shows what the
-//! namespace costs (`namespace`, reported).
+//! A co-process the measuring process starts (this same command, without libmrcache.so in
+//! `LD_PRELOAD`): it opens the device through the process's own libibverbs (the base
+//! link-map namespace, as an application calls it) and serves, on request over a pipe, one
+//! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (between two clock readings).
+//! The measuring process asks for one such phase in every round of every row, between its
+//! libibverbs-alone (`dlmopen`) phase and its cached phase (the order rotated every round),
+//! with as many pairs as its libibverbs-alone phase did, so that each round's no-preload
+//! and cached figures come from the same few tens of milliseconds: a stall of the machine
+//! or a drift of the device's speed weighs on both. The speed-up is the median over the
+//! rounds of the per-round ratio no-preload / cached (`paired_ratio`).
+//!
+//! Protocol (one line each way, text): the control starts with `ready <clock ns> <path of
+//! its libibverbs>`; `row <size> <local|remote>` maps and warms that row's buffer, answered
+//! `ok`; `phase <pairs>` answers the ns per pair; end of input ends it (exit 0). An error
+//! is one `mrcache: ...` line on stderr and exit 2.
 
 use super::Plan;
 use super::admission::Access;
-use super::measure::{Spread, access_name, alone_phase, batch_for, clock_ns, is_ours};
-use super::verbs::{Buffer, Copy, Pd, Verbs};
+use super::measure::{Spread, access_name, clock_ns, flags, is_ours};
+use super::verbs::{Buffer, Copy, Verbs};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// One phase of a round: a batch of pairs at least, about this long.
-pub const SLICE: Duration = Duration::from_millis(1);
-/// Rounds per row at most (a row has a quarter of `--seconds`, one round at least).
-pub const MAX_ROUNDS: usize = 400;
 /// Agreement: the copies differ when both hold (docs/design.md): the one copy was the
 /// slower in more rounds than chance gives (a sign test, `Z_MAX` standard deviations over
 /// half the rounds) and the median of the per-round ratios is off 1 by more than `SPREAD`.
 pub const Z_MAX: f64 = 3.5;
-/// The spread allowed to the table's timing against the plainest (its one clock reading
-/// per batch is under 1% of the batch, `batch_for`).
-pub const TIMING_SPREAD: f64 = 0.02;
 /// The spread the namespace comparison is stated at.
 pub const NAMESPACE_SPREAD: f64 = 0.05;
 
-#[derive(Debug, Clone)]
-pub struct ControlRow {
-    pub size: usize,
-    pub access: Access,
-    /// Per round, ns per reg + dereg: the `dlmopen` copy (the table's timing), the base
-    /// namespace's libibverbs (the plainest timing), the same (the table's timing).
-    pub rounds: Vec<[f64; 3]>,
-}
-
-impl ControlRow {
-    fn column(&self, i: usize) -> Vec<f64> {
-        self.rounds.iter().map(|r| r[i]).collect()
-    }
-    pub fn alone(&self) -> Spread {
-        Spread::of(&self.column(0))
-    }
-    pub fn base(&self) -> Spread {
-        Spread::of(&self.column(1))
-    }
-    /// (the `dlmopen` copy, the base copy), both as the table times libibverbs alone
-    /// against the plainest loop.
-    pub fn namespace_pairs(&self) -> Vec<(f64, f64)> {
-        self.rounds.iter().map(|r| (r[0], r[1])).collect()
-    }
-    /// (the table's timing, the plainest), both of the base copy.
-    pub fn timing_pairs(&self) -> Vec<(f64, f64)> {
-        self.rounds.iter().map(|r| (r[2], r[1])).collect()
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Control {
-    pub clock_ns: f64,
-    pub base_from: String,
-    pub rows: Vec<ControlRow>,
-}
-
-/// How the two copies compare over a set of rounds.
+/// How two figures compare over a set of rounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Agreement {
     pub rounds: usize,
@@ -98,12 +61,11 @@ impl Agreement {
         } else {
             (slower as f64 - n as f64 / 2.0) / (n as f64 / 4.0).sqrt()
         };
-        let ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
         Agreement {
             rounds: n,
             first_slower: slower,
             z,
-            median_ratio: Spread::of(&ratios).median,
+            median_ratio: paired_ratio(&pairs),
             spread,
         }
     }
@@ -114,157 +76,224 @@ impl Agreement {
     }
 }
 
-pub fn run(plan: &Plan) -> Result<Control, String> {
-    let base = Verbs::open(Copy::Global)?;
-    let alone = Verbs::open(Copy::Alone)?;
-    if is_ours(&base.reg_from) || is_ours(&base.dereg_from) || is_ours(&alone.reg_from) {
-        return Err(
-            "the control process (libibverbs without the preload) resolves ibv_reg_mr to libmrcache.so".into(),
-        );
-    }
-    let bctx = base.open_device(plan.device.as_deref())?;
-    let actx = alone
-        .open_device(Some(&bctx.name))
-        .map_err(|e| format!("{e} (libibverbs alone, in its own namespace)"))?;
-    let bpd = bctx.alloc_pd()?;
-    let apd = actx.alloc_pd()?;
-    let clock = clock_ns();
-    let budget = Duration::from_secs_f64(plan.seconds) / 4;
-    // Both copies warm before the first row (in a run on rxe without this, the first row's
-    // median was 9x the next one's): 200 ms of 4 KiB pairs, alternating, untimed.
-    warm(&bpd, &apd)?;
-    let mut rows = Vec::new();
-    for &size in &plan.sizes {
-        for access in Access::ALL {
-            rows.push(row(&bpd, &apd, size, access, budget, clock)?);
-        }
-    }
-    let out = Control {
-        clock_ns: clock,
-        base_from: base.reg_from.clone(),
-        rows,
-    };
-    drop((bpd, apd));
-    drop((bctx, actx));
-    Ok(out)
-}
-
-fn warm(bpd: &Pd, apd: &Pd) -> Result<(), String> {
-    let buf = Buffer::new(4096)?;
-    let flags = super::measure::flags(Access::Local);
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_millis(200) {
-        for pd in [apd, bpd] {
-            pd.dereg(pd.reg(buf.addr, 4096, flags)?)?;
-        }
-    }
-    Ok(())
-}
-
-fn row(
-    bpd: &Pd,
-    apd: &Pd,
-    size: usize,
-    access: Access,
-    budget: Duration,
-    clock: f64,
-) -> Result<ControlRow, String> {
-    let flags = super::measure::flags(access);
-    let buf = Buffer::new(size)?;
-    let pair = |pd: &Pd| pd.dereg(pd.reg(buf.addr, size, flags)?);
-    // Both copies warm (their first pins of the pages, the device's first use).
-    for _ in 0..2 {
-        pair(apd)?;
-        pair(bpd)?;
-    }
-    let t = Instant::now();
-    pair(apd)?;
-    pair(bpd)?;
-    let est = t.elapsed().as_nanos() as f64 / 2.0;
-    // libibverbs alone: the table's own phase, with the batch it would use. The base copy:
-    // the plainest timing, a fixed number of pairs (a slice's worth, and the batch at
-    // least) between two readings of the clock.
-    let batch = batch_for(est, clock);
-    // The plain loop does as many pairs as the table's phase of the same copy last did, so
-    // that a stall of the machine weighs the same in both.
-    let mut plain = ((SLICE.as_nanos() as f64 / est) as usize).max(batch).max(1);
-    let t0 = Instant::now();
-    let mut rounds: Vec<[f64; 3]> = Vec::new();
-    while rounds.is_empty() || (rounds.len() < MAX_ROUNDS && t0.elapsed() < budget) {
-        let mut r = [0.0; 3];
-        // The order rotates: 0 1 2, 1 2 0, 2 0 1, ...
-        for k in 0..3 {
-            let phase = (k + rounds.len()) % 3;
-            r[phase] = match phase {
-                0 => alone_phase(apd, buf.addr, size, flags, SLICE, batch)?.0,
-                1 => {
-                    let t = Instant::now();
-                    for _ in 0..plain {
-                        pair(bpd)?;
-                    }
-                    t.elapsed().as_nanos() as f64 / plain as f64
-                }
-                _ => {
-                    let (ns, n) = alone_phase(bpd, buf.addr, size, flags, SLICE, batch)?;
-                    plain = n;
-                    ns
-                }
-            };
-        }
-        rounds.push(r);
-    }
-    Ok(ControlRow {
-        size,
-        access,
-        rounds,
-    })
-}
-
-/// The control's figures as one JSON line (ns), for the measuring process.
-pub fn json(c: &Control) -> String {
-    let rows: Vec<serde_json::Value> = c
-        .rows
+/// The median over the rounds of first / second, each round's two figures measured in the
+/// same window (NaN without a round of two positive, finite figures).
+pub fn paired_ratio(pairs: &[(f64, f64)]) -> f64 {
+    let ratios: Vec<f64> = pairs
         .iter()
-        .map(|r| {
-            serde_json::json!({
-                "size": r.size,
-                "access": access_name(r.access),
-                "rounds_ns": r.rounds.iter().map(|x| x.map(f64::round)).collect::<Vec<_>>(),
-            })
-        })
+        .filter(|(a, b)| a.is_finite() && b.is_finite() && *a > 0.0 && *b > 0.0)
+        .map(|(a, b)| a / b)
         .collect();
-    serde_json::json!({"clock_ns": c.clock_ns, "base_from": c.base_from, "rows": rows}).to_string()
+    Spread::of(&ratios).median
 }
 
-/// Read back what `json` wrote.
-pub fn parse(s: &str) -> Result<Control, String> {
-    let bad = || "the control process's figures are malformed".to_string();
-    let v: serde_json::Value = serde_json::from_str(s.trim()).map_err(|_| bad())?;
-    let mut rows = Vec::new();
-    for r in v["rows"].as_array().ok_or_else(bad)? {
-        let access = match r["access"].as_str() {
-            Some("local") => Access::Local,
-            Some("remote") => Access::Remote,
-            _ => return Err(bad()),
+/// One answer of the control: a positive, finite number of ns (anything else is an error
+/// naming what came).
+pub fn parse_ns(line: &str) -> Result<f64, String> {
+    line.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| {
+            format!(
+                "the control process answered {:?}, not a positive number of ns per pair",
+                line.trim()
+            )
+        })
+}
+
+/// The measuring process's end of the control co-process.
+pub struct Peer {
+    child: Child,
+    to: Option<ChildStdin>,
+    from: BufReader<ChildStdout>,
+    pub clock_ns: f64,
+    pub base_from: String,
+}
+
+impl Peer {
+    /// Start this same command as the control, with `LD_PRELOAD` set to `preload` (the
+    /// measuring process's without any copy of libmrcache), and wait for it to be ready.
+    pub fn start(preload: Option<std::ffi::OsString>) -> Result<Peer, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
+        let mut cmd = Command::new(&exe);
+        cmd.args(std::env::args_os().skip(1))
+            .env(super::CHILD_MARK, super::CONTROL_MARK)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        match preload {
+            Some(p) => cmd.env("LD_PRELOAD", p),
+            None => cmd.env_remove("LD_PRELOAD"),
         };
-        let rounds = r["rounds_ns"]
-            .as_array()
-            .ok_or_else(bad)?
-            .iter()
-            .map(|p| Some([p[0].as_f64()?, p[1].as_f64()?, p[2].as_f64()?]))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(bad)?;
-        rows.push(ControlRow {
-            size: r["size"].as_u64().ok_or_else(bad)? as usize,
-            access,
-            rounds,
-        });
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        let to = child
+            .stdin
+            .take()
+            .ok_or("the control process has no input")?;
+        let from = BufReader::new(
+            child
+                .stdout
+                .take()
+                .ok_or("the control process has no output")?,
+        );
+        let mut peer = Peer {
+            child,
+            to: Some(to),
+            from,
+            clock_ns: f64::NAN,
+            base_from: String::new(),
+        };
+        let ready = peer.line()?;
+        let mut w = ready.trim().splitn(3, ' ');
+        match (w.next(), w.next().map(parse_ns), w.next()) {
+            (Some("ready"), Some(Ok(clock)), Some(from)) if !from.is_empty() => {
+                peer.clock_ns = clock;
+                peer.base_from = from.to_string();
+                Ok(peer)
+            }
+            _ => Err(format!(
+                "the control process started with {:?}, not \"ready <clock ns> <libibverbs>\"",
+                ready.trim()
+            )),
+        }
     }
-    Ok(Control {
-        clock_ns: v["clock_ns"].as_f64().unwrap_or(f64::NAN),
-        base_from: v["base_from"].as_str().unwrap_or("?").to_string(),
-        rows,
-    })
+
+    /// The next line the control wrote; its end (with how it ended) is an error.
+    fn line(&mut self) -> Result<String, String> {
+        let mut s = String::new();
+        match self.from.read_line(&mut s) {
+            Ok(n) if n > 0 => Ok(s),
+            r => {
+                let status = self.child.wait();
+                Err(format!(
+                    "the control process of mrcache bench (libibverbs without the preload) ended{}: {}",
+                    r.err().map(|e| format!(" ({e})")).unwrap_or_default(),
+                    status.map_or_else(|e| e.to_string(), |s| s.to_string())
+                ))
+            }
+        }
+    }
+
+    fn ask(&mut self, request: &str) -> Result<String, String> {
+        let sent = self
+            .to
+            .as_mut()
+            .is_some_and(|to| writeln!(to, "{request}").and_then(|_| to.flush()).is_ok());
+        if !sent {
+            // It is gone: its status says why.
+            return self.line();
+        }
+        self.line()
+    }
+
+    /// Map and warm the row's buffer in the control.
+    pub fn row(&mut self, size: usize, access: Access) -> Result<(), String> {
+        let r = self.ask(&format!("row {size} {}", access_name(access)))?;
+        if r.trim() == "ok" {
+            Ok(())
+        } else {
+            Err(format!(
+                "the control process answered {:?} to a row",
+                r.trim()
+            ))
+        }
+    }
+
+    /// One no-preload phase of `pairs` pairs on the row's buffer: ns per pair.
+    pub fn phase(&mut self, pairs: usize) -> Result<f64, String> {
+        let r = self.ask(&format!("phase {}", pairs.max(1)))?;
+        parse_ns(&r)
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // The end of its input ends it.
+        drop(self.to.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The control process: serve phases until the end of its input.
+pub fn serve(plan: &Plan) -> Result<(), String> {
+    let base = Verbs::open(Copy::Global)?;
+    if is_ours(&base.reg_from) || is_ours(&base.dereg_from) {
+        return Err(format!(
+            "the control process of mrcache bench (libibverbs without the preload) resolves ibv_reg_mr to {}: remove it from LD_PRELOAD",
+            base.reg_from
+        ));
+    }
+    let ctx = base.open_device(plan.device.as_deref())?;
+    let pd = ctx.alloc_pd()?;
+    let clock = clock_ns();
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    let say = |out: &mut std::io::StdoutLock, s: &str| -> Result<(), String> {
+        writeln!(out, "{s}")
+            .and_then(|_| out.flush())
+            .map_err(|e| format!("the control process cannot answer: {e}"))
+    };
+    // Warm before the first row (in a run on rxe without this, the first row's median was
+    // 9x the next one's): 200 ms of 4 KiB pairs, untimed.
+    {
+        let buf = Buffer::new(4096)?;
+        let f = flags(Access::Local);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(200) {
+            pd.dereg(pd.reg(buf.addr, 4096, f)?)?;
+        }
+    }
+    say(&mut out, &format!("ready {clock:.0} {}", base.reg_from))?;
+    let mut row: Option<(Buffer, usize, u32)> = None;
+    for line in std::io::stdin().lock().lines() {
+        let line =
+            line.map_err(|e| format!("the control process cannot read its requests: {e}"))?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["row", size, access] => {
+                let size: usize = size.parse().map_err(|_| {
+                    format!("the control process was asked for a row of {size:?} bytes")
+                })?;
+                let access = match *access {
+                    "local" => Access::Local,
+                    "remote" => Access::Remote,
+                    a => return Err(format!("the control process was asked for {a:?} access")),
+                };
+                // The last row's buffer goes first (it may be large).
+                drop(row.take());
+                let buf = Buffer::new(size)?;
+                let f = flags(access);
+                // Warm: the first pins of the pages.
+                for _ in 0..2 {
+                    pd.dereg(pd.reg(buf.addr, size, f)?)?;
+                }
+                row = Some((buf, size, f));
+                say(&mut out, "ok")?;
+            }
+            ["phase", n] => {
+                let n: usize = n
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| format!("the control process was asked for {n:?} pairs"))?;
+                let (buf, size, f) = row
+                    .as_ref()
+                    .ok_or("the control process was asked for a phase before a row")?;
+                let t = Instant::now();
+                for _ in 0..n {
+                    pd.dereg(pd.reg(buf.addr, *size, *f)?)?;
+                }
+                let ns = t.elapsed().as_nanos() as f64 / n as f64;
+                say(&mut out, &format!("{ns:.1}"))?;
+            }
+            _ => return Err(format!("the control process was asked {line:?}")),
+        }
+    }
+    drop(row);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -293,10 +322,10 @@ mod tests {
             .collect();
         let a = of(&slow);
         assert!(a.differ() && a.z > Z_MAX && a.median_ratio > 1.05, "{a:?}");
-        // Always slower by 3%: consistent, within the namespace's spread, not the timing's.
+        // Always slower by 3%: consistent, within the namespace's spread.
         let near: Vec<(f64, f64)> = (0..50).map(|_| (103.0, 100.0)).collect();
         assert!(!of(&near).differ());
-        assert!(Agreement::of(&near, TIMING_SPREAD).differ());
+        assert!(Agreement::of(&near, 0.02).differ());
         // Faster by 10% differs as well.
         let fast: Vec<(f64, f64)> = (0..50).map(|_| (90.0, 100.0)).collect();
         assert!(of(&fast).differ());
@@ -305,29 +334,39 @@ mod tests {
         assert_eq!(of(&[]).rounds, 0);
     }
 
+    /// The speed-up is the median over the rounds of each round's no-preload / cached:
+    /// a stall that hits one phase of a round moves that round's ratio only.
     #[test]
-    fn json_reads_back() {
-        let c = Control {
-            clock_ns: 6980.0,
-            base_from: "/lib/libibverbs.so.1".into(),
-            rows: vec![ControlRow {
-                size: 4096,
-                access: Access::Remote,
-                rounds: vec![
-                    [140_000.0, 138_000.0, 139_000.0],
-                    [150_000.0, 151_000.0, 152_000.0],
-                ],
-            }],
-        };
-        let back = parse(&json(&c)).unwrap();
-        assert_eq!(back.rows[0].rounds, c.rows[0].rounds);
-        assert_eq!(back.rows[0].timing_pairs()[1], (152_000.0, 151_000.0));
-        assert_eq!(back.rows[0].namespace_pairs()[0], (140_000.0, 138_000.0));
-        assert_eq!(
-            (back.rows[0].size, back.rows[0].access),
-            (4096, Access::Remote)
-        );
-        assert_eq!(back.clock_ns, 6980.0);
-        assert!(parse("{").is_err() && parse("{\"rows\": [{\"size\": 1}]}").is_err());
+    fn speedup_is_the_median_of_paired_ratios() {
+        // True ratio 0.25 (remote 4 KiB on rxe: the cache 4x dearer than libibverbs); in
+        // 6 rounds of 25 the no-preload phase stalls (x20), in 6 others the cached one.
+        let pairs: Vec<(f64, f64)> = (0..25)
+            .map(|i| match i % 4 {
+                1 if i < 24 => (1000.0, 200.0),
+                3 => (50.0, 4000.0),
+                _ => (50.0, 200.0),
+            })
+            .collect();
+        assert_eq!(paired_ratio(&pairs), 0.25);
+        // What bench_control recomputes from the JSON rounds: a divisor 1.5x the paired
+        // one (or the control's dlmopen figure) does not pass for it.
+        let biased: Vec<(f64, f64)> = pairs.iter().map(|p| (p.0 * 1.5, p.1)).collect();
+        assert_eq!(paired_ratio(&biased), 0.375);
+        assert!(paired_ratio(&[]).is_nan());
+        assert!(paired_ratio(&[(0.0, 1.0), (f64::NAN, 1.0)]).is_nan());
+        assert_eq!(paired_ratio(&[(0.0, 1.0), (3.0, 2.0)]), 1.5);
+    }
+
+    /// The control's answers: a positive number of ns, else an error naming what came.
+    #[test]
+    fn answers_are_positive_figures() {
+        assert_eq!(parse_ns("1234.5\n").unwrap(), 1234.5);
+        for bad in ["", "0", "0.0", "-3", "nan", "inf", "x", "12 13"] {
+            let e = parse_ns(bad).unwrap_err();
+            assert!(
+                e.contains("not a positive number of ns per pair") && !e.contains('\n'),
+                "{bad}: {e}"
+            );
+        }
     }
 }

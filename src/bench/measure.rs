@@ -1,15 +1,16 @@
 //! The measurements of `mrcache bench` (docs/design.md, "`mrcache bench`").
 //!
 //! Per size and access, for half of `--seconds` each: rounds, each made of a phase of
-//! `ibv_reg_mr` + `ibv_dereg_mr` by libibverbs alone, a phase of the same through the cache
-//! on a range it holds (hit and release), and one miss through the cache on fresh memory
+//! `ibv_reg_mr` + `ibv_dereg_mr` by libibverbs alone, a phase of as many pairs in the
+//! no-preload control (`control::Peer`, a co-process), a phase of the same through the cache
+//! on a range it holds (hit and release), the three in an order rotated every round, and one miss through the cache on fresh memory
 //! (registration and release; the entry is then unmapped and the cache's drain thread
 //! deregisters it, awaited outside the timing through the process's pinned pages). Each
 //! round gives one figure per phase (its time divided by its pairs); a row is the median
 //! and the range of its rounds' figures.
 
 use super::admission::{self, Access, Costs, Verdict};
-use super::control::{Agreement, Control, NAMESPACE_SPREAD, TIMING_SPREAD};
+use super::control::{Agreement, NAMESPACE_SPREAD, Peer, paired_ratio};
 use super::verbs::{Buffer, Copy, DeviceInfo, Mover, Pd, Verbs};
 use super::{HIT_REGION_BYTES, HIT_REGIONS, Plan};
 use std::time::{Duration, Instant};
@@ -74,11 +75,13 @@ pub struct Row {
     /// Remote rows: what the window bind and unbind add (cached remote less cached local).
     pub revoke_ns: Option<f64>,
     /// The control's figures for this row: libibverbs in the base namespace without the
-    /// preload (what an application pays); how the `dlmopen` copy compared with it, and
-    /// the table's timing of the base copy with the plainest.
+    /// preload (what an application pays), one per round; how the `dlmopen` copy compared
+    /// with it, round by round.
     pub no_preload: Option<Spread>,
     pub namespace: Option<Agreement>,
-    pub timing: Option<Agreement>,
+    /// Per round, ns per pair: libibverbs alone (dlmopen), no preload (the control; NaN
+    /// without one), cached.
+    pub round_ns: Vec<[f64; 3]>,
     pub rounds: usize,
     pub misses: usize,
     /// The figures the default's admission is given, and its verdict.
@@ -107,19 +110,32 @@ pub struct Outcome {
     pub elapsed: Duration,
     pub environment: Vec<(String, String)>,
     pub clock_ns: f64,
-    pub control: Option<Control>,
+    /// The control's libibverbs (the no-preload column's).
+    pub no_preload_from: String,
 }
 
 impl Row {
-    /// What the application pays without the cache: the no-preload control's median when
-    /// measured, else libibverbs alone's.
-    pub fn baseline(&self) -> f64 {
-        self.no_preload.map_or(self.alone.median, |s| s.median)
+    /// What the application pays without the cache over the cached figure, paired round by
+    /// round: the median of the rounds' no-preload / cached (libibverbs alone / cached
+    /// without the control). None when the row passed through.
+    pub fn speedup(&self) -> Option<f64> {
+        if self.passed_through.is_some() {
+            return None;
+        }
+        let col = if self.no_preload.is_some() { 1 } else { 0 };
+        let pairs: Vec<(f64, f64)> = self.round_ns.iter().map(|r| (r[col], r[2])).collect();
+        Some(paired_ratio(&pairs))
     }
 
-    /// The figures the default's admission is given, and its decision on them.
+    /// The figures the default's admission is given, and its decision on them: the miss is
+    /// the cached median times the paired speed-up (so that the admission's ratio
+    /// cached / miss is the rounds' paired one).
     fn judge(&mut self) {
-        self.costs = admission::costs(self.baseline(), self.cached.median);
+        let miss = match self.speedup() {
+            Some(x) if x.is_finite() => x * self.cached.median,
+            _ => self.no_preload.map_or(self.alone.median, |s| s.median),
+        };
+        self.costs = admission::costs(miss, self.cached.median);
         (self.verdict, self.verdict_why) = if let Some(why) = &self.passed_through {
             (Verdict::PassThrough, why.clone())
         } else {
@@ -185,7 +201,10 @@ pub(super) fn is_ours(path: &str) -> bool {
         .is_some_and(|b| b.starts_with("libmrcache"))
 }
 
-pub fn run(plan: &Plan, control: Option<Control>) -> Result<Outcome, String> {
+pub fn run(
+    plan: &Plan,
+    start_control: impl FnOnce() -> Result<Peer, String>,
+) -> Result<Outcome, String> {
     let t0 = Instant::now();
     let global = Verbs::open(Copy::Global)?;
     let alone = Verbs::open(Copy::Alone)?;
@@ -209,6 +228,8 @@ pub fn run(plan: &Plan, control: Option<Control>) -> Result<Outcome, String> {
     let gpd = gctx.alloc_pd()?;
     let apd = actx.alloc_pd()?;
     let budget = Duration::from_secs_f64(plan.seconds);
+    // The control co-process, once the device is known to open here.
+    let mut peer = start_control()?;
 
     let clock = clock_ns();
     let hit_path = hit_path(&gpd, budget)?;
@@ -216,7 +237,16 @@ pub fn run(plan: &Plan, control: Option<Control>) -> Result<Outcome, String> {
     let mut rows: Vec<Row> = Vec::new();
     for &size in &plan.sizes {
         for access in [Access::Local, Access::Remote] {
-            let mut row = measure(&gpd, &apd, size, access, budget / 2, info.max_mw, clock)?;
+            let mut row = measure(
+                &gpd,
+                &apd,
+                &mut peer,
+                size,
+                access,
+                budget / 2,
+                info.max_mw,
+                clock,
+            )?;
             if access == Access::Remote
                 && row.passed_through.is_none()
                 && let Some(local) = rows.iter().find(|r| {
@@ -228,18 +258,8 @@ pub fn run(plan: &Plan, control: Option<Control>) -> Result<Outcome, String> {
             rows.push(row);
         }
     }
-    for row in &mut rows {
-        if let Some(c) = control.as_ref().and_then(|c| {
-            c.rows
-                .iter()
-                .find(|c| c.size == row.size && c.access == row.access)
-        }) {
-            row.no_preload = Some(c.base());
-            row.namespace = Some(Agreement::of(&c.namespace_pairs(), NAMESPACE_SPREAD));
-            row.timing = Some(Agreement::of(&c.timing_pairs(), TIMING_SPREAD));
-        }
-        row.judge();
-    }
+    let no_preload_from = peer.base_from.clone();
+    drop(peer);
     let environment = std::env::vars_os()
         .filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
@@ -262,7 +282,7 @@ pub fn run(plan: &Plan, control: Option<Control>) -> Result<Outcome, String> {
         elapsed: t0.elapsed(),
         environment,
         clock_ns: clock,
-        control,
+        no_preload_from,
     };
     drop((gpd, apd));
     drop((gctx, actx));
@@ -292,7 +312,7 @@ pub(super) fn phase(
 /// The libibverbs-alone phase: (ns per `ibv_reg_mr` + `ibv_dereg_mr` pair, pairs); no clock is read
 /// between the pairs of a batch (a reading costs microseconds where the clock is a system
 /// call; `batch_for` keeps the one per batch under 1%, as in the cached phase). The table's
-/// column and the control's check of it (`control::row`) both come from here.
+/// column comes from here.
 pub(super) fn alone_phase(
     apd: &Pd,
     addr: *mut u8,
@@ -304,9 +324,11 @@ pub(super) fn alone_phase(
     phase(slice, batch, || apd.dereg(apd.reg(addr, size, flags)?))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn measure(
     gpd: &Pd,
     apd: &Pd,
+    peer: &mut Peer,
     size: usize,
     access: Access,
     budget: Duration,
@@ -327,7 +349,9 @@ fn measure(
     let miss_estimate = 2 * t.elapsed() + Duration::from_millis(20);
     let t = Instant::now();
     apd.dereg(apd.reg(buf.addr, size, flags)?)?;
-    let batch_alone = batch_for(t.elapsed().as_nanos() as f64, clock_ns);
+    let est = t.elapsed().as_nanos() as f64;
+    let batch_alone = batch_for(est, clock_ns);
+    peer.row(size, access)?;
     let first = gpd.reg(buf.addr, size, flags)?;
     gpd.dereg(first)?;
     let passed_through = if held_hits(gpd, buf.addr, size, flags, first.lkey)? {
@@ -343,9 +367,15 @@ fn measure(
     }
     let batch_cached = batch_for(t.elapsed().as_nanos() as f64 / 16.0, clock_ns);
 
-    let slice_alone = budget / 12;
-    let slice_cached = budget / 40;
+    // Each round: a libibverbs-alone phase, a no-preload phase as long, a cached phase.
+    let slice_alone = budget / 24;
+    let slice_cached = budget / 80;
     let (mut alone, mut alone_dereg, mut cached, mut miss) = (vec![], vec![], vec![], vec![]);
+    let mut no_preload = vec![];
+    let mut round_ns: Vec<[f64; 3]> = vec![];
+    // The no-preload phase does as many pairs as the last libibverbs-alone phase.
+    let mut pairs_alone =
+        ((slice_alone.as_nanos() as f64 / est.max(1.0)) as usize).max(batch_alone);
     let mut fresh_alone = vec![];
     let mut passed_through = passed_through;
     let mut rounds = 0;
@@ -371,28 +401,45 @@ fn measure(
     // A round starts only if it fits in what is left of the budget.
     loop {
         let r0 = Instant::now();
-        // libibverbs alone (the control checks this very phase, `alone_phase`).
-        alone.push(alone_phase(apd, buf.addr, size, flags, slice_alone, batch_alone)?.0);
-        // Its deregistration timed apart (untimed registration), outside the phase.
-        let mr = apd.reg(buf.addr, size, flags)?;
-        let t = Instant::now();
-        apd.dereg(mr)?;
-        alone_dereg.push(t.elapsed().as_nanos() as f64);
-        // Through the cache, on the range it holds.
-        let mut lost = false;
-        let (c, _) = phase(slice_cached, batch_cached, || {
-            let mr = gpd.reg(buf.addr, size, flags)?;
-            lost |= mr.lkey != first.lkey;
-            gpd.dereg(mr)
-        })?;
-        // The same lkey could be a provider's reused key: checked untimed with two held.
-        lost |= !held_hits(gpd, buf.addr, size, flags, first.lkey)?;
-        if lost && passed_through.is_none() {
-            passed_through = Some(
-                "passed through: the cache stopped keeping the registration during the run (evicted: MRCACHE_MAX_BYTES; or its admission passed the class through)".into(),
-            );
+        // The three phases, in an order rotated every round: 0 1 2, 1 2 0, 2 0 1, ...
+        let (mut a, mut np, mut c) = (f64::NAN, f64::NAN, f64::NAN);
+        for k in 0..3 {
+            match (k + rounds) % 3 {
+                0 => {
+                    // libibverbs alone (dlmopen).
+                    let (ns, n) =
+                        alone_phase(apd, buf.addr, size, flags, slice_alone, batch_alone)?;
+                    (a, pairs_alone) = (ns, n);
+                    // Its deregistration timed apart (untimed registration), outside the phase.
+                    let mr = apd.reg(buf.addr, size, flags)?;
+                    let t = Instant::now();
+                    apd.dereg(mr)?;
+                    alone_dereg.push(t.elapsed().as_nanos() as f64);
+                }
+                // No preload: the control co-process, as many pairs, now.
+                1 => np = peer.phase(pairs_alone)?,
+                _ => {
+                    // Through the cache, on the range it holds.
+                    let mut lost = false;
+                    (c, _) = phase(slice_cached, batch_cached, || {
+                        let mr = gpd.reg(buf.addr, size, flags)?;
+                        lost |= mr.lkey != first.lkey;
+                        gpd.dereg(mr)
+                    })?;
+                    // The same lkey could be a provider's reused key: checked untimed with two held.
+                    lost |= !held_hits(gpd, buf.addr, size, flags, first.lkey)?;
+                    if lost && passed_through.is_none() {
+                        passed_through = Some(
+                            "passed through: the cache stopped keeping the registration during the run (evicted: MRCACHE_MAX_BYTES; or its admission passed the class through)".into(),
+                        );
+                    }
+                }
+            }
         }
+        alone.push(a);
+        no_preload.push(np);
         cached.push(c);
+        round_ns.push([a, np, c]);
         // Every MISS_EVERY rounds (and once at least), a miss through the cache on fresh
         // memory beside libibverbs alone on fresh memory; then unmapped and drained.
         let plain = r0.elapsed();
@@ -442,9 +489,12 @@ fn measure(
         miss,
         fresh_alone: Spread::of(&fresh_alone),
         revoke_ns: None,
-        no_preload: None,
-        namespace: None,
-        timing: None,
+        no_preload: Some(Spread::of(&no_preload)),
+        namespace: Some(Agreement::of(
+            &round_ns.iter().map(|r| (r[0], r[1])).collect::<Vec<_>>(),
+            NAMESPACE_SPREAD,
+        )),
+        round_ns,
         rounds,
         misses: miss_count,
         costs: Costs::default(),

@@ -37,10 +37,6 @@ pub const CHILD_MARK: &str = "_MRCACHE_BENCH_CHILD";
 pub const ADMIT_SET: &str = "admit";
 /// Its value in the control process (libibverbs without the preload, `control`).
 pub const CONTROL_MARK: &str = "control";
-/// Set (to `stdin`) in the measuring process when its standard input holds the control's
-/// figures (one JSON line: an unlinked file the launcher wrote; up to hundreds of KiB, more
-/// than an environment string may hold).
-pub const CONTROL_FIGURES: &str = "_MRCACHE_BENCH_CONTROL";
 /// The largest size the bench registers (it pins about twice that at once).
 pub const MAX_SIZE: usize = 1 << 30;
 const MAX_SIZES: usize = 16;
@@ -143,11 +139,12 @@ pub fn check_memlock(sizes: &[usize], memlock: Memlock) -> Result<(), String> {
     }
 }
 
-/// The memory the bench maps and populates at once: a size's buffer and the misses' memory
-/// (twice the largest size), the hit-path regions (a gap page each), and a margin.
+/// The memory the bench maps and populates at once: a size's buffer, the misses' memory and
+/// the control co-process's buffer (three times the largest size), the hit-path regions (a
+/// gap page each), and a margin.
 pub fn memory_needed(sizes: &[usize]) -> u64 {
     let largest = sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64;
-    2 * largest + (2 * HIT_REGIONS * HIT_REGION_BYTES) as u64 + MEMORY_MARGIN
+    3 * largest + (2 * HIT_REGIONS * HIT_REGION_BYTES) as u64 + MEMORY_MARGIN
 }
 const MEMORY_MARGIN: u64 = 64 << 20;
 
@@ -171,9 +168,9 @@ pub fn check_memory(sizes: &[usize], available: Option<u64>) -> Result<(), Strin
     let need = memory_needed(sizes);
     match available {
         Some(have) if need > have / 4 * 3 => Err(format!(
-            "bench --sizes up to {} maps {need} bytes (twice the largest size, and {} MiB more), more than 3/4 of MemAvailable ({have} bytes): give smaller --sizes or free memory",
+            "bench --sizes up to {} maps {need} bytes (three times the largest size, and {} MiB more), more than 3/4 of MemAvailable ({have} bytes): give smaller --sizes or free memory",
             report::size_text(sizes.iter().copied().max().unwrap_or(0)),
-            (need - 2 * sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64) >> 20
+            (need - 3 * sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64) >> 20
         )),
         _ => Ok(()),
     }
@@ -242,24 +239,22 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     let plan = plan(&o)?;
     check_memlock(&plan.sizes, Memlock::current())?;
     check_memory(&plan.sizes, mem_available())?;
-    // Always measured in processes of our own making: first the control (libibverbs
-    // without the preload), then the measuring process (preloaded, the default
-    // configuration with MRCACHE_ADMIT=always), given the control's figures.
+    // Always measured in processes of our own making: the measuring process (preloaded,
+    // the default configuration with MRCACHE_ADMIT=always), which starts the control
+    // (libibverbs without the preload) as its co-process.
     let mark = std::env::var_os(CHILD_MARK);
     if mark.is_none() {
         let stripped = inherited(&mrcache_vars())?;
         let lib = super::find_library(o.lib)?;
-        let figures = match run_control()? {
-            Ok(f) => f,
-            Err(code) => return Ok(code),
-        };
-        return reexec(&lib, &stripped, &figures);
+        return reexec(&lib, &stripped);
     }
     if mark.is_some_and(|m| m == CONTROL_MARK) {
         if verbs::preloaded() {
-            return Err("the control process of mrcache bench has libmrcache.so loaded; it measures libibverbs without it".into());
+            return Err(preloaded_in_control(
+                &std::env::var("LD_PRELOAD").unwrap_or_default(),
+            ));
         }
-        println!("{}", control::json(&control::run(&plan)?));
+        control::serve(&plan)?;
         return Ok(ExitCode::SUCCESS);
     }
     let copies = std::fs::read_to_string("/proc/self/maps")
@@ -275,16 +270,9 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     if !verbs::preloaded() {
         return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
     }
-    let control = match std::env::var(CONTROL_FIGURES) {
-        Ok(_) => {
-            let mut f = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut f)
-                .map_err(|e| format!("cannot read the control process's figures: {e}"))?;
-            Some(control::parse(&f)?)
-        }
-        Err(_) => None,
-    };
-    let result = measure::run(&plan, control)?;
+    let result = measure::run(&plan, || {
+        control::Peer::start(preload_without_us(std::env::var_os("LD_PRELOAD")))
+    })?;
     if plan.json {
         println!("{}", report::json(&result));
     } else {
@@ -300,73 +288,47 @@ fn preload_without_us(existing: Option<OsString>) -> Option<OsString> {
         .to_str()
         .unwrap_or_default()
         .split([' ', ':'])
-        .filter(|p| !p.is_empty() && !is_libmrcache(p))
+        .filter(|p| !p.is_empty() && !is_libmrcache(p) && !links_to_libmrcache(p))
         .collect();
     (!kept.is_empty()).then(|| OsString::from(kept.join(":")))
 }
 
-/// Run this same command as the control process (no libmrcache.so in `LD_PRELOAD`) and
-/// return what it printed (its figures), or its exit status when it failed (it said why on
-/// stderr, one line).
-fn run_control() -> Result<Result<String, ExitCode>, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
-    let mut cmd = Command::new(&exe);
-    cmd.args(std::env::args_os().skip(1))
-        .env(CHILD_MARK, CONTROL_MARK)
-        .env_remove(CONTROL_FIGURES)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit());
-    match preload_without_us(std::env::var_os("LD_PRELOAD")) {
-        Some(p) => cmd.env("LD_PRELOAD", p),
-        None => cmd.env_remove("LD_PRELOAD"),
-    };
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-    if out.status.success() {
-        return Ok(Ok(String::from_utf8_lossy(&out.stdout).into_owned()));
-    }
-    match out.status.code() {
-        Some(c) => Ok(Err(ExitCode::from(c.clamp(1, 255) as u8))),
-        None => Err(format!(
-            "the control process of mrcache bench (libibverbs without the preload) ended by {}",
-            out.status
-        )),
-    }
+/// An `LD_PRELOAD` entry that is a symbolic link to a `libmrcache*.so*` file.
+fn links_to_libmrcache(p: &str) -> bool {
+    std::fs::canonicalize(p).is_ok_and(|c| c.to_str().is_some_and(is_libmrcache))
 }
 
-/// The control's figures in a file of their own, unlinked, positioned at its start: the
-/// measuring process's standard input.
-fn figures_file(figures: &str) -> Result<std::fs::File, String> {
-    use std::io::{Seek, Write};
-    let path = std::env::temp_dir().join(format!("mrcache-bench-{}.json", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| {
-            format!(
-                "cannot write the control's figures to {}: {e}",
-                path.display()
-            )
-        })?;
-    let _ = std::fs::remove_file(&path);
-    f.write_all(figures.trim().as_bytes())
-        .and_then(|_| f.rewind())
-        .map_err(|e| {
-            format!(
-                "cannot write the control's figures to {}: {e}",
-                path.display()
-            )
-        })?;
-    Ok(f)
+/// The control process found libmrcache loaded although its `LD_PRELOAD` has no
+/// `libmrcache*.so*` entry (a copy or link under another name): name the entries to remove.
+pub fn preloaded_in_control(preload: &str) -> String {
+    let entries: Vec<&str> = preload
+        .split([' ', ':'])
+        .filter(|p| !p.is_empty())
+        .collect();
+    let ours: Vec<&str> = entries
+        .iter()
+        .copied()
+        .filter(|p| is_libmrcache(p) || links_to_libmrcache(p))
+        .collect();
+    if let [one] = ours.as_slice() {
+        return format!(
+            "the control process of mrcache bench (libibverbs without the preload) has libmrcache loaded from LD_PRELOAD entry {one}: remove {one} from LD_PRELOAD"
+        );
+    }
+    format!(
+        "the control process of mrcache bench (libibverbs without the preload) has libmrcache loaded through LD_PRELOAD={}: one of these is the library under another name; remove it from LD_PRELOAD",
+        if entries.is_empty() {
+            "(empty)".to_string()
+        } else {
+            entries.join(":")
+        }
+    )
 }
 
 /// Run this same command again with libmrcache.so preloaded (the exit status is its own),
 /// in the default configuration: without the inherited variables `strip` (said on one
-/// stderr line), with MRCACHE_ADMIT=always, given the control's `figures`.
-fn reexec(lib: &std::path::Path, strip: &[String], figures: &str) -> Result<ExitCode, String> {
+/// stderr line), with MRCACHE_ADMIT=always.
+fn reexec(lib: &std::path::Path, strip: &[String]) -> Result<ExitCode, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate myself: {e}"))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut cmd = Command::new(&exe);
@@ -394,8 +356,6 @@ fn reexec(lib: &std::path::Path, strip: &[String], figures: &str) -> Result<Exit
             super::compose_preload(lib, std::env::var_os("LD_PRELOAD")),
         )
         .env(CHILD_MARK, ADMIT_SET)
-        .env(CONTROL_FIGURES, "stdin")
-        .stdin(figures_file(figures)?)
         .env_remove("MRCACHE_STATS")
         .env_remove("MRCACHE_STATS_FILE");
     let err = cmd.exec();
@@ -524,6 +484,33 @@ mod tests {
         );
         assert_eq!(p(""), None);
         assert_eq!(preload_without_us(None), None);
+        // The library under another name, through a symbolic link (the review's libfoo.so).
+        let dir = std::env::temp_dir().join(format!("mrcache-bench-link-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let lib = dir.join("libmrcache.so");
+        std::fs::write(&lib, b"").unwrap();
+        let link = dir.join("libfoo.so");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+        let link = link.to_str().unwrap().to_string();
+        assert_eq!(
+            p(&format!("/a/libjemalloc.so.2:{link}")),
+            Some(OsString::from("/a/libjemalloc.so.2"))
+        );
+        // When it loads anyway (a copy under another name), the error names the entries.
+        let e = preloaded_in_control(&format!("/a/libjemalloc.so.2:{link}"));
+        assert!(
+            e.contains(&format!("entry {link}: remove {link} from LD_PRELOAD"))
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let e = preloaded_in_control("/a/libjemalloc.so.2:/b/libcopy.so");
+        assert!(
+            e.contains("LD_PRELOAD=/a/libjemalloc.so.2:/b/libcopy.so")
+                && e.ends_with("remove it from LD_PRELOAD"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The table and the JSON of `mrcache bench`.
 
 use super::admission::{Access, Verdict};
-use super::control::{Agreement, ControlRow, NAMESPACE_SPREAD, SLICE, TIMING_SPREAD, Z_MAX};
+use super::control::{Agreement, NAMESPACE_SPREAD, Z_MAX};
 use super::measure::{Outcome, Row, Spread, access_name};
 use std::fmt::Write as _;
 
@@ -47,36 +47,24 @@ fn verdict_text(v: Verdict) -> &'static str {
     }
 }
 
-/// What the application pays without the cache (the no-preload control when measured)
-/// over the cached figure.
+/// What the application pays without the cache over the cached figure, paired per round
+/// (`Row::speedup`).
 fn speedup(r: &Row) -> Option<f64> {
-    r.passed_through
-        .is_none()
-        .then(|| r.baseline() / r.cached.median)
+    r.speedup()
 }
 
 fn opt_spread(s: &Option<Spread>) -> String {
     s.as_ref().map_or("-".into(), spread)
 }
 
-/// All the control's rounds together: (namespace, timing).
-fn pooled(o: &Outcome) -> Option<(Agreement, Agreement)> {
-    o.control.as_ref().map(|c| {
-        let ns: Vec<(f64, f64)> = c.rows.iter().flat_map(|r| r.namespace_pairs()).collect();
-        let t: Vec<(f64, f64)> = c.rows.iter().flat_map(|r| r.timing_pairs()).collect();
-        (
-            Agreement::of(&ns, NAMESPACE_SPREAD),
-            Agreement::of(&t, TIMING_SPREAD),
-        )
-    })
-}
-
-fn control_row<'a>(o: &'a Outcome, r: &Row) -> Option<&'a ControlRow> {
-    o.control
-        .as_ref()?
+/// All the rows' rounds together: libibverbs alone (dlmopen) against no preload.
+fn pooled(o: &Outcome) -> Agreement {
+    let ns: Vec<(f64, f64)> = o
         .rows
         .iter()
-        .find(|c| c.size == r.size && c.access == r.access)
+        .flat_map(|r| r.round_ns.iter().map(|x| (x[0], x[1])))
+        .collect();
+    Agreement::of(&ns, NAMESPACE_SPREAD)
 }
 
 fn agreement_text(a: &Agreement) -> String {
@@ -175,13 +163,8 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "libibverbs alone: {} in a link-map namespace of its own (dlmopen); no preload: {}; through the cache: {}",
-        o.alone_from,
-        o.control.as_ref().map_or_else(
-            || "not measured (the measuring process was started directly)".to_string(),
-            |c| format!("{} in a control process without libmrcache.so", c.base_from)
-        ),
-        o.cache_hooks
+        "libibverbs alone: {} in a link-map namespace of its own (dlmopen); no preload: {} in a control process without libmrcache.so; through the cache: {}",
+        o.alone_from, o.no_preload_from, o.cache_hooks
     );
     let _ = writeln!(
         s,
@@ -264,26 +247,14 @@ pub fn table(o: &Outcome) -> String {
             verdict_text(r.verdict)
         );
     }
-    match pooled(o) {
-        Some((ns, timing)) => {
-            let _ = writeln!(
-                s,
-                "\nno-preload µs: the same pairs through the process's own libibverbs, timed plainly, in a control process without the preload, in {} ms phases rotating with two more (the order changes every round); speed-up and default use it. The table's timing of that libibverbs against the plain one: {}. libibverbs alone (dlmopen) against it: {} (two differ when |z| > {Z_MAX} and the median ratio is off 1 by more than the spread)",
-                SLICE.as_millis(),
-                agreement_text(&timing),
-                agreement_text(&ns),
-            );
-        }
-        None => {
-            let _ = writeln!(
-                s,
-                "\nno-preload µs: not measured; speed-up and default use libibverbs alone"
-            );
-        }
-    }
     let _ = writeln!(
         s,
-        "default: what the cache's cost-aware admission decides for the next miss of the row's class on its figures: mrcache::admission::Classes::decide, i.e. verdict_banded(Costs {{ miss_ns: no-preload µs (else libibverbs µs), cached_ns: cached µs, evict_ns: 0 }}, held: cache) on the medians: pass through only when cached µs > {} x the miss (the library's figures are its own calls timed the same way)",
+        "\nno-preload µs: the same pairs through the process's own libibverbs, timed plainly, in a control co-process without the preload, one phase per round on request (as many pairs as that round's libibverbs-alone phase) between the round's libibverbs-alone and cached phases (the order rotated every round); speed-up: the median over the rounds of that round's no-preload / cached. libibverbs alone (dlmopen) against no preload: {} (two differ when |z| > {Z_MAX} and the median ratio is off 1 by more than the spread)",
+        agreement_text(&pooled(o)),
+    );
+    let _ = writeln!(
+        s,
+        "default: what the cache's cost-aware admission decides for the next miss of the row's class on its figures: mrcache::admission::Classes::decide, i.e. verdict_banded(Costs {{ miss_ns: speed-up x cached µs, cached_ns: cached µs, evict_ns: 0 }}, held: cache), i.e. on the paired ratio: pass through only when cached µs > {} x the miss (speed-up under 1/1.25) (the library's figures are its own calls timed the same way)",
         mrcache::admission::BAND_OUT
     );
     for r in o.rows.iter().filter(|r| r.passed_through.is_some()) {
@@ -336,13 +307,10 @@ pub fn json(o: &Outcome) -> String {
                 "access": access_name(r.access),
                 "libibverbs_us": spread_json(&r.alone),
                 "no_preload_us": r.no_preload.as_ref().map(spread_json),
-                "speedup_from": if r.no_preload.is_some() { "no_preload" } else { "libibverbs_alone" },
-                "control_libibverbs_us": control_row(o, r).map(|c| spread_json(&c.alone())),
-                "control": control_row(o, r).zip(r.namespace.zip(r.timing)).map(|(c, (ns, t))| serde_json::json!({
-                    "rounds_us": c.rounds.iter().map(|x| x.map(|v| v / 1000.0)).collect::<Vec<_>>(),
-                    "namespace": agreement_json(&ns),
-                    "timing": agreement_json(&t),
-                })),
+                "speedup_from": "median of per-round no_preload / cached",
+                "rounds_us": r.round_ns.iter().map(|x| x.map(|v| v / 1000.0)).collect::<Vec<_>>(),
+                "rounds_us_columns": ["libibverbs_alone", "no_preload", "cached"],
+                "namespace": r.namespace.as_ref().map(agreement_json),
                 "libibverbs_dereg_us": spread_json(&r.alone_dereg),
                 "cached_us": spread_json(&r.cached),
                 "cached": r.passed_through.is_none(),
@@ -386,8 +354,8 @@ pub fn json(o: &Outcome) -> String {
             "max_mw": o.info.max_mw,
         },
         "libibverbs_alone": o.alone_from,
-        "no_preload": o.control.as_ref().map(|c| c.base_from.clone()),
-        "control": pooled(o).map(|(ns, t)| serde_json::json!({"namespace": agreement_json(&ns), "timing": agreement_json(&t)})),
+        "no_preload": o.no_preload_from,
+        "control": {"namespace": agreement_json(&pooled(o))},
         "clock_ns": o.clock_ns,
         "cache_hooks": o.cache_hooks,
         "environment": env,
