@@ -4,7 +4,7 @@
 //! `verdict_banded` to the class's held verdict).
 
 pub use mrcache::admission::{Access, Costs, Verdict};
-use mrcache::admission::{BAND_OUT, Classes, Decision, Mean};
+use mrcache::admission::{BAND_OUT, Classes, Decision, MIN_ROUNDS, Mean};
 
 /// The figures the default's model is given for a row: `miss_ns` = a registration and
 /// deregistration without the cache (libibverbs' own call, as the cache times the calls it
@@ -19,10 +19,13 @@ pub fn costs(alone_ns: f64, cached_ns: f64) -> Costs {
     }
 }
 
+/// A figure as the library holds it once the class's figures are complete
+/// (`Figures::complete`: a fresh class stays cached for its first `MIN_ROUNDS` rounds; the
+/// bench's figures are medians of many rounds, what a class settles on).
 fn mean(ns: f64) -> Mean {
     Mean {
         value: ns,
-        samples: 1,
+        samples: MIN_ROUNDS,
     }
 }
 
