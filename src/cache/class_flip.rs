@@ -3,39 +3,8 @@
 //! over all of them: 2-4 ms at 16k entries, under the cache lock).
 
 use super::*;
-use std::sync::Mutex;
 
-#[derive(Default)]
-struct Fake {
-    next: AtomicU64,
-    deregistered: Mutex<Vec<usize>>,
-}
-
-impl Registrar for &Fake {
-    fn register(&self, _: &Request) -> Result<Mr, i32> {
-        Ok(Mr {
-            ptr: 0x1000 * (1 + self.next.fetch_add(1, SeqCst) as usize),
-            via_wrapper: false,
-        })
-    }
-    fn deregister(&self, mr: Mr) -> Result<(), i32> {
-        self.deregistered.lock().unwrap().push(mr.ptr);
-        Ok(())
-    }
-    fn alloc_shadow(&self) -> Option<usize> {
-        None
-    }
-    fn fill_shadow(&self, _: usize, _: Mr, _: usize, _: usize) -> bool {
-        false
-    }
-}
-
-const LIMITS: Limits = Limits {
-    max_entries: usize::MAX,
-    max_bytes: u64::MAX,
-    shadow: true,
-    remote_superset: false,
-};
+use super::test_fake::{Fake, LIMITS};
 
 fn req(addr: usize, len: usize, access: u32) -> Request {
     Request {

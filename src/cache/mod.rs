@@ -584,3 +584,5 @@ mod class_flip;
 mod class_lists;
 #[cfg(test)]
 mod stale_words;
+#[cfg(test)]
+mod test_fake;

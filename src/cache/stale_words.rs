@@ -5,7 +5,6 @@
 use super::state::{key_hash, mr_hash};
 use super::*;
 use std::cell::RefCell;
-use std::sync::Mutex;
 
 /// What `before_claim` runs.
 type Window = Box<dyn FnOnce(u32)>;
@@ -22,37 +21,7 @@ pub(super) fn before_claim(id: u32) {
     }
 }
 
-#[derive(Default)]
-struct Fake {
-    next: AtomicU64,
-    deregistered: Mutex<Vec<usize>>,
-}
-
-impl Registrar for &Fake {
-    fn register(&self, _: &Request) -> Result<Mr, i32> {
-        Ok(Mr {
-            ptr: 0x1000 * (1 + self.next.fetch_add(1, SeqCst) as usize),
-            via_wrapper: false,
-        })
-    }
-    fn deregister(&self, mr: Mr) -> Result<(), i32> {
-        self.deregistered.lock().unwrap().push(mr.ptr);
-        Ok(())
-    }
-    fn alloc_shadow(&self) -> Option<usize> {
-        None
-    }
-    fn fill_shadow(&self, _: usize, _: Mr, _: usize, _: usize) -> bool {
-        false
-    }
-}
-
-const LIMITS: Limits = Limits {
-    max_entries: usize::MAX,
-    max_bytes: u64::MAX,
-    shadow: true,
-    remote_superset: false,
-};
+use super::test_fake::{Fake, LIMITS};
 
 fn req(addr: usize) -> Request {
     Request {

@@ -1,0 +1,37 @@
+//! The unit tests' fake provider: registrations numbered from 0x1000, deregistrations
+//! recorded, no shadows.
+
+use super::*;
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub(super) struct Fake {
+    pub(super) next: AtomicU64,
+    pub(super) deregistered: Mutex<Vec<usize>>,
+}
+
+impl Registrar for &Fake {
+    fn register(&self, _: &Request) -> Result<Mr, i32> {
+        Ok(Mr {
+            ptr: 0x1000 * (1 + self.next.fetch_add(1, SeqCst) as usize),
+            via_wrapper: false,
+        })
+    }
+    fn deregister(&self, mr: Mr) -> Result<(), i32> {
+        self.deregistered.lock().unwrap().push(mr.ptr);
+        Ok(())
+    }
+    fn alloc_shadow(&self) -> Option<usize> {
+        None
+    }
+    fn fill_shadow(&self, _: usize, _: Mr, _: usize, _: usize) -> bool {
+        false
+    }
+}
+
+pub(super) const LIMITS: Limits = Limits {
+    max_entries: usize::MAX,
+    max_bytes: u64::MAX,
+    shadow: true,
+    remote_superset: false,
+};
