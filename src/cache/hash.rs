@@ -4,7 +4,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-const MUL: u64 = 0x9e37_79b9_7f4a_7c15;
+pub(super) const MUL: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Stripes of a `Striped` counter.
 const STRIPES: usize = 64;
 

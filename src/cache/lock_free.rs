@@ -2,6 +2,7 @@
 //! probe of a table and one compare-and-swap on the entry's state word; it steps aside (to
 //! the locked path in `mod.rs`) whenever an invalidation began since the last drain.
 
+use super::state::mr_hash;
 use super::*;
 
 impl<R: Registrar> Cache<R> {
@@ -41,6 +42,18 @@ impl<R: Registrar> Cache<R> {
         if !self.clean() {
             return None;
         }
+        // The slot a hit on this thread just handed `ptr` out of, if the recent-hit word
+        // still names it: validated as a table word is (docs/design.md, "The hit path").
+        let hash = mr_hash(ptr);
+        if let Some(slot) = self
+            .fast
+            .recent
+            .candidate(hash)
+            .and_then(|id| self.fast.slots.get(id))
+            && slot.release_if_mr(ptr)
+        {
+            return Some(Released::Kept);
+        }
         self.fast.mr_candidates(ptr, |_, slot| {
             slot.release_if_mr(ptr).then_some(Released::Kept)
         })
@@ -72,7 +85,9 @@ impl<R: Registrar> Cache<R> {
                 self.hits.add(hash as usize, flushed);
             }
             if slot.has_key(req) {
-                return Some(slot.mr_ptr());
+                let mr = slot.mr_ptr();
+                self.fast.recent.remember(mr_hash(mr), id);
+                return Some(mr);
             }
             // Another entry (the slot was reused between the look and the claim): give it
             // back.

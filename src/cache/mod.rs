@@ -13,6 +13,7 @@
 mod admin;
 mod hash;
 mod lock_free;
+mod recent;
 mod release;
 mod slots;
 mod state;
@@ -582,6 +583,8 @@ impl<R: Registrar> Cache<R> {
 mod class_flip;
 #[cfg(test)]
 mod class_lists;
+#[cfg(test)]
+mod recent_hits;
 #[cfg(test)]
 mod stale_words;
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! pointer, and the bookkeeping of what was deregistered.
 
 use super::hash::hash_of;
+use super::recent::RecentHits;
 use super::slots::{self, Slot, Slots};
 use super::table::Table;
 use super::types::{Limits, Mr, Request};
@@ -48,6 +49,9 @@ pub struct Fast {
     pub(super) exact: Table,
     /// Every present entry by its provider MR pointer: the release path's lookup.
     pub(super) by_mr: Table,
+    /// The slots of recent lock-free hits by thread and MR pointer: where the release
+    /// looks before `by_mr`.
+    pub(super) recent: RecentHits,
 }
 
 impl Fast {
@@ -94,9 +98,9 @@ impl Fast {
         self.slots.get(id).map_or(0, |s| mr_hash(s.mr_ptr()))
     }
 
-    /// Bytes of the slots and both tables.
+    /// Bytes of the slots, both tables and the recent hits.
     pub fn bytes(&self) -> usize {
-        self.slots.bytes() + self.exact.bytes() + self.by_mr.bytes()
+        self.slots.bytes() + self.exact.bytes() + self.by_mr.bytes() + self.recent.bytes()
     }
 }
 

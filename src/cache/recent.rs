@@ -1,0 +1,90 @@
+//! Where the release of a lock-free hit finds its slot without probing the MR-pointer
+//! table: the hit writes the slot id into a small array of cache lines, one line chosen
+//! by the caller's stack (so, as a rule, by thread) and the word in it by the MR pointer;
+//! the release reads that word back. A reg+dereg pair then touches the key table's word and
+//! the slot, and the release reads only lines the hit just had in cache: one random
+//! memory access fewer per pair in a cache too large for the CPU's caches.
+//!
+//! A word is a candidate, never an answer, exactly as a word of the MR-pointer table is:
+//! the release checks the slot against the pointer and swaps the very state word it
+//! checked (`Slot::release_if_mr`), so a stale word, another thread's word, or a pointer
+//! the cache never handed out that lands on a word releases nothing, and the release falls
+//! back to the table. Threads whose stacks share a line only overwrite each other's words
+//! (a slower release, never a wrong one).
+
+use super::hash::MUL;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+/// Lines of words; a power of two.
+const LINES: usize = 256;
+/// Words per 64-byte line.
+const WAYS: usize = 16;
+/// Stack addresses within this many bits share a line: a thread's hooks run at depths a
+/// few KiB apart, and no two threads' stacks share 64 KiB.
+const STACK_SHIFT: u32 = 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Line([AtomicU32; WAYS]);
+
+/// A slot id plus one per word (0: none), written by hits, read by releases.
+pub struct RecentHits {
+    lines: Box<[Line]>,
+}
+
+impl Default for RecentHits {
+    fn default() -> Self {
+        RecentHits {
+            lines: (0..LINES).map(|_| Line::default()).collect(),
+        }
+    }
+}
+
+/// The calling thread's line: from the address of a local, i.e. the stack it runs on.
+#[inline(always)]
+fn line_index() -> usize {
+    let here = 0u8;
+    let sp = std::ptr::addr_of!(here) as usize;
+    ((sp >> STACK_SHIFT) as u64).wrapping_mul(MUL) as usize >> (usize::BITS - LINES.ilog2())
+}
+
+#[inline(always)]
+fn way(mr_hash: u64) -> usize {
+    mr_hash as usize & (WAYS - 1)
+}
+
+impl RecentHits {
+    #[inline(always)]
+    fn word(&self, mr_hash: u64) -> &AtomicU32 {
+        &self.lines[line_index()].0[way(mr_hash)]
+    }
+
+    /// After a lock-free hit handed out the MR pointer of hash `mr_hash` from slot `id`.
+    /// Written only when it changes, so a line two threads share is not written back and
+    /// forth by hits on the same entries.
+    #[inline]
+    pub fn remember(&self, mr_hash: u64, id: u32) {
+        let w = self.word(mr_hash);
+        let v = id.wrapping_add(1);
+        if w.load(Relaxed) != v {
+            w.store(v, Relaxed);
+        }
+    }
+
+    /// The slot a recent hit on this thread handed the MR pointer of hash `mr_hash` out
+    /// of, maybe: unvalidated.
+    #[inline]
+    pub fn candidate(&self, mr_hash: u64) -> Option<u32> {
+        self.word(mr_hash).load(Relaxed).checked_sub(1)
+    }
+
+    /// Plant `id` under `mr_hash` for the calling thread (tests: a stale or foreign word).
+    #[cfg(test)]
+    pub fn plant(&self, mr_hash: u64, id: u32) {
+        self.word(mr_hash).store(id.wrapping_add(1), Relaxed);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * size_of::<Line>()
+    }
+}
