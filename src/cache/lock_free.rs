@@ -43,7 +43,7 @@ impl<R: Registrar> Cache<R> {
             return None;
         }
         // The slot a hit on this thread just handed `ptr` out of, if the recent-hit word
-        // still names it: validated as a table word is (docs/design.md, "The hit path").
+        // still names it: validated as a table word is (docs/design.md, "Concurrency").
         let hash = mr_hash(ptr);
         if let Some(slot) = self
             .fast
