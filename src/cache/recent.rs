@@ -20,7 +20,8 @@ const LINES: usize = 256;
 /// Words per 64-byte line.
 const WAYS: usize = 16;
 /// Stack addresses within this many bits share a line: a thread's hooks run at depths a
-/// few KiB apart, and no two threads' stacks share 64 KiB.
+/// few KiB apart, and threads' stacks (8 MiB by default) do not share 64 KiB; threads on
+/// smaller stacks may share a line, which costs their releases the table, nothing more.
 const STACK_SHIFT: u32 = 16;
 
 #[repr(align(64))]
