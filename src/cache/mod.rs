@@ -13,6 +13,7 @@
 mod admin;
 mod hash;
 mod lock_free;
+mod passed;
 mod release;
 mod slots;
 mod state;
@@ -66,6 +67,9 @@ pub struct Cache<R: Registrar> {
     /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
     /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
     passed_mrs: Mutex<HashMap<usize, usize>>,
+    /// Every registration passed through to libibverbs, lock-free: its deregistration
+    /// skips the cache (`take_passed`).
+    passed: passed::PassedSet,
     /// The admission figures of each size class and access kind (never taken on the
     /// lock-free path; never held across a registrar call).
     classes: Mutex<Classes>,
@@ -110,6 +114,7 @@ impl<R: Registrar> Cache<R> {
             outer_rounds: false,
             sample_every: 1,
             passed_mrs: Mutex::new(HashMap::new()),
+            passed: passed::PassedSet::default(),
             classes: Mutex::new(Classes::default()),
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),
@@ -378,10 +383,14 @@ impl<R: Registrar> Cache<R> {
             return Err(self.bypass_remote());
         }
         let mr = result.map_err(AcquireError::Failed)?;
+        self.forget_passed(mr.ptr);
         self.figures(kind, req.len, |f| f.reg.add(reg_ns as f64));
         let grant = if revocable {
             match self.registrar.grant(mr, req) {
-                Ok(h) => Some(h),
+                Ok(h) => {
+                    self.forget_passed(h);
+                    Some(h)
+                }
                 Err(_) => {
                     // No window for it: libibverbs registers it with its own keys instead.
                     if self.registrar.deregister(mr).is_err() {
@@ -443,6 +452,9 @@ impl<R: Registrar> Cache<R> {
             Claim::Ready(h) => Some(h),
             Claim::NeedGrant { id, mr } => {
                 let granted = self.registrar.grant(mr, req);
+                if let Ok(h) = granted {
+                    self.forget_passed(h);
+                }
                 let mut st = self.lock();
                 match granted {
                     Ok(h) => {
@@ -480,7 +492,10 @@ impl<R: Registrar> Cache<R> {
                     }
                     s
                 };
-                let slot = spare.or_else(|| self.registrar.alloc_shadow());
+                let slot = spare.or_else(|| {
+                    let s = self.registrar.alloc_shadow();
+                    s.inspect(|&s| self.forget_passed(s))
+                });
                 let filled = slot.filter(|&s| self.registrar.fill_shadow(s, mr, req.addr, req.len));
                 let mut st = self.lock();
                 if let Some(s) = spare {
