@@ -67,8 +67,7 @@ pub struct Cache<R: Registrar> {
     /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
     /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
     passed_mrs: Mutex<HashMap<usize, usize>>,
-    /// Every registration passed through to libibverbs, lock-free: its deregistration
-    /// skips the cache (`take_passed`).
+    /// Every registration passed through, lock-free: its dereg skips the cache.
     passed: passed::PassedSet,
     /// The admission figures of each size class and access kind (never taken on the
     /// lock-free path; never held across a registrar call).
@@ -387,10 +386,7 @@ impl<R: Registrar> Cache<R> {
         self.figures(kind, req.len, |f| f.reg.add(reg_ns as f64));
         let grant = if revocable {
             match self.registrar.grant(mr, req) {
-                Ok(h) => {
-                    self.forget_passed(h);
-                    Some(h)
-                }
+                Ok(h) => Some(self.mine(h)),
                 Err(_) => {
                     // No window for it: libibverbs registers it with its own keys instead.
                     if self.registrar.deregister(mr).is_err() {
@@ -451,10 +447,7 @@ impl<R: Registrar> Cache<R> {
         match claim {
             Claim::Ready(h) => Some(h),
             Claim::NeedGrant { id, mr } => {
-                let granted = self.registrar.grant(mr, req);
-                if let Ok(h) = granted {
-                    self.forget_passed(h);
-                }
+                let granted = self.registrar.grant(mr, req).map(|h| self.mine(h));
                 let mut st = self.lock();
                 match granted {
                     Ok(h) => {
@@ -492,10 +485,7 @@ impl<R: Registrar> Cache<R> {
                     }
                     s
                 };
-                let slot = spare.or_else(|| {
-                    let s = self.registrar.alloc_shadow();
-                    s.inspect(|&s| self.forget_passed(s))
-                });
+                let slot = spare.or_else(|| self.registrar.alloc_shadow().map(|s| self.mine(s)));
                 let filled = slot.filter(|&s| self.registrar.fill_shadow(s, mr, req.addr, req.len));
                 let mut st = self.lock();
                 if let Some(s) = spare {

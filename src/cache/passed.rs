@@ -106,6 +106,12 @@ impl<R: Registrar> Cache<R> {
     pub(super) fn forget_passed(&self, ptr: usize) {
         let _ = self.passed.take(ptr);
     }
+
+    /// `forget_passed`, then `ptr` (a grant or shadow slot the registrar just gave).
+    pub(super) fn mine(&self, ptr: usize) -> usize {
+        self.forget_passed(ptr);
+        ptr
+    }
 }
 
 #[cfg(test)]
