@@ -199,6 +199,7 @@ impl<R: Registrar> Cache<R> {
     /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
     /// path that made it.
     pub fn adopt_uncached(&self, mr: Mr) {
+        self.forget_passed(mr.ptr);
         self.lock().handles.insert(
             mr.ptr,
             Handle::Uncached {
@@ -210,9 +211,13 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// A registration made outside the cache (passed through to libibverbs) has this
-    /// address: it is live, not a tombstone.
+    /// address: it is live, not a tombstone, and its deregistration may skip the cache
+    /// (`take_passed`).
     pub fn note_foreign(&self, ptr: usize) {
-        self.lock().unbury(ptr);
+        if self.fast.buried_any.load(SeqCst) {
+            self.lock().unbury(ptr);
+        }
+        self.note_passed(ptr, false);
     }
 
     /// `fork()` prepare: the ranges of entries in use that this library registered through

@@ -14,6 +14,7 @@ mod admin;
 mod hash;
 mod lock_free;
 mod recent;
+mod passed;
 mod release;
 mod slots;
 mod state;
@@ -67,6 +68,8 @@ pub struct Cache<R: Registrar> {
     /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
     /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
     passed_mrs: Mutex<HashMap<usize, usize>>,
+    /// Every registration passed through, lock-free: its dereg skips the cache.
+    passed: passed::PassedSet,
     /// The admission figures of each size class and access kind (never taken on the
     /// lock-free path; never held across a registrar call).
     classes: Mutex<Classes>,
@@ -111,6 +114,7 @@ impl<R: Registrar> Cache<R> {
             outer_rounds: false,
             sample_every: 1,
             passed_mrs: Mutex::new(HashMap::new()),
+            passed: passed::PassedSet::default(),
             classes: Mutex::new(Classes::default()),
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),
@@ -379,10 +383,11 @@ impl<R: Registrar> Cache<R> {
             return Err(self.bypass_remote());
         }
         let mr = result.map_err(AcquireError::Failed)?;
+        self.forget_passed(mr.ptr);
         self.figures(kind, req.len, |f| f.reg.add(reg_ns as f64));
         let grant = if revocable {
             match self.registrar.grant(mr, req) {
-                Ok(h) => Some(h),
+                Ok(h) => Some(self.mine(h)),
                 Err(_) => {
                     // No window for it: libibverbs registers it with its own keys instead.
                     if self.registrar.deregister(mr).is_err() {
@@ -443,7 +448,7 @@ impl<R: Registrar> Cache<R> {
         match claim {
             Claim::Ready(h) => Some(h),
             Claim::NeedGrant { id, mr } => {
-                let granted = self.registrar.grant(mr, req);
+                let granted = self.registrar.grant(mr, req).map(|h| self.mine(h));
                 let mut st = self.lock();
                 match granted {
                     Ok(h) => {
@@ -481,7 +486,7 @@ impl<R: Registrar> Cache<R> {
                     }
                     s
                 };
-                let slot = spare.or_else(|| self.registrar.alloc_shadow());
+                let slot = spare.or_else(|| self.registrar.alloc_shadow().map(|s| self.mine(s)));
                 let filled = slot.filter(|&s| self.registrar.fill_shadow(s, mr, req.addr, req.len));
                 let mut st = self.lock();
                 if let Some(s) = spare {

@@ -45,7 +45,7 @@ impl<R: Registrar> Cache<R> {
                 // Tombstoned before the provider can free it (and so reuse the address): a
                 // second ibv_dereg_mr of it is then a double release, never handed to
                 // libibverbs with freed memory.
-                st.bury(ptr);
+                st.bury(&self.fast, ptr);
                 drop(st);
                 let t = Instant::now();
                 return match self.registrar.deregister(mr) {

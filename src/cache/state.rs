@@ -52,6 +52,9 @@ pub struct Fast {
     /// The slots of recent lock-free hits by thread and MR pointer: where the release
     /// looks before `by_mr`.
     pub(super) recent: RecentHits,
+    /// Set (for good) before the first tombstone: until then a pass-through's
+    /// registration (`Cache::note_foreign`) has none to clear and skips the lock.
+    pub(super) buried_any: std::sync::atomic::AtomicBool,
 }
 
 impl Fast {
@@ -247,7 +250,11 @@ impl State {
         self.landing.remove(&ptr)
     }
 
-    pub fn bury(&mut self, ptr: usize) {
+    pub fn bury(&mut self, f: &Fast, ptr: usize) {
+        // Before the address can be freed and reused: a registration that gets it from
+        // the allocator afterwards sees the flag.
+        f.buried_any
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if self.tombstone_set.insert(ptr) {
             self.tombstones.push_back(ptr);
             if self.tombstones.len() > TOMBSTONES
@@ -502,7 +509,7 @@ impl State {
         self.unlink_class(id, &e.req);
         f.by_mr.remove(mr_hash(e.mr.ptr), id, |i| f.slot_mr_hash(i));
         f.slots.get(id)?.set_absent();
-        self.bury(e.mr.ptr);
+        self.bury(f, e.mr.ptr);
         self.in_flight
             .entry(e.mr.ptr)
             .or_default()

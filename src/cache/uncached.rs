@@ -17,6 +17,7 @@ impl<R: Registrar> Cache<R> {
         let ns = t0.elapsed().as_nanos();
         self.stats.add(Counter::RegistrationNs, ns as u64);
         let mr = result.map_err(AcquireError::Failed)?;
+        self.forget_passed(mr.ptr);
         if self.stopped.get().is_none() {
             self.figures(kind, req.len, |f| f.reg.add(ns as f64));
         }
@@ -99,6 +100,11 @@ impl<R: Registrar> Cache<R> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(mr, req.len);
+            // Its deregistration is timed too: marked so in the lock-free table (recorded
+            // untimed by `note_foreign` a moment ago; the app does not have `mr` yet).
+            if self.passed.take(mr).is_some() {
+                self.passed.insert(mr, true);
+            }
         }
     }
 

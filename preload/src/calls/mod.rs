@@ -243,9 +243,39 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
     dereg_full(mr)
 }
 
+/// `mr` a registration passed through to libibverbs (`Cache::take_passed`): libibverbs'
+/// dereg, straight, without asking the cache whether it is one of its handles (its lock,
+/// four hash lookups). Inside the guard and the shield, as on the full path (libibverbs'
+/// dereg may reach our memory hooks). None: not one (or nested): the full path.
+#[inline(never)]
+fn dereg_passed(mr: *mut IbvMr) -> Option<(i32, Outcome)> {
+    let _guard = Guard::enter()?;
+    let (cache, timed) = shielded(
+        || {
+            let cache = cache()?;
+            Some((cache, cache.take_passed(mr as usize)?))
+        },
+        || None,
+    )?;
+    // An admission sample: the other half of what a miss of its class costs.
+    let t = timed.then(std::time::Instant::now);
+    let rc = real::dereg_mr(mr);
+    if let Some(t) = t {
+        let ns = t.elapsed().as_nanos() as u64;
+        shielded(
+            || cache.note_passthrough_dereg(mr as usize, ns, rc == 0),
+            || (),
+        );
+    }
+    Some((rc, Outcome::Passthrough))
+}
+
 /// The full path, apart for the same reason as `register_inner`.
 #[inline(never)]
 fn dereg_full(mr: *mut IbvMr) -> (i32, Outcome) {
+    if let Some(done) = dereg_passed(mr) {
+        return done;
+    }
     // A remote release's admission figure is timed from here (`Cache::release_at`), on
     // one call in about `SAMPLE_EVERY`: most calls here are not remote releases (a
     // pass-through's, a miss's), and a clock read can be a system call.
