@@ -173,3 +173,41 @@ fn a_sample_half_off_the_figure_counts_as_moving() {
         }
     }
 }
+
+/// A class list broken into a cycle (or pointing past its links) is walked at most once per
+/// link: the flip that walks it under the cache lock ends instead of hanging the hook (review
+/// of s5-i21, S2).
+#[test]
+fn a_class_list_cycle_ends_the_walk() {
+    let fake = Fake::default();
+    let limits = Limits {
+        max_entries: 40,
+        max_bytes: u64::MAX,
+        shadow: true,
+        remote_superset: false,
+    };
+    let cache = Cache::new(&fake, limits);
+    for slot in 0..3 {
+        let (h, _) = cache.acquire(&req(slot, 0, 0x10)).unwrap();
+        cache.release(h);
+    }
+    let class = admission::size_class(LENS[0]);
+    let mut st = cache.lock();
+    let links = st.break_class_list(class, false, None);
+    let before = st.examined;
+    assert!(
+        st.evict_idle_class(&cache.fast, class, false, |_| false)
+            .is_empty()
+    );
+    let walked = st.examined - before;
+    assert!(
+        walked <= links,
+        "{walked} entries walked over {links} links"
+    );
+    // A link past the end.
+    st.break_class_list(class, false, Some(u32::MAX - 1));
+    assert!(
+        st.evict_idle_class(&cache.fast, class, false, |_| false)
+            .is_empty()
+    );
+}

@@ -13,8 +13,8 @@
 mod admin;
 mod hash;
 mod lock_free;
-mod recent;
 mod passed;
+mod recent;
 mod release;
 mod slots;
 mod state;

@@ -224,6 +224,27 @@ pub struct Room {
 }
 
 impl State {
+    /// Tests only: break a class's list on purpose, its tail's next link set to `next`, or
+    /// to the class's head (a cycle) with `None`. Returns how many links there are.
+    #[cfg(test)]
+    pub(super) fn break_class_list(
+        &mut self,
+        class: u32,
+        remote: bool,
+        next: Option<u32>,
+    ) -> usize {
+        let head = self.class_heads[&(class, remote)];
+        let mut tail = head;
+        for _ in 0..self.class_links.len() {
+            match self.class_links[tail as usize][1] {
+                n if n == head || n as usize >= self.class_links.len() => break,
+                n => tail = n,
+            }
+        }
+        self.class_links[tail as usize][1] = next.unwrap_or(head);
+        self.class_links.len()
+    }
+
     pub fn new() -> State {
         State {
             index: RangeIndex::new(),

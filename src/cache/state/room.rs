@@ -126,9 +126,14 @@ impl State {
             .get(&(size_class, remote))
             .copied()
             .unwrap_or(NO_ID);
-        while at != NO_ID {
+        // At most one step per link: a list broken into a cycle (a bug) or a link out of
+        // range must not hang or panic a hook holding the cache lock.
+        while at != NO_ID && ids.len() < self.class_links.len() {
+            let Some(&[_, next]) = self.class_links.get(at as usize) else {
+                break;
+            };
             ids.push(at);
-            at = self.class_links[at as usize][1];
+            at = next;
         }
         self.evict_idle_of(f, ids, pred)
     }
