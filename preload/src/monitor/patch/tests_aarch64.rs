@@ -96,7 +96,16 @@ fn patched_stub_reaches_the_hook_from_every_thread() {
     let stop = AtomicBool::new(false);
     let at = code as usize;
     let bad = AtomicIsize::new(0);
+    /// Stops the callers however the scope ends (a failed assert must not leave them
+    /// spinning while the scope waits for them).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for _ in 0..3 {
             s.spawn(|| {
                 while !stop.load(Relaxed) {
