@@ -10,14 +10,17 @@ pub fn lib() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_mrcache")).with_file_name("libmrcache.so")
 }
 
-/// Compiles `args` (sources, outputs, libraries) with the flags every C file here uses.
+/// Compiles `args` (sources, outputs, libraries) with the flags every C file here uses, with
+/// `cc` or `MRCACHE_TEST_CC` (`ci/aarch64 test` runs these tests under qemu-user with
+/// `aarch64-linux-gnu-gcc`).
 pub fn cc(args: &[&str]) {
-    let st = Command::new("cc")
+    let compiler = std::env::var("MRCACHE_TEST_CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&compiler)
         .args(["-O2", "-Wall", "-Wextra", "-Werror"])
         .args(args)
         .status()
         .expect("cc");
-    assert!(st.success(), "cc {args:?}");
+    assert!(st.success(), "{compiler} {args:?}");
 }
 
 /// Builds `tests/c/host/SRC` into `dir/out` with `flags`.

@@ -30,14 +30,18 @@
 
 use crate::monitor::patch::PatchError;
 use crate::sys::{PAGE, page_down, syscall6};
+#[cfg(target_arch = "x86_64")]
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{
-    AtomicBool, AtomicU64, AtomicUsize,
+    AtomicBool, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
+#[cfg(target_arch = "x86_64")]
 /// The length of our jump: `jmp rel32`.
 pub const JMP_LEN: usize = 5;
 
+#[cfg(target_arch = "x86_64")]
 /// `jmp rel32` at `site` to `to`, when `to` is within reach.
 pub fn jmp_rel32(site: usize, to: usize) -> Option<[u8; JMP_LEN]> {
     let rel = (to as i64).wrapping_sub(site as i64 + JMP_LEN as i64);
@@ -120,6 +124,7 @@ fn mprotect(start: usize, len: usize, prot: libc::c_int) -> bool {
 const RWX: libc::c_int = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
 const RX: libc::c_int = libc::PROT_READ | libc::PROT_EXEC;
 
+#[cfg(target_arch = "x86_64")]
 /// Replace the `JMP_LEN` bytes at `site`, which must still read `old`, with `new`.
 /// `first_len` is the length of the instruction starting at `site`: the only instruction
 /// boundary a thread may be at among the bytes that change, so every byte from `first_len`
@@ -179,12 +184,14 @@ pub unsafe fn replace_entry(
     r
 }
 
+#[cfg(target_arch = "x86_64")]
 #[derive(PartialEq, Eq, Clone, Copy)]
 enum Block {
     Eight(usize),
     Sixteen(usize),
 }
 
+#[cfg(target_arch = "x86_64")]
 fn splice(word: &mut [u8], off: usize, old: [u8; JMP_LEN], new: [u8; JMP_LEN]) -> bool {
     if word[off..off + JMP_LEN] != old {
         return false;
@@ -193,6 +200,7 @@ fn splice(word: &mut [u8], off: usize, old: [u8; JMP_LEN], new: [u8; JMP_LEN]) -
     true
 }
 
+#[cfg(target_arch = "x86_64")]
 /// One locked compare-and-swap of the aligned 8 bytes at `block`.
 ///
 /// # Safety
@@ -268,18 +276,108 @@ unsafe fn swap16(
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn swap16(_: usize, _: usize, _: [u8; JMP_LEN], _: [u8; JMP_LEN]) -> Result<(), PatchError> {
-    Err(PatchError::Unexpected)
+/// aarch64: replace the instruction word at `site`, which must still read `old`, with `new`
+/// (our `B`): one single-copy-atomic 32-bit compare-and-swap, then the cache maintenance
+/// that makes it visible to instruction fetch (`sync_icache`), then a SYNC_CORE membarrier
+/// so that every other thread resynchronises its fetch before we go on. Another thread may
+/// execute the word meanwhile only if the architecture allows both `old` and `new` to be
+/// modified under execution (`concurrent_safe`); otherwise only a process with no other
+/// thread is patched (`PatchError::Alone`). The page loses BTI guarding (its mprotect has no
+/// PROT_BTI): an indirect call to the entry then lands on our `B` instead of `bti c`.
+///
+/// # Safety
+/// `site` is a 4-aligned instruction in a mapped code page (libc's, or one of ours), and
+/// `new` is code that any thread may run from `site` on in place of `old`.
+#[cfg(target_arch = "aarch64")]
+pub unsafe fn replace_word(site: *mut u32, old: u32, new: u32) -> Result<(), PatchError> {
+    use crate::monitor::patch::aarch64::{concurrent_safe, sync_icache};
+    let at = site as usize;
+    if at % 4 != 0 {
+        return Err(PatchError::Unexpected);
+    }
+    let sync = sync_core_ready();
+    let unsafe_under_execution = !(concurrent_safe(old) && concurrent_safe(new));
+    if unsafe_under_execution || !sync {
+        // Asked only when needed: the thread count never relaxes the architecture's rule
+        // for another thread that is counted, and a CLONE_VM task it misses is the one
+        // residual hazard of patching an ordinary first instruction (docs/design.md).
+        if !single_threaded() {
+            return Err(if unsafe_under_execution {
+                PatchError::Alone
+            } else {
+                PatchError::NoSync
+            });
+        }
+    }
+    let start = page_down(at);
+    if !mprotect(start, PAGE, RWX) {
+        return Err(PatchError::Mprotect);
+    }
+    // SAFETY: 4-aligned, mapped, writable now; other cores only fetch it as code (or
+    // another patcher writes it with its own atomic store): a CAS either way.
+    let word = unsafe { &*(site as *const std::sync::atomic::AtomicU32) };
+    let r = match test_break::mode() {
+        test_break::TEAR => test_break::torn_store(site, new),
+        _ => word.compare_exchange(old, new, Release, Relaxed).map(drop),
+    }
+    .map_err(|_| PatchError::Unexpected);
+    if test_break::mode() != test_break::NO_FLUSH {
+        sync_icache(at, 4);
+    }
+    mprotect(start, PAGE, RX);
+    if sync {
+        membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
+    }
+    r
 }
 
+/// The deliberately broken variants of `replace_word` and `patch_at` that the aarch64 unit
+/// tests switch on to see each hazard's test fail (`MRCACHE_TEST_A64_BREAK`, read by the
+/// tests only). Always off outside the unit tests.
+#[cfg(target_arch = "aarch64")]
+pub mod test_break {
+    pub const OFF: u8 = 0;
+    /// The `B` written as two 16-bit halves.
+    pub const TEAR: u8 = 1;
+    /// No cache maintenance after the store.
+    pub const NO_FLUSH: u8 = 2;
+    /// Any first word taken for a known prologue.
+    pub const ANY_PROLOGUE: u8 = 3;
+
+    #[cfg(test)]
+    pub static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(OFF);
+
+    #[inline]
+    pub fn mode() -> u8 {
+        #[cfg(test)]
+        return MODE.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(test))]
+        OFF
+    }
+
+    /// The torn store: two halves, a yield between them.
+    pub fn torn_store(site: *mut u32, new: u32) -> Result<(), u32> {
+        let h = site as *mut u16;
+        // SAFETY: the broken variant (tests only): the two halves of the word `replace_word`
+        // checked is 4-aligned, mapped and writable.
+        unsafe {
+            h.write_volatile(new as u16);
+            std::thread::yield_now();
+            h.add(1).write_volatile((new >> 16) as u16);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
 /// `jmp rel8` at `site` to `to`, when within reach.
 pub fn jmp_rel8(site: usize, to: usize) -> Option<[u8; 2]> {
     let rel = (to as i64).wrapping_sub(site as i64 + 2);
     Some([0xeb, i8::try_from(rel).ok()? as u8])
 }
 
-/// Trampoline pages: (base, slots used). A slot is 16 bytes: `jmp [rip+0]` and the hook.
+/// Trampoline pages: (base, slots used). A slot is 16 bytes: `jmp [rip+0]` and the hook
+/// (x86-64), `ldr x16, #8; br x16` and the hook (aarch64).
 const PAGES: usize = 4;
 const SLOT: usize = 16;
 static PAGE_BASE: [AtomicUsize; PAGES] = [const { AtomicUsize::new(0) }; PAGES];
@@ -288,9 +386,36 @@ static PAGE_USED: [AtomicUsize; PAGES] = [const { AtomicUsize::new(0) }; PAGES];
 static TAKING: AtomicBool = AtomicBool::new(false);
 
 /// Within `jmp rel32` reach of `site`, with a slot's length to spare.
+#[cfg(target_arch = "x86_64")]
 fn reaches(site: usize, to: usize) -> bool {
     jmp_rel32(site, to).is_some() && jmp_rel32(site, to + SLOT).is_some()
 }
+
+/// Within a `B`'s reach of `site` (+-128 MiB), with a slot's length to spare.
+#[cfg(target_arch = "aarch64")]
+fn reaches(site: usize, to: usize) -> bool {
+    let b = |to| crate::monitor::patch::aarch64::b_to(site, to).is_some();
+    b(to) && b(to + SLOT)
+}
+
+/// A trampoline slot's code: a jump to `hook` through its address, stored in the slot.
+#[cfg(target_arch = "x86_64")]
+fn slot_code(hook: usize) -> [u8; SLOT] {
+    let mut code = [0xccu8; SLOT];
+    code[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    code[6..14].copy_from_slice(&(hook as u64).to_le_bytes());
+    code
+}
+#[cfg(target_arch = "x86_64")]
+const SLOT_HOOK_AT: usize = 6;
+
+#[cfg(target_arch = "aarch64")]
+fn slot_code(hook: usize) -> [u8; SLOT] {
+    let words = crate::monitor::patch::aarch64::trampoline(hook);
+    std::array::from_fn(|k| words[k / 4].to_le_bytes()[k % 4])
+}
+#[cfg(target_arch = "aarch64")]
+const SLOT_HOOK_AT: usize = 8;
 
 /// A trampoline to `hook` that a `jmp rel32` at `site` reaches, written and executable.
 pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
@@ -315,15 +440,16 @@ fn take_slot(site: usize, hook: usize) -> Option<usize> {
     }
     let base = PAGE_BASE[page].load(Relaxed);
     let slot = base + PAGE_USED[page].load(Relaxed) * SLOT;
-    let mut code = [0xccu8; SLOT];
-    code[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
-    code[6..14].copy_from_slice(&(hook as u64).to_le_bytes());
+    let code = slot_code(hook);
     // Other slots of the page may be running: it stays executable while written.
     if !mprotect(base, PAGE, RWX) {
         return None;
     }
     // SAFETY: a slot of our own page, writable now, that no jump leads to yet.
     unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, SLOT) };
+    // Fetched by other cores only after the `B` that leads here is stored and synchronised.
+    #[cfg(target_arch = "aarch64")]
+    crate::monitor::patch::aarch64::sync_icache(slot, SLOT);
     mprotect(base, PAGE, RX);
     PAGE_USED[page].fetch_add(1, Relaxed);
     Some(slot)
@@ -336,7 +462,7 @@ pub fn trampoline_hook(at: usize) -> Option<usize> {
         let used = PAGE_USED[p].load(Relaxed);
         (base != 0 && at >= base && at < base + used * SLOT && (at - base) % SLOT == 0).then(|| {
             // SAFETY: a written slot of our own trampoline page: its address field.
-            unsafe { std::ptr::read_volatile((at + 6) as *const u64) as usize }
+            unsafe { std::ptr::read_volatile((at + SLOT_HOOK_AT) as *const u64) as usize }
         })
     })
 }
@@ -344,7 +470,11 @@ pub fn trampoline_hook(at: usize) -> Option<usize> {
 /// A fresh page within reach of `site`: tried at hints 16 MiB apart on either side
 /// (MAP_FIXED_NOREPLACE; an older kernel takes it as a hint, checked).
 fn map_near(site: usize) -> Option<usize> {
+    // 60 hints on either side: up to 960 MiB away on x86-64, 120 MiB (of 128) on aarch64.
+    #[cfg(target_arch = "x86_64")]
     const STEP: usize = 16 << 20;
+    #[cfg(not(target_arch = "x86_64"))]
+    const STEP: usize = 2 << 20;
     for k in 1..=120usize {
         let off = k.div_ceil(2) * STEP;
         let hint = if k % 2 == 1 {
@@ -389,6 +519,7 @@ mod tests {
         assert!(!single_threaded(), "the test harness runs threads");
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_write_past_the_first_instruction_is_refused() {
         let old = [0x41, 0x54, 0x4c, 0x8b, 0x25];
@@ -400,6 +531,7 @@ mod tests {
         assert_eq!(jmp_rel8(0x1000, 0x2000), None);
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn rel32_reach() {
         assert_eq!(jmp_rel32(0x1000, 0x1005), Some([0xe9, 0, 0, 0, 0]));
@@ -411,6 +543,7 @@ mod tests {
         assert!(jmp_rel32(0x1_0000_0000, 0x1_0000_0000 + 0x7fff_0000).is_some());
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_trampoline_is_within_reach_and_leads_to_its_hook() {
         let site = a_trampoline_is_within_reach_and_leads_to_its_hook as *const () as usize;

@@ -1,7 +1,6 @@
-//! The aarch64 patch mechanism (issue 24), the counterpart of the x86-64 jump in `patch` and
-//! `cross_modify`. NOT YET WIRED IN: `monitor::patch::patch_at` still refuses every prologue on
-//! aarch64 (the library fails closed there: no caching). What is here is the part that can
-//! be checked anywhere: the instruction encodings, Debian 12's and 13's arm64 glibc
+//! The aarch64 patch mechanism (issue 24), the counterpart of the x86-64 jump in `x86_64` and
+//! `cross_modify`; `sites_aarch64::patch_at` writes it with `cross_modify::replace_word`.
+//! What is here is the part that can be checked anywhere: the instruction encodings, Debian 12's and 13's arm64 glibc
 //! prologues (word for word, from aarch64-linux-gnu-objdump of libc6 2.36-9+deb12u14 and
 //! 2.41-12+deb13u5), which of their first instructions may be replaced while other threads
 //! execute them, the trampoline, and the decoding of UCX's and libfabric's aarch64 jumps;
@@ -18,7 +17,8 @@
 //! Nothing is relocated: our hooks make the system call themselves and never return into
 //! libc's function, so the replaced instruction is never executed again by us; a thread
 //! that had executed it already runs on into the unchanged second instruction.
-#![allow(dead_code)] // used by the unit tests until patch.rs calls it on aarch64
+
+use super::PatchTarget;
 
 /// `B` reaches +-128 MiB (26-bit word offset).
 pub const B_REACH: i64 = 1 << 27;
@@ -42,8 +42,11 @@ pub fn b_target(site: usize, insn: u32) -> Option<usize> {
 }
 
 /// `NOP`, `BTI c`, `PACIASP` (all in the hint space).
+#[cfg(test)]
 pub const NOP: u32 = 0xd503_201f;
+#[cfg(test)]
 pub const BTI_C: u32 = 0xd503_245f;
+#[cfg(test)]
 pub const PACIASP: u32 = 0xd503_233f;
 
 /// Whether `insn` may be replaced by a `B` while another thread executes it (the Arm ARM's
@@ -216,23 +219,26 @@ pub mod glibc {
     };
 }
 
-/// How a recognised entry may be patched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum When {
-    /// Its first instruction is one the architecture lets us replace under execution.
-    Always,
-    /// Only while no other thread exists (the first instruction is an ordinary one: a
-    /// thread fetching it during the store could execute anything, CONSTRAINED
-    /// UNPREDICTABLE).
-    Alone,
-}
-
-/// When a function beginning with `first` may have it replaced by our `B`.
-pub fn when(first: u32) -> When {
-    if concurrent_safe(first) {
-        When::Always
-    } else {
-        When::Alone
+/// Each target's prologues, Debian 12's then 13's.
+pub fn prologues(t: PatchTarget) -> &'static [Prologue] {
+    use glibc::*;
+    static MUNMAP: [Prologue; 2] = [MUNMAP_236, MUNMAP_241];
+    static MADVISE: [Prologue; 2] = [MADVISE_236, MADVISE_241];
+    static BRK: [Prologue; 2] = [BRK_236, BRK_241];
+    static MMAP: [Prologue; 2] = [MMAP_236, MMAP_241];
+    static MREMAP: [Prologue; 2] = [MREMAP_236, MREMAP_241];
+    static SHMDT: [Prologue; 2] = [SHMDT_236, SHMDT_241];
+    static SBRK: [Prologue; 2] = [SBRK_236, SBRK_241];
+    static SHMAT: [Prologue; 2] = [SHMAT_236, SHMAT_241];
+    match t {
+        PatchTarget::Munmap => &MUNMAP,
+        PatchTarget::Madvise => &MADVISE,
+        PatchTarget::Brk => &BRK,
+        PatchTarget::Mmap => &MMAP,
+        PatchTarget::Mremap => &MREMAP,
+        PatchTarget::Shmdt => &SHMDT,
+        PatchTarget::Sbrk => &SBRK,
+        PatchTarget::Shmat => &SHMAT,
     }
 }
 
@@ -298,6 +304,8 @@ pub fn foreign_target(site: usize, code: &[u32]) -> Option<usize> {
 /// new word rather than a stale copy in their pipeline.
 #[cfg(target_arch = "aarch64")]
 pub fn sync_icache(at: usize, len: usize) {
+    #[cfg(test)]
+    LAST_SYNC.store(at, std::sync::atomic::Ordering::Relaxed);
     let ctr: u64;
     // SAFETY: reading CTR_EL0, which Linux lets EL0 read (or emulates).
     unsafe { std::arch::asm!("mrs {0}, ctr_el0", out(reg) ctr, options(nomem, nostack)) };
@@ -321,6 +329,11 @@ pub fn sync_icache(at: usize, len: usize) {
     // SAFETY: barriers only.
     unsafe { std::arch::asm!("dsb ish", "isb", options(nostack)) };
 }
+
+/// The last address `sync_icache` was given: the unit tests see that a patch flushed its
+/// word (qemu-user keeps the instruction cache coherent itself, so no behaviour shows it).
+#[cfg(all(test, target_arch = "aarch64"))]
+pub static LAST_SYNC: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 #[cfg(test)]
 mod tests {
@@ -404,7 +417,7 @@ mod tests {
             &MUNMAP_236,
             &MADVISE_236,
         ] {
-            assert_eq!(when(p.words[0]), When::Always, "{:#010x}", p.words[0]);
+            assert!(concurrent_safe(p.words[0]), "{:#010x}", p.words[0]);
         }
         for p in [
             &BRK_236,
@@ -414,7 +427,7 @@ mod tests {
             &SHMDT_236,
             &SHMAT_236,
         ] {
-            assert_eq!(when(p.words[0]), When::Alone, "{:#010x}", p.words[0]);
+            assert!(!concurrent_safe(p.words[0]), "{:#010x}", p.words[0]);
         }
     }
 

@@ -2,21 +2,26 @@
 //! patcher's jump decoded, ours taken back and chained), our own exported hooks' first
 //! bytes, writing the jump (`patch_at`, `install`) and the check that every one is intact.
 
+#[cfg(target_arch = "aarch64")]
+use super::sites_aarch64::load8;
 use super::*;
+#[cfg(target_arch = "x86_64")]
 use crate::monitor::cross_modify::{self, JMP_LEN};
 use std::ffi::{CStr, c_void};
+#[cfg(target_arch = "x86_64")]
+use std::sync::atomic::Ordering::Release;
 use std::sync::atomic::{
     AtomicU8, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{Acquire, Relaxed},
 };
 
-/// Jumps we wrote: (address of the jump, hook, its 5 bytes), for `intact`. Written in the constructor
+/// Jumps we wrote: (address of the jump, hook, its bytes), for `intact`. Written in the constructor
 /// (before threads), read anywhere. Eight libc targets; the rest is room for the unit tests'
 /// stubs (the constructor patches libc in the test binary too).
 pub(super) const SITES: usize = 16;
 pub(super) static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 pub(super) static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-/// Our jump's bytes at the site, little-endian in the low five bytes.
+/// Our jump's bytes at the site, little-endian in the low five bytes (x86-64) or four (aarch64: one `B`).
 pub(super) static SITE_CODE: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
 pub(super) static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 /// How many bytes of endbr64 we kept before the jump (checked too: a patcher may write its
@@ -26,6 +31,7 @@ pub(super) static SITE_ENDBR: [AtomicUsize; SITES] = [const { AtomicUsize::new(0
 /// took over: our hook calls it instead of issuing the system call, so both see the call.
 pub(super) static SITE_CHAINED: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 
+#[cfg(target_arch = "x86_64")]
 /// Where the jump another patcher wrote at `at` leads: `jmp rel32` (UCX 1.13's bistro),
 /// `movabs r11, imm64; jmp r11` (libfabric's memhooks), `jmp [rip+0]; abs64`.
 pub(super) fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
@@ -44,6 +50,7 @@ pub(super) fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 /// The length of the first instruction of a jump `foreign_target` decodes: the only
 /// instruction boundary in the bytes our jump replaces.
 pub(super) fn foreign_first_len(code: &[u8]) -> Option<usize> {
@@ -91,6 +98,7 @@ pub fn site(target: PatchTarget) -> Site {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Another patcher wrote its jump over one of ours (it installed after our constructor):
 /// put ours back and chain to its hook, so both see every call from here on. Only safe
 /// before anything is cached (what went through its hook alone in between is not known):
@@ -138,6 +146,12 @@ pub fn adopt_overwritten() -> bool {
     }
     all
 }
+/// Nothing is ever patched on other architectures: nothing to take back.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub fn adopt_overwritten() -> bool {
+    true
+}
+
 /// Our own exported memory hooks: (entry, first 16 bytes as two words, name). A patcher
 /// that overwrites every loaded definition of munmap (not only libc's) takes ours too.
 pub(super) const HOOKS: usize = 16;
@@ -181,12 +195,36 @@ pub fn hook_taken_before_start() -> Option<&'static CStr> {
         let mut code = [0u8; 16];
         code[..8].copy_from_slice(&HOOK_BYTES[i][0].load(Relaxed).to_le_bytes());
         code[8..].copy_from_slice(&HOOK_BYTES[i][1].load(Relaxed).to_le_bytes());
-        if foreign_target(HOOK_AT[i].load(Relaxed), &code).is_some() {
+        if foreign_jump(HOOK_AT[i].load(Relaxed), &code) {
             // SAFETY: a &'static CStr stored with it.
             return Some(unsafe { CStr::from_ptr(HOOK_NAME[i].load(Relaxed) as *const _) });
         }
     }
     None
+}
+
+/// Whether `code` (16 bytes at `at`) starts with another patcher's jump we know.
+#[cfg(target_arch = "x86_64")]
+fn foreign_jump(at: usize, code: &[u8; 16]) -> bool {
+    foreign_target(at, code).is_some()
+}
+
+#[cfg(target_arch = "aarch64")]
+fn foreign_jump(at: usize, code: &[u8; 16]) -> bool {
+    let words: [u32; 4] = std::array::from_fn(|k| {
+        u32::from_le_bytes([
+            code[4 * k],
+            code[4 * k + 1],
+            code[4 * k + 2],
+            code[4 * k + 3],
+        ])
+    });
+    aarch64::foreign_target(at, &words).is_some()
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn foreign_jump(_: usize, _: &[u8; 16]) -> bool {
+    false
 }
 
 /// For `dlsym`: libc's entry of `name` in place of `found` when `found` is our own exported
@@ -300,6 +338,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     Ok(())
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Whether the bytes just before `f` are `pad`.
 pub(super) fn padding_ends_at(f: usize, pad: &[u8]) -> bool {
     pad.iter().enumerate().all(|(k, &b)| {
@@ -308,7 +347,7 @@ pub(super) fn padding_ends_at(f: usize, pad: &[u8]) -> bool {
     })
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> {
     Err(PatchError::Unexpected)
 }
@@ -357,7 +396,7 @@ pub(super) fn load8(at: usize) -> u64 {
     word
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(super) fn load8(at: usize) -> u64 {
     // Nothing is patched here (`patch_at` refuses); read byte by byte all the same.
     let mut b = [0u8; 8];
@@ -370,11 +409,19 @@ pub(super) fn load8(at: usize) -> u64 {
 
 /// Whether site `i` (patched at `at`) still holds our jump, and the endbr64 kept before
 /// it. Two loads: the jump (with the three bytes after it, masked off) and the endbr64.
+#[cfg(target_arch = "x86_64")]
 pub(super) fn site_intact(i: usize, at: usize) -> bool {
     const MASK: u64 = (1 << (8 * JMP_LEN)) - 1;
     let endbr_kept = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len();
     load8(at) & MASK == SITE_CODE[i].load(Relaxed)
         && (!endbr_kept || load8(at - 4) as u32 == u32::from_le_bytes(ENDBR64))
+}
+
+/// Whether site `i` (patched at `at`) still holds our `B` (one 32-bit word; nothing is kept
+/// before it on aarch64).
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn site_intact(i: usize, at: usize) -> bool {
+    load8(at) & 0xffff_ffff == SITE_CODE[i].load(Relaxed)
 }
 
 /// The first of our jumps that is no longer in place (another patcher wrote over it), by

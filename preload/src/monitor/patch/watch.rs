@@ -91,7 +91,22 @@ pub static MPROTECT_PATCHED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
 /// glibc's mprotect (2.36 and 2.41): `mov eax, 10; syscall; cmp rax, -4095; jae`.
+#[cfg(target_arch = "x86_64")]
 pub static MPROTECT: [Prologue; 1] = [syscall_stub(0x0a)];
+
+/// glibc 2.41's arm64 mprotect: `bti c; mov x8, #226; svc #0; cmn x0, #0xfff; b.cs +8; ret`
+/// (llvm-objdump of Debian 13's libc6:arm64 2.41-12; 2.36's is not recorded here, so on
+/// Debian 12 the watch never clears and every hit reads every site).
+#[cfg(target_arch = "aarch64")]
+pub static MPROTECT: [Prologue; 1] = [Prologue {
+    words: &[
+        0xd503245f, 0xd2801c48, 0xd4000001, 0xb13ffc1f, 0x54000042, 0xd65f03c0,
+    ],
+    any: 0,
+}];
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub static MPROTECT: [Prologue; 0] = [];
 
 /// Clear `SUSPECT` when it is safe: nothing in flight, libc's mprotect entry patched, every
 /// site intact, every watched page mapped, not writable, not shared and still backed by

@@ -1,0 +1,216 @@
+//! aarch64 patching under running threads (run under qemu-user by `ci/aarch64 unit`): a
+//! copy of glibc 2.41's munmap stub in a page of our own, patched by `patch_at` as libc's
+//! is. `MRCACHE_TEST_A64_BREAK=tear|no-flush|any-prologue` switches on a deliberately broken
+//! variant (`cross_modify::test_break`); each makes its test here fail.
+
+use super::aarch64::{self, glibc};
+use super::*;
+use crate::monitor::cross_modify::{self, test_break};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU8, Ordering::Relaxed};
+
+/// One test at a time: the break mode and `LAST_SYNC` are process-wide.
+static ONE: Mutex<()> = Mutex::new(());
+
+fn break_mode() -> u8 {
+    let mode = match std::env::var("MRCACHE_TEST_A64_BREAK").as_deref() {
+        Ok("tear") => test_break::TEAR,
+        Ok("no-flush") => test_break::NO_FLUSH,
+        Ok("any-prologue") => test_break::ANY_PROLOGUE,
+        _ => test_break::OFF,
+    };
+    cross_modify::test_break::MODE.store(mode, Relaxed);
+    mode
+}
+
+const MARK: isize = 0x5a;
+extern "C" fn test_hook(_addr: usize, _len: usize) -> isize {
+    MARK
+}
+
+static STUB_PROLOGUES: [Prologue; 1] = [glibc::MUNMAP_241];
+fn stub_target() -> Target {
+    Target {
+        name: c"test_munmap",
+        prologues: &STUB_PROLOGUES,
+        hook: test_hook as *const () as usize,
+    }
+}
+
+/// A fresh executable page holding `words` at its start, then `ret` (the stub's error path)
+/// and `udf #0` to its end.
+fn code_page(words: &[u32]) -> *mut u32 {
+    // SAFETY: a private anonymous page of our own.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let code = p as *mut u32;
+    for (k, &w) in words.iter().chain(&[0xd65f_03c0]).enumerate() {
+        // SAFETY: within the page.
+        unsafe { code.add(k).write(w) };
+    }
+    aarch64::sync_icache(p as usize, 4096);
+    // SAFETY: our page.
+    assert_eq!(
+        unsafe { libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC) },
+        0
+    );
+    code
+}
+
+fn word(code: *mut u32, k: usize) -> u32 {
+    // SAFETY: a word of a code page of ours.
+    unsafe { std::ptr::read_volatile(code.add(k)) }
+}
+
+/// The stub called as munmap(0, 0): the kernel's -EINVAL, or our hook's mark once patched.
+fn call(code: *mut u32) -> isize {
+    // SAFETY: the page holds the stub (or our `B` to the hook); munmap(0, 0) changes nothing.
+    let f: extern "C" fn(usize, usize) -> isize = unsafe { std::mem::transmute(code) };
+    f(0, 0)
+}
+
+/// glibc 2.41's munmap copied into a page, patched while 3 threads call it: every call
+/// returns -EINVAL or the mark, every call that starts after `patch_at` returned gets the
+/// mark (the SYNC_CORE membarrier), and the `B` is the site's only changed word, flushed
+/// (`LAST_SYNC`). Then the `B` is taken back and stored again 300 times under the callers
+/// (`replace_word` each time: `bti c` and `B` are both on the architecture's list).
+/// tear: a caller runs a half-written word (SIGILL/SIGSEGV or a wrong value);
+/// no-flush: the flush check fails.
+#[test]
+fn patched_stub_reaches_the_hook_from_every_thread() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let mode = break_mode();
+    let code = code_page(glibc::MUNMAP_241.words);
+    assert_eq!(call(code), -(libc::EINVAL as isize));
+    // 0: not patched yet, 1: patch_at returned, 2: the B is being taken back and restored.
+    let phase = AtomicU8::new(0);
+    let stop = AtomicBool::new(false);
+    let at = code as usize;
+    let bad = AtomicIsize::new(0);
+    /// Stops the callers however the scope ends (a failed assert must not leave them
+    /// spinning while the scope waits for them).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        for _ in 0..3 {
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    let before = phase.load(Relaxed);
+                    let v = call(at as *mut u32);
+                    let strict = before == 1 && phase.load(Relaxed) == 1;
+                    let ok = v == MARK || (!strict && v == -(libc::EINVAL as isize));
+                    if !ok && bad.load(Relaxed) == 0 {
+                        bad.store(v | (strict as isize) << 40, Relaxed);
+                    }
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // SAFETY: the stub's entry in our page; it is never run past its first word after.
+        let r = unsafe { patch_at(code as *mut u8, &stub_target()) };
+        phase.store(1, Relaxed);
+        assert_eq!(r, Ok(()), "patch_at under running threads");
+        let b = word(code, 0);
+        assert_eq!(
+            aarch64::b_target(code as usize, b).map(|_| ()),
+            Some(()),
+            "{b:#010x} is a B"
+        );
+        assert_eq!(call(code), MARK);
+        for k in 1..glibc::MUNMAP_241.words.len() {
+            assert_eq!(
+                word(code, k),
+                glibc::MUNMAP_241.words[k],
+                "word {k} changed"
+            );
+        }
+        if mode != test_break::TEAR {
+            assert_eq!(
+                aarch64::LAST_SYNC.load(Relaxed),
+                code as usize,
+                "the patched word was not flushed to instruction fetch"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        phase.store(2, Relaxed);
+        for _ in 0..300 {
+            // SAFETY: our stub's entry: `B` and `bti c` are both safe to swap under execution.
+            unsafe {
+                let _ = cross_modify::replace_word(code, b, glibc::MUNMAP_241.words[0]);
+                assert_eq!(
+                    cross_modify::replace_word(code, glibc::MUNMAP_241.words[0], b),
+                    Ok(())
+                );
+            }
+        }
+        stop.store(true, Relaxed);
+    });
+    assert_eq!(
+        bad.load(Relaxed),
+        0,
+        "a caller saw neither -EINVAL nor the mark (bit 40: a call that started after patch_at returned)"
+    );
+    assert_eq!(call(code), MARK);
+}
+
+/// A stub whose words are not a prologue we know (2.41's munmap with another system call
+/// number; 2.36's brk, its GOT load changed into a store) is refused and left as it was.
+/// any-prologue: it is patched.
+#[test]
+fn unknown_first_words_are_refused_untouched() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    break_mode();
+    let mut other_call = glibc::MUNMAP_241.words.to_vec();
+    other_call[1] = 0xd2801b08; // mov x8, #216
+    let mut store = glibc::BRK_236.words.to_vec();
+    store[4] = 0xf9070c42; // str x2, [x2, #..] for ldr
+    for words in [other_call, store] {
+        let code = code_page(&words);
+        // SAFETY: our page; refused before anything is written.
+        let r = unsafe { patch_at(code as *mut u8, &stub_target()) };
+        assert_eq!(r, Err(PatchError::Unexpected), "{words:08x?}");
+        for (k, &w) in words.iter().enumerate() {
+            assert_eq!(word(code, k), w, "word {k} of {words:08x?}");
+        }
+    }
+}
+
+/// An entry another patcher took before us (UCX's `movz/movk x15; br x15`) is taken over
+/// and chained to (its first word is an ordinary `movz`: only without other threads) —
+/// here the test harness's threads exist, so it is refused with `Alone`.
+#[test]
+fn a_foreign_movz_jump_is_not_replaced_while_threads_run() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    break_mode();
+    let h = 0x0000_fffe_1234_5678u64;
+    let part = |hw: u64| ((h >> (hw * 16)) & 0xffff) as u32;
+    let ucx = [
+        0xd2e0000f | part(3) << 5,
+        0xf2c0000f | part(2) << 5,
+        0xf2a0000f | part(1) << 5,
+        0xf280000f | part(0) << 5,
+        0xd61f01e0,
+        0xd503201f,
+    ];
+    let code = code_page(&ucx);
+    let spin = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(200)));
+    // SAFETY: our page; refused before anything is written (another thread exists).
+    let r = unsafe { patch_at(code as *mut u8, &stub_target()) };
+    spin.join().unwrap();
+    assert_eq!(r, Err(PatchError::Alone));
+    assert_eq!(word(code, 0), ucx[0]);
+}
