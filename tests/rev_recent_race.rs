@@ -41,10 +41,7 @@ impl Registrar for &Fake {
             None
         };
         let ptr = reused.unwrap_or_else(|| 0x1000 * self.next.fetch_add(1, SeqCst));
-        self.live
-            .lock()
-            .unwrap()
-            .insert(ptr, (r.pd, r.addr, r.len));
+        self.live.lock().unwrap().insert(ptr, (r.pd, r.addr, r.len));
         Ok(Mr {
             ptr,
             via_wrapper: false,
@@ -268,13 +265,21 @@ fn a_detached_handle_after_a_lock_free_hit_is_the_apps() {
     let r = req(0, 1);
     let (h, _) = cache.acquire(&r).unwrap();
     assert_eq!(cache.release(h), Released::Kept);
-    assert_eq!(cache.try_hit(&r), Some(h), "a lock-free hit writes the word");
+    assert_eq!(
+        cache.try_hit(&r),
+        Some(h),
+        "a lock-free hit writes the word"
+    );
     let mr = Mr {
         ptr: h,
         via_wrapper: false,
     };
     assert_eq!(cache.detach(h), Detached::Sole(mr));
-    assert_eq!(cache.try_release(h), None, "the word released a detached handle");
+    assert_eq!(
+        cache.try_release(h),
+        None,
+        "the word released a detached handle"
+    );
     cache.adopt_uncached(mr);
     assert_eq!(cache.release(h), Released::Deregistered);
     assert!(fake.live.lock().unwrap().is_empty());
