@@ -152,6 +152,27 @@ mod tests {
         assert_eq!(cache.release(h), Released::Kept);
     }
 
+    /// Review (rev-i21rxe): two MRs at one address freed behind our hooks (a nested
+    /// `ibv_dereg_mr`, e.g. from a signal handler inside a hook, passes through without
+    /// `take_passed`), each noted: `insert` does not look for the address already there, so
+    /// the table holds it twice, and `forget_passed` takes only one. The cache's own MR
+    /// that then lands at that address is answered as a pass-through: the dereg hook would
+    /// hand the cached registration straight to libibverbs while the cache keeps it.
+    #[test]
+    fn review_a_twice_left_behind_address_is_forgotten_whole() {
+        let fake = Fake::default();
+        let cache = Cache::new(&fake, LIMITS);
+        cache.note_foreign(0x1000); // pass-through A at 0x1000, freed behind the hooks
+        cache.note_foreign(0x1000); // pass-through B at 0x1000, freed behind the hooks
+        let (h, o) = cache.acquire(&req(0x10_0000, 1)).unwrap();
+        assert_eq!((h, o), (0x1000, Outcome::Miss));
+        assert_eq!(
+            cache.take_passed(h),
+            None,
+            "the cache's own handle {h:#x} taken for a pass-through's"
+        );
+    }
+
     /// An admission sample of a remote class: its deregistration is timed as well.
     #[test]
     fn a_timed_remote_pass_through_is_marked_timed() {
