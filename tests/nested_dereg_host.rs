@@ -9,11 +9,11 @@ use std::process::Command;
 
 #[test]
 fn a_nested_pass_through_dereg_never_frees_a_cached_mr() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rev_passed_host");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nested_dereg_host");
     let (shim, prog) = common::shim_and_program(
         "host",
         "verbs_shim",
-        "rev_nested_dereg",
+        "nested_dereg",
         &dir,
         "nested",
         &["-libverbs", "-ldl"],
