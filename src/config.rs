@@ -402,6 +402,9 @@ const OTHER_KNOWN: &[&str] = &[
     "MRCACHE_VM_INJECT",
     "MRCACHE_SKIP_VM",
     "MRCACHE_TEST_DEVICE",
+    "MRCACHE_TEST_CC",
+    "MRCACHE_TEST_A64_TEAR",
+    "MRCACHE_TEST_A64_BREAK",
 ];
 
 fn parse_bool(v: &str) -> Option<bool> {
