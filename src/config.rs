@@ -8,6 +8,7 @@ use crate::node::{self, LocalRanks, Memlock, Node};
 use std::fmt;
 
 mod values;
+use values::OTHER_KNOWN;
 pub use values::{Admit, ForkMode, Monitor, RemoteMode, StatsMode};
 
 /// Every variable the library reads. docs/configuration.md is checked against this table.
@@ -387,25 +388,6 @@ where
     }
     (cfg, problems)
 }
-
-/// Names in the MRCACHE_ namespace that are read elsewhere (launcher, test rig).
-const OTHER_KNOWN: &[&str] = &[
-    "MRCACHE_BIN",
-    "MRCACHE_LIB",
-    "MRCACHE_TEST_EXPECT_HITS",
-    "MRCACHE_TEST_INIT_DELAY_MS",
-    "MRCACHE_TEST_COMPLETION_LIMIT_MS",
-    "MRCACHE_PRELOAD",
-    "MRCACHE_VM",
-    "MRCACHE_VM_CACHE",
-    "MRCACHE_VM_CASES",
-    "MRCACHE_VM_INJECT",
-    "MRCACHE_SKIP_VM",
-    "MRCACHE_TEST_DEVICE",
-    "MRCACHE_TEST_CC",
-    "MRCACHE_TEST_A64_TEAR",
-    "MRCACHE_TEST_A64_BREAK",
-];
 
 fn parse_bool(v: &str) -> Option<bool> {
     match v.to_ascii_lowercase().as_str() {

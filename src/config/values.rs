@@ -111,3 +111,22 @@ impl Monitor {
         }
     }
 }
+
+/// Names in the MRCACHE_ namespace that are read elsewhere (launcher, test rig).
+pub(super) const OTHER_KNOWN: &[&str] = &[
+    "MRCACHE_BIN",
+    "MRCACHE_LIB",
+    "MRCACHE_TEST_EXPECT_HITS",
+    "MRCACHE_TEST_INIT_DELAY_MS",
+    "MRCACHE_TEST_COMPLETION_LIMIT_MS",
+    "MRCACHE_PRELOAD",
+    "MRCACHE_VM",
+    "MRCACHE_VM_CACHE",
+    "MRCACHE_VM_CASES",
+    "MRCACHE_VM_INJECT",
+    "MRCACHE_SKIP_VM",
+    "MRCACHE_TEST_DEVICE",
+    "MRCACHE_TEST_CC",
+    "MRCACHE_TEST_A64_TEAR",
+    "MRCACHE_TEST_A64_BREAK",
+];
