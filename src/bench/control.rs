@@ -15,12 +15,13 @@
 //!
 //! Protocol (one line each way, text): the control starts with `ready <clock ns> <path of
 //! its libibverbs>`; `row <size> <local|remote>` maps and warms that row's buffer, answered
-//! `ok`; `phase <pairs>` answers the ns per pair; end of input ends it (exit 0). An error
+//! `ok`; `phase <pairs> <batch>` answers the ns per pair (the median over windows of
+//! `batch` pairs); end of input ends it (exit 0). An error
 //! is one `mrcache: ...` line on stderr and exit 2.
 
 use super::Plan;
 use super::admission::Access;
-use super::measure::{Spread, access_name, clock_ns, flags, is_ours};
+use super::measure::{Spread, access_name, clock_ns, counted_phase, flags, is_ours};
 use super::verbs::{Buffer, Copy, Verbs};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -101,6 +102,10 @@ pub fn parse_ns(line: &str) -> Result<f64, String> {
             )
         })
 }
+
+/// The variable a test sets to stall each window of every other phase of the control by
+/// its value in ms.
+pub const STALL_MARK: &str = "_MRCACHE_BENCH_CONTROL_STALL_MS";
 
 /// The measuring process's end of the control co-process.
 pub struct Peer {
@@ -202,9 +207,10 @@ impl Peer {
         }
     }
 
-    /// One no-preload phase of `pairs` pairs on the row's buffer: ns per pair.
-    pub fn phase(&mut self, pairs: usize) -> Result<f64, String> {
-        let r = self.ask(&format!("phase {}", pairs.max(1)))?;
+    /// One no-preload phase of `pairs` pairs on the row's buffer, in windows of `batch`
+    /// pairs: the median over the windows of ns per pair (`measure::counted_phase`).
+    pub fn phase(&mut self, pairs: usize, batch: usize) -> Result<f64, String> {
+        let r = self.ask(&format!("phase {} {}", pairs.max(1), batch.max(1)))?;
         parse_ns(&r)
     }
 }
@@ -247,6 +253,13 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
         }
     }
     say(&mut out, &format!("ready {clock:.0} {}", base.reg_from))?;
+    // A test's injection (docs/testing.md): every window of every other phase stalls this
+    // long, as a machine busy for that phase would stall it, so the row's figures range wide.
+    let stall = std::env::var(STALL_MARK)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let mut phases = 0u64;
     let mut row: Option<(Buffer, usize, u32)> = None;
     for line in std::io::stdin().lock().lines() {
         let line =
@@ -273,20 +286,25 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
                 row = Some((buf, size, f));
                 say(&mut out, "ok")?;
             }
-            ["phase", n] => {
-                let n: usize = n
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| format!("the control process was asked for {n:?} pairs"))?;
+            ["phase", n, batch] => {
+                let count = |v: &str| v.parse::<usize>().ok().filter(|&n| n > 0);
+                let (n, batch) = count(n).zip(count(batch)).ok_or_else(|| {
+                    format!("the control process was asked for {n:?} pairs in windows of {batch:?}")
+                })?;
                 let (buf, size, f) = row
                     .as_ref()
                     .ok_or("the control process was asked for a phase before a row")?;
-                let t = Instant::now();
-                for _ in 0..n {
-                    pd.dereg(pd.reg(buf.addr, *size, *f)?)?;
-                }
-                let ns = t.elapsed().as_nanos() as f64 / n as f64;
+                // The injection: a stall in every window of every other phase.
+                let slow = stall.filter(|_| phases % 2 == 1);
+                let mut i = 0usize;
+                let ns = counted_phase(n, batch, || {
+                    if let Some(d) = slow.filter(|_| i % batch == 0) {
+                        std::thread::sleep(d);
+                    }
+                    i += 1;
+                    pd.dereg(pd.reg(buf.addr, *size, *f)?)
+                })?;
+                phases += 1;
                 say(&mut out, &format!("{ns:.1}"))?;
             }
             _ => return Err(format!("the control process was asked {line:?}")),

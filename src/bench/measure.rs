@@ -127,6 +127,13 @@ impl Row {
         Some(paired_ratio(&pairs))
     }
 
+    /// The row's no-preload figures range wider than their median: the machine or the
+    /// device changed speed during the row, and the speed-up is not to be trusted.
+    pub fn no_preload_untrusted(&self) -> bool {
+        self.no_preload
+            .is_some_and(|s| s.median.is_finite() && s.max - s.min > s.median)
+    }
+
     /// The figures the default's admission is given, and its decision on them: the miss is
     /// the cached median times the paired speed-up (so that the admission's ratio
     /// cached / miss is the rounds' paired one).
@@ -289,7 +296,13 @@ pub fn run(
     Ok(out)
 }
 
-/// `n` pairs of `f`, at least one, until `slice` has passed: (ns per pair, pairs).
+/// Pairs of `f` in windows of `batch` pairs (one clock reading each), at least one window,
+/// until `slice` has passed: (ns per pair, pairs). The figure is the median over the
+/// windows of each one's ns per pair, not the phase's total over its pairs: a stall of the
+/// machine (an emulated guest's vCPU descheduled by its host, an interrupt storm) lands in
+/// a few windows and moves the median little, where it would weigh on the total with its
+/// whole length. An application timing its own calls sees what a median of short windows
+/// sees (tests/c/rev26_app.c: 1 ms windows; `bench_agrees_with_app`).
 pub(super) fn phase(
     slice: Duration,
     batch: usize,
@@ -297,16 +310,43 @@ pub(super) fn phase(
 ) -> Result<(f64, usize), String> {
     let t = Instant::now();
     let mut n = 0usize;
+    let mut windows = Vec::new();
+    let mut w = t;
     loop {
         for _ in 0..batch {
             f()?;
         }
         n += batch;
-        if t.elapsed() >= slice {
+        let now = Instant::now();
+        windows.push((now - w).as_nanos() as f64 / batch as f64);
+        w = now;
+        if now - t >= slice {
             break;
         }
     }
-    Ok((t.elapsed().as_nanos() as f64 / n as f64, n))
+    Ok((Spread::of(&windows).median, n))
+}
+
+/// `pairs` pairs of `f` (at least one) in windows of `batch` pairs: the median over the
+/// windows of ns per pair, as [`phase`] (the control's phases, given a count, not a time).
+pub fn counted_phase(
+    pairs: usize,
+    batch: usize,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let batch = batch.max(1);
+    let mut left = pairs.max(1);
+    let mut windows = Vec::new();
+    while left > 0 {
+        let k = batch.min(left);
+        let t = Instant::now();
+        for _ in 0..k {
+            f()?;
+        }
+        windows.push(t.elapsed().as_nanos() as f64 / k as f64);
+        left -= k;
+    }
+    Ok(Spread::of(&windows).median)
 }
 
 /// The libibverbs-alone phase: (ns per `ibv_reg_mr` + `ibv_dereg_mr` pair, pairs); no clock is read
@@ -417,7 +457,7 @@ fn measure(
                     alone_dereg.push(t.elapsed().as_nanos() as f64);
                 }
                 // No preload: the control co-process, as many pairs, now.
-                1 => np = peer.phase(pairs_alone)?,
+                1 => np = peer.phase(pairs_alone, batch_alone)?,
                 _ => {
                     // Through the cache, on the range it holds.
                     let mut lost = false;

@@ -79,6 +79,19 @@ fn agreement_text(a: &Agreement) -> String {
     )
 }
 
+/// One line naming a row whose no-preload figures are not trustworthy (`Row::no_preload_untrusted`).
+pub fn untrusted_text(r: &Row) -> Option<String> {
+    let s = r.no_preload.filter(|_| r.no_preload_untrusted())?;
+    Some(format!(
+        "warning: {} {}: the no-preload figures range {}-{} µs, wider than their median {} µs: its speed-up is not trustworthy (the machine was busy or the device changed speed; run again when idle, or with more --seconds)",
+        size_text(r.size),
+        access_name(r.access),
+        us(s.min),
+        us(s.max),
+        us(s.median)
+    ))
+}
+
 fn revoke_text(r: &Row) -> String {
     match (r.access, &r.passed_through, r.revoke_ns) {
         (Access::Local, _, _) => "-".into(),
@@ -247,6 +260,9 @@ pub fn table(o: &Outcome) -> String {
             verdict_text(r.verdict)
         );
     }
+    for w in o.rows.iter().filter_map(untrusted_text) {
+        let _ = writeln!(s, "{w}");
+    }
     let _ = writeln!(
         s,
         "\nno-preload µs: the same pairs through the process's own libibverbs, timed plainly, in a control co-process without the preload, one phase per round on request (as many pairs as that round's libibverbs-alone phase) between the round's libibverbs-alone and cached phases (the order rotated every round); speed-up: the median over the rounds of that round's no-preload / cached. libibverbs alone (dlmopen) against no preload: {} (two differ when |z| > {Z_MAX} and the median ratio is off 1 by more than the spread)",
@@ -316,6 +332,7 @@ pub fn json(o: &Outcome) -> String {
                 "cached": r.passed_through.is_none(),
                 "passed_through": r.passed_through,
                 "speedup": speedup(r),
+                "warning": untrusted_text(r),
                 "miss_us": spread_json(&r.miss),
                 "libibverbs_fresh_us": spread_json(&r.fresh_alone),
                 "revoke_us": r.revoke_ns.map(|n| n / 1000.0),
@@ -363,6 +380,7 @@ pub fn json(o: &Outcome) -> String {
         "monitor": sys.monitor,
         "seconds_per_size": o.seconds,
         "hit_path": hit,
+        "warnings": o.rows.iter().filter_map(untrusted_text).collect::<Vec<_>>(),
         "rows": rows,
         "elapsed_s": o.elapsed.as_secs_f64(),
     })
@@ -384,5 +402,60 @@ mod tests {
         assert_eq!(us(9810.0), "9.81");
         assert_eq!(us(123_456.0), "123");
         assert_eq!(us(f64::NAN), "-");
+    }
+
+    fn row(no_preload: Option<Spread>) -> Row {
+        let s = |m: f64| Spread {
+            median: m,
+            min: m,
+            max: m,
+        };
+        Row {
+            size: 64 << 20,
+            access: Access::Remote,
+            alone: s(20_000.0),
+            alone_dereg: s(5_000.0),
+            cached: s(30.0),
+            passed_through: None,
+            miss: s(20_000.0),
+            fresh_alone: s(40_000.0),
+            revoke_ns: Some(20.0),
+            no_preload,
+            namespace: None,
+            round_ns: vec![[20_000.0, 20_000.0, 30.0]],
+            rounds: 1,
+            misses: 1,
+            costs: Default::default(),
+            verdict: Verdict::Cache,
+            verdict_why: String::new(),
+        }
+    }
+
+    /// A row whose no-preload figures range wider than their median gets one line naming it.
+    #[test]
+    fn a_wide_no_preload_spread_is_named() {
+        let wide = row(Some(Spread {
+            median: 10_000_000.0,
+            min: 5_000_000.0,
+            max: 15_001_000.0,
+        }));
+        assert!(wide.no_preload_untrusted());
+        let w = untrusted_text(&wide).unwrap();
+        assert!(
+            w.starts_with("warning: 64 MiB remote: the no-preload figures range 5000-15001 µs, wider than their median 10000 µs")
+                && !w.contains('\n'),
+            "{w}"
+        );
+        // Exactly as wide as the median, or no control: no warning.
+        for r in [
+            row(Some(Spread {
+                median: 10_000_000.0,
+                min: 5_000_000.0,
+                max: 15_000_000.0,
+            })),
+            row(None),
+        ] {
+            assert!(!r.no_preload_untrusted() && untrusted_text(&r).is_none());
+        }
     }
 }
