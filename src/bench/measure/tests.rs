@@ -29,3 +29,43 @@ fn batches_hide_the_clock() {
     assert_eq!(batch_for(0.0, 7_000.0), 1);
     assert!(clock_ns() > 0.0);
 }
+
+/// A stall in one window of a phase moves its figure little: the figure is the median over
+/// the windows, where the phase's total over its pairs would carry the stall's whole length
+/// (the control's long phases on a loaded emulated guest: 3x an application's own timing).
+#[test]
+fn a_stalled_window_does_not_make_the_figure() {
+    let stall = Duration::from_millis(200);
+    let pair = || std::thread::sleep(Duration::from_micros(100));
+    let mut i = 0;
+    let t = Instant::now();
+    let ns = counted_phase(100, 10, || {
+        if i == 35 {
+            std::thread::sleep(stall);
+        }
+        i += 1;
+        pair();
+        Ok(())
+    })
+    .unwrap();
+    let mean = t.elapsed().as_nanos() as f64 / 100.0;
+    assert!(
+        ns * 2.0 < mean && ns >= 100_000.0,
+        "figure {ns:.0} ns per pair, the phase's mean {mean:.0}"
+    );
+    // The timed phase: the same, windows of 10 pairs until 20 ms have passed (the stall,
+    // in the sixth window, ends it).
+    let mut i = 0;
+    let t = Instant::now();
+    let (ns, n) = phase(Duration::from_millis(20), 10, || {
+        if i == 55 {
+            std::thread::sleep(stall);
+        }
+        i += 1;
+        pair();
+        Ok(())
+    })
+    .unwrap();
+    let mean = t.elapsed().as_nanos() as f64 / n as f64;
+    assert!(n >= 60 && ns * 2.0 < mean, "figure {ns:.0} over {n} pairs, mean {mean:.0}");
+}
