@@ -5,7 +5,8 @@
 //! A co-process the measuring process starts (this same command, without libmrcache.so in
 //! `LD_PRELOAD`): it opens the device through the process's own libibverbs (the base
 //! link-map namespace, as an application calls it) and serves, on request over a pipe, one
-//! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (between two clock readings).
+//! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (one clock reading per window
+//! of pairs, the phase's figure the median over its windows, as `measure::phase`).
 //! The measuring process asks for one such phase in every round of every row, between its
 //! libibverbs-alone (`dlmopen`) phase and its cached phase (the order rotated every round),
 //! with as many pairs as its libibverbs-alone phase did, so that each round's no-preload

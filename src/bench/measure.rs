@@ -408,8 +408,10 @@ fn measure(
     let batch_cached = batch_for(t.elapsed().as_nanos() as f64 / 16.0, clock_ns);
 
     // Each round: a libibverbs-alone phase, a no-preload phase as long, a cached phase.
-    let slice_alone = budget / 24;
-    let slice_cached = budget / 80;
+    // (Half the row's time is rest after each round: phases half as long as without it
+    // keep the rounds as many.)
+    let slice_alone = budget / 48;
+    let slice_cached = budget / 160;
     let (mut alone, mut alone_dereg, mut cached, mut miss) = (vec![], vec![], vec![], vec![]);
     let mut no_preload = vec![];
     let mut round_ns: Vec<[f64; 3]> = vec![];
@@ -487,8 +489,16 @@ fn measure(
             miss_round(&mut miss)?;
             miss_part = r0.elapsed() - plain;
         }
+        // Rest as long as the round's phases took: back to back for a second or more,
+        // registrations get dearer round by round on rxe (1 MiB: 292 to 1059 µs over five
+        // rounds, both processes alike, while an application alternating 0.3 s back to back
+        // with 0.3 s of 1 ms bursts paid 260-340 µs): work the kernel defers at each
+        // deregistration piles up unless the device is idle at times, as it is in an
+        // application that does anything between its registrations (docs/design.md,
+        // "the bench rests between its rounds").
+        std::thread::sleep(plain);
         rounds += 1;
-        let next = plain
+        let next = 2 * plain
             + if rounds % MISS_EVERY == MISS_EVERY - 1 {
                 miss_part.max(miss_estimate)
             } else {
