@@ -13,6 +13,7 @@ mod admission;
 mod control;
 mod measure;
 mod report;
+mod timing;
 mod verbs;
 
 use mrcache::node::Memlock;

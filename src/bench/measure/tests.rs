@@ -67,5 +67,8 @@ fn a_stalled_window_does_not_make_the_figure() {
     })
     .unwrap();
     let mean = t.elapsed().as_nanos() as f64 / n as f64;
-    assert!(n >= 60 && ns * 2.0 < mean, "figure {ns:.0} over {n} pairs, mean {mean:.0}");
+    assert!(
+        n >= 60 && ns * 2.0 < mean,
+        "figure {ns:.0} over {n} pairs, mean {mean:.0}"
+    );
 }
