@@ -11,9 +11,9 @@
 
 use super::admission::{self, Access, Costs, Verdict};
 use super::control::{Agreement, NAMESPACE_SPREAD, Peer, paired_ratio};
+pub use super::timing::{Spread, batch_for, clock_ns, counted_phase, phase};
 use super::verbs::{Buffer, Copy, DeviceInfo, Mover, Pd, Verbs};
 use super::{HIT_REGION_BYTES, HIT_REGIONS, Plan};
-pub use super::timing::{Spread, batch_for, clock_ns, counted_phase, phase};
 use std::time::{Duration, Instant};
 
 const LOCAL: u32 = mrcache::access::LOCAL_WRITE;

@@ -226,7 +226,7 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "µs per ibv_reg_mr + ibv_dereg_mr, median (min-max) over rounds alternating libibverbs alone, the cache's hit + release, and (every third round) a miss + release on a range the cache does not hold (pages registered before, moved there with mremap); fresh µs: libibverbs alone on freshly mapped memory, once per row; at most {} s per size\n",
+        "µs per ibv_reg_mr + ibv_dereg_mr, median (min-max) over rounds alternating libibverbs alone, the cache's hit + release, and (every third round) a miss + release on a range the cache does not hold (pages registered before, moved there with mremap), each round's figure the median over its windows of pairs, and a rest as long as the round after it; fresh µs: libibverbs alone on freshly mapped memory, once per row; at most {} s per size\n",
         o.seconds
     );
     let _ = writeln!(
