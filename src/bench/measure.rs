@@ -76,6 +76,10 @@ pub struct Outcome {
     pub rows: Vec<Row>,
     pub hit_path: Vec<HitPath>,
     pub elapsed: Duration,
+    /// The parts of `elapsed`: opening the device in both processes, the hit path, the rows.
+    pub startup: Duration,
+    pub hit_path_took: Duration,
+    pub sizes_took: Duration,
     pub environment: Vec<(String, String)>,
     pub clock_ns: f64,
     /// The control's libibverbs (the no-preload column's).
@@ -180,7 +184,9 @@ pub fn run(
     let mut peer = start_control()?;
 
     let clock = clock_ns();
-    let hit_path = hit_path(&gpd, budget)?;
+    let startup = t0.elapsed();
+    let hit_path = hit_path(&gpd)?;
+    let hit_path_took = t0.elapsed() - startup;
 
     let mut rows: Vec<Row> = Vec::new();
     for &size in &plan.sizes {
@@ -206,6 +212,7 @@ pub fn run(
             rows.push(row);
         }
     }
+    let sizes_took = t0.elapsed() - startup - hit_path_took;
     let no_preload_from = peer.base_from.clone();
     drop(peer);
     let environment = std::env::vars_os()
@@ -228,6 +235,9 @@ pub fn run(
         rows,
         hit_path,
         elapsed: t0.elapsed(),
+        startup,
+        hit_path_took,
+        sizes_took,
         environment,
         clock_ns: clock,
         no_preload_from,
@@ -264,11 +274,13 @@ fn measure(
     clock_ns: f64,
 ) -> Result<Row, String> {
     let flags = flags(access);
-    // The budget counts from when the memory is mapped and populated (under emulation
-    // populating 64 MiB twice can take longer than a whole row's budget).
+    // Everything of the row counts in its budget: mapping and populating its memory, the
+    // warm-up, the rounds, their rests, the miss rounds and the drain waits. Only the first
+    // round and one miss round are done whatever is left (a row needs a figure).
+    let t0 = Instant::now();
+    let left = || budget.saturating_sub(t0.elapsed());
     let buf = Buffer::new(size)?;
     let mut mover = Mover::new(size)?;
-    let t0 = Instant::now();
     // Warm both paths; the cache's first registration of the range is a miss that leaves
     // it cached, idle. Two more, both held at once, must then come back with its lkey (hits).
     let t = Instant::now();
@@ -323,9 +335,10 @@ fn measure(
         let t = Instant::now();
         gpd.dereg(gpd.reg(mover.addr(), size, flags)?)?;
         miss.push(t.elapsed().as_nanos() as f64);
-        // The entry goes with the pages' next move; wait for the drain thread.
+        // The entry goes with the pages' next move; wait for the drain thread (not past
+        // the row's budget).
         mover.flip()?;
-        wait_unpinned(before, Duration::from_millis(500));
+        wait_unpinned(before, Duration::from_millis(500).min(left()));
         Ok(())
     };
     // A round starts only if it fits in what is left of the budget.
@@ -392,11 +405,11 @@ fn measure(
             } else {
                 Duration::ZERO
             };
-        // Room for the one miss round every row has.
+        // Room for the one miss round every row has, and for the last drain.
         let reserve = if miss.is_empty() {
-            miss_estimate
+            2 * miss_estimate
         } else {
-            Duration::ZERO
+            miss_estimate
         };
         if rounds >= MAX_ROUNDS || t0.elapsed() + next + reserve > budget {
             break;
@@ -408,7 +421,7 @@ fn measure(
     // Leave nothing cached for the next size: unmap, and wait for the drain.
     let before = pinned().map(|p| p.saturating_sub(super::page_round(size) as u64));
     drop(buf);
-    wait_unpinned(before, Duration::from_millis(500));
+    wait_unpinned(before, Duration::from_millis(500).min(left()));
 
     let miss_count = miss.len();
     let (alone, alone_dereg, cached, miss) = (
@@ -473,18 +486,25 @@ pub fn access_name(a: Access) -> &'static str {
     }
 }
 
+/// The hit path's bounds, whatever `--seconds` (docs/usage.md, "How long it takes"): the
+/// regions' first registrations (misses) stop after `HIT_REGISTERING`, each of the two timed
+/// parts after `HIT_TIMING` (5 batches at least), the drain wait after `HIT_DRAIN`.
+pub const HIT_REGISTERING: Duration = Duration::from_secs(2);
+pub const HIT_TIMING: Duration = Duration::from_millis(100);
+pub const HIT_DRAIN: Duration = Duration::from_millis(500);
+
 /// ns per hit + release at 1 and `HIT_REGIONS` regions of 4 KiB a gap page apart, visited
 /// in a fixed pseudo-random order; a tenth of `budget` each, in batches of 1,000 pairs.
-fn hit_path(pd: &Pd, budget: Duration) -> Result<Vec<HitPath>, String> {
+fn hit_path(pd: &Pd) -> Result<Vec<HitPath>, String> {
     let stride = 2 * HIT_REGION_BYTES;
     let before = pinned();
     let buf = Buffer::new(HIT_REGIONS * stride)?;
     let mut keys = Vec::with_capacity(HIT_REGIONS);
     // The regions' first registrations are misses: under emulation they can take seconds
-    // in all; stop at 10 budgets and measure the regions registered by then.
+    // in all; measure the regions registered by HIT_REGISTERING.
     let t = Instant::now();
     for i in 0..HIT_REGIONS {
-        if i > 0 && t.elapsed() > budget * 10 {
+        if i > 0 && t.elapsed() > HIT_REGISTERING {
             break;
         }
         let mr = pd.reg(buf.at(i * stride), HIT_REGION_BYTES, LOCAL)?;
@@ -510,7 +530,7 @@ fn hit_path(pd: &Pd, budget: Duration) -> Result<Vec<HitPath>, String> {
         }
         let t = Instant::now();
         let mut figures = Vec::new();
-        while figures.len() < 5 || (t.elapsed() < budget / 10 && figures.len() < 1001) {
+        while figures.len() < 5 || (t.elapsed() < HIT_TIMING && figures.len() < 1001) {
             let b = Instant::now();
             for &i in &visits {
                 let mr = pd.reg(buf.at(i * stride), HIT_REGION_BYTES, LOCAL)?;
@@ -526,7 +546,7 @@ fn hit_path(pd: &Pd, budget: Duration) -> Result<Vec<HitPath>, String> {
         });
     }
     drop(buf);
-    wait_unpinned(before, Duration::from_millis(1000));
+    wait_unpinned(before, HIT_DRAIN);
     Ok(out)
 }
 

@@ -46,6 +46,16 @@ pub const HIT_REGIONS: usize = 1000;
 pub const HIT_REGION_BYTES: usize = 4096;
 const PAGE: usize = 4096;
 
+/// The device's max_mw, or 0 with `MRCACHE_TEST_NO_MW=1` (tests only: a device without
+/// memory windows, as the library then takes it; the test guest's kernel has no siw).
+pub fn max_mw_seen(max_mw: i32) -> i32 {
+    if std::env::var_os("MRCACHE_TEST_NO_MW").is_some_and(|v| v == "1") {
+        0
+    } else {
+        max_mw
+    }
+}
+
 /// What the bench runs with, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {

@@ -284,8 +284,14 @@ pub fn table(o: &Outcome) -> String {
     }
     let _ = writeln!(
         s,
-        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all",
-        o.elapsed.as_secs_f64()
+        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all: start-up {:.1} s, hit path {:.1} s, the {} sizes {:.1} s (at most {} x {} s)",
+        o.elapsed.as_secs_f64(),
+        o.startup.as_secs_f64(),
+        o.hit_path_took.as_secs_f64(),
+        o.rows.len() / 2,
+        o.sizes_took.as_secs_f64(),
+        o.rows.len() / 2,
+        o.seconds
     );
     s
 }
@@ -383,6 +389,9 @@ pub fn json(o: &Outcome) -> String {
         "warnings": o.rows.iter().filter_map(untrusted_text).collect::<Vec<_>>(),
         "rows": rows,
         "elapsed_s": o.elapsed.as_secs_f64(),
+        "startup_s": o.startup.as_secs_f64(),
+        "hit_path_s": o.hit_path_took.as_secs_f64(),
+        "sizes_s": o.sizes_took.as_secs_f64(),
     })
     .to_string()
 }
