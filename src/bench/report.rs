@@ -284,12 +284,13 @@ pub fn table(o: &Outcome) -> String {
     }
     let _ = writeln!(
         s,
-        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all: start-up {:.1} s, hit path {:.1} s, the {} sizes {:.1} s (at most {} x {} s)",
+        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all: start-up {:.1} s, hit path {:.1} s, the {} sizes' memory (mapping, populating, first registrations) {:.1} s, their measuring {:.1} s (at most {} x {} s)",
         o.elapsed.as_secs_f64(),
         o.startup.as_secs_f64(),
         o.hit_path_took.as_secs_f64(),
         o.rows.len() / 2,
-        o.sizes_took.as_secs_f64(),
+        o.memory_took.as_secs_f64(),
+        o.sizes_took.saturating_sub(o.memory_took).as_secs_f64(),
         o.rows.len() / 2,
         o.seconds
     );
@@ -337,6 +338,8 @@ pub fn json(o: &Outcome) -> String {
                 "cached_us": spread_json(&r.cached),
                 "cached": r.passed_through.is_none(),
                 "passed_through": r.passed_through,
+                "took_s": r.took.as_secs_f64(),
+                "memory_s": r.memory_took.as_secs_f64(),
                 "speedup": speedup(r),
                 "warning": untrusted_text(r),
                 "miss_us": spread_json(&r.miss),
@@ -392,6 +395,7 @@ pub fn json(o: &Outcome) -> String {
         "startup_s": o.startup.as_secs_f64(),
         "hit_path_s": o.hit_path_took.as_secs_f64(),
         "sizes_s": o.sizes_took.as_secs_f64(),
+        "memory_s": o.memory_took.as_secs_f64(),
     })
     .to_string()
 }
@@ -437,6 +441,8 @@ mod tests {
             costs: Default::default(),
             verdict: Verdict::Cache,
             verdict_why: String::new(),
+            took: Default::default(),
+            memory_took: Default::default(),
         }
     }
 
