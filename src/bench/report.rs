@@ -388,6 +388,10 @@ pub fn json(o: &Outcome) -> String {
         "admit_always_set_by_bench": std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET),
         "monitor": sys.monitor,
         "seconds_per_size": o.seconds,
+        "method": {
+            "figure": "each phase's figure is the median over its windows of batch pairs of ns per pair (a cost in fewer than half of the windows is not in it); a row is the median (min-max) of its rounds' figures",
+            "rest": "after each round the bench sleeps as long as the round's phases took (registrations half the time); the miss rounds come after that rest",
+        },
         "hit_path": hit,
         "warnings": o.rows.iter().filter_map(untrusted_text).collect::<Vec<_>>(),
         "rows": rows,
