@@ -5,8 +5,8 @@
 //! A co-process the measuring process starts (this same command, without libmrcache.so in
 //! `LD_PRELOAD`): it opens the device through the process's own libibverbs (the base
 //! link-map namespace, as an application calls it) and serves, on request over a pipe, one
-//! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (one clock reading per window
-//! of pairs, the phase's figure the median over its windows, as `measure::phase`).
+//! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (a clock reading at each end,
+//! the phase's figure its total over its pairs, as `measure::phase`).
 //! The measuring process asks for one such phase in every round of every row, between its
 //! libibverbs-alone (`dlmopen`) phase and its cached phase (the order rotated every round),
 //! with as many pairs as its libibverbs-alone phase did, so that each round's no-preload
@@ -16,8 +16,9 @@
 //!
 //! Protocol (one line each way, text): the control starts with `ready <clock ns> <path of
 //! its libibverbs>`; `row <size> <local|remote>` maps and warms that row's buffer, answered
-//! `ok`; `phase <pairs> <batch>` answers the ns per pair (the median over windows of
-//! `batch` pairs); end of input ends it (exit 0). An error
+//! `ok`; `phase <pairs> <batch>` answers the ns per pair (the phase's total over its
+//! pairs; `batch` is the measuring process's batch, where a test's injected stall lands);
+//! end of input ends it (exit 0). An error
 //! is one `mrcache: ...` line on stderr and exit 2.
 
 use super::Plan;
@@ -104,9 +105,18 @@ pub fn parse_ns(line: &str) -> Result<f64, String> {
         })
 }
 
-/// The variable a test sets to stall each window of every other phase of the control by
-/// its value in ms.
+/// The variable a test sets to stall every other phase of the control by its value in ms
+/// every `batch` pairs.
 pub const STALL_MARK: &str = "_MRCACHE_BENCH_CONTROL_STALL_MS";
+
+/// The control's injected stall, in ms, when a test set `STALL_MARK` (the control inherits
+/// the measuring process's environment); --json shows it (`injected_stall_ms`), so that
+/// figures taken with it cannot pass for real ones.
+pub fn injected_stall_ms() -> Option<u64> {
+    std::env::var(STALL_MARK)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+}
 
 /// The measuring process's end of the control co-process.
 pub struct Peer {
@@ -208,8 +218,8 @@ impl Peer {
         }
     }
 
-    /// One no-preload phase of `pairs` pairs on the row's buffer, in windows of `batch`
-    /// pairs: the median over the windows of ns per pair (`measure::counted_phase`).
+    /// One no-preload phase of `pairs` pairs on the row's buffer: its total over its pairs
+    /// (`measure::counted_phase`); `batch` places the injected stall of a test.
     pub fn phase(&mut self, pairs: usize, batch: usize) -> Result<f64, String> {
         let r = self.ask(&format!("phase {} {}", pairs.max(1), batch.max(1)))?;
         parse_ns(&r)
@@ -254,12 +264,10 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
         }
     }
     say(&mut out, &format!("ready {clock:.0} {}", base.reg_from))?;
-    // A test's injection (docs/testing.md): every window of every other phase stalls this
-    // long, as a machine busy for that phase would stall it, so the row's figures range wide.
-    let stall = std::env::var(STALL_MARK)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis);
+    // A test's injection (docs/testing.md): every `batch` pairs of every other phase stall
+    // this long, as a machine busy for that phase would stall it, so the row's figures range
+    // wide.
+    let stall = injected_stall_ms().map(Duration::from_millis);
     let mut phases = 0u64;
     let mut row: Option<(Buffer, usize, u32)> = None;
     for line in std::io::stdin().lock().lines() {
@@ -295,10 +303,10 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
                 let (buf, size, f) = row
                     .as_ref()
                     .ok_or("the control process was asked for a phase before a row")?;
-                // The injection: a stall in every window of every other phase.
+                // The injection: a stall every `batch` pairs of every other phase.
                 let slow = stall.filter(|_| phases % 2 == 1);
                 let mut i = 0usize;
-                let ns = counted_phase(n, batch, || {
+                let ns = counted_phase(n, || {
                     if let Some(d) = slow.filter(|_| i % batch == 0) {
                         std::thread::sleep(d);
                     }

@@ -6,8 +6,10 @@
 //! on a range it holds (hit and release), the three in an order rotated every round, and one miss through the cache on fresh memory
 //! (registration and release; the entry is then unmapped and the cache's drain thread
 //! deregisters it, awaited outside the timing through the process's pinned pages). Each
-//! round gives one figure per phase (its time divided by its pairs); a row is the median
-//! and the range of its rounds' figures.
+//! round gives one figure per phase (its time divided by its pairs, what an application
+//! doing them pays); a row is the median and the range of its rounds' figures. The rounds
+//! are rested: after each, a sleep as long as its phases took (a duty cycle of 1/2,
+//! `DUTY`).
 
 use super::admission::{self, Access, Costs, Verdict};
 use super::control::{Agreement, NAMESPACE_SPREAD, Peer, paired_ratio};
@@ -20,6 +22,11 @@ const LOCAL: u32 = mrcache::access::LOCAL_WRITE;
 const REMOTE: u32 =
     mrcache::access::LOCAL_WRITE | mrcache::access::REMOTE_READ | mrcache::access::REMOTE_WRITE;
 const MAX_ROUNDS: usize = 25;
+/// The share of a row's rounds spent registering: after each round, a rest as long as its
+/// phases took (stated in the table's header and in --json's `method`).
+pub const DUTY: f64 = 0.5;
+/// Fewer rounds than this, and a row's figures have no spread to be judged by: a warning.
+pub const TRUSTED_ROUNDS: usize = 3;
 /// A miss round (fresh memory, drained afterwards) every this many rounds, and one at least.
 const MISS_EVERY: usize = 3;
 
@@ -105,22 +112,25 @@ impl Row {
         Some(paired_ratio(&pairs))
     }
 
-    /// The row's no-preload figures range wider than their median: the machine or the
-    /// device changed speed during the row, and the speed-up is not to be trusted.
+    /// The row's no-preload figures range wider than their median (the machine or the
+    /// device changed speed during the row), or come from fewer than `TRUSTED_ROUNDS`
+    /// rounds (no spread to judge them by): its speed-up is not to be trusted.
     pub fn no_preload_untrusted(&self) -> bool {
-        self.no_preload
-            .is_some_and(|s| s.median.is_finite() && s.max - s.min > s.median)
+        self.no_preload.is_some_and(|s| {
+            self.rounds < TRUSTED_ROUNDS || (s.median.is_finite() && s.max - s.min > s.median)
+        })
     }
 
-    /// The figures the default's admission is given, and its decision on them: the miss is
-    /// the cached median times the paired speed-up (so that the admission's ratio
-    /// cached / miss is the rounds' paired one).
+    /// The figures the default's admission is given, and its decision on them: the means
+    /// over the rounds of the no-preload (libibverbs alone without a control) and cached
+    /// figures, what the library's running means of the same calls settle on
+    /// (`admission::running_figure`), not the medians the table shows.
     fn judge(&mut self) {
-        let miss = match self.speedup() {
-            Some(x) if x.is_finite() => x * self.cached.median,
-            _ => self.no_preload.map_or(self.alone.median, |s| s.median),
+        let col = if self.no_preload.is_some() { 1 } else { 0 };
+        let of = |k: usize| {
+            admission::running_figure(&self.round_ns.iter().map(|r| r[k]).collect::<Vec<_>>())
         };
-        self.costs = admission::costs(miss, self.cached.median);
+        self.costs = admission::costs(of(col), of(2));
         (self.verdict, self.verdict_why) = if let Some(why) = &self.passed_through {
             (Verdict::PassThrough, why.clone())
         } else {

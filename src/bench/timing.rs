@@ -1,5 +1,5 @@
-//! The timing of `mrcache bench`'s phases: windows of pairs between clock readings, and the
-//! median and range of a set of figures.
+//! The timing of `mrcache bench`'s phases: batches of pairs between clock readings, a
+//! phase's figure its total over its pairs; and the median and range of a set of figures.
 
 use std::time::{Duration, Instant};
 
@@ -63,55 +63,43 @@ pub fn batch_for(pair_ns: f64, clock_ns: f64) -> usize {
     ((1000.0 * clock_ns / pair_ns).ceil() as usize).clamp(1, 65536)
 }
 
-/// Pairs of `f` in windows of `batch` pairs (one clock reading each), at least one window,
-/// until `slice` has passed: (ns per pair, pairs). The figure is the median over the
-/// windows of each one's ns per pair, not the phase's total over its pairs: a stall of the
-/// machine (an emulated guest's vCPU descheduled by its host, an interrupt storm) lands in
-/// a few windows and moves the median little, where it would weigh on the total with its
-/// whole length. An application timing its own calls sees what a median of short windows
-/// sees (tests/c/rev26_app.c: 1 ms windows; `bench_agrees_with_app`).
+/// Pairs of `f` in batches of `batch` pairs (one clock reading each), at least one batch,
+/// until `slice` has passed: (ns per pair, pairs). The figure is the phase's total time
+/// over its pairs, what an application doing these pairs pays: a cost that comes back
+/// every few pairs (deferred kernel work, a flush) counts for what it costs, as a stall of
+/// the machine does; the robustness against stalls is the median over rounds (each round
+/// one figure per phase), not a median inside the phase, which would drop every cost
+/// landing in fewer than half of its windows (the review of session 6, finding 1).
 pub fn phase(
     slice: Duration,
     batch: usize,
     mut f: impl FnMut() -> Result<(), String>,
 ) -> Result<(f64, usize), String> {
+    let batch = batch.max(1);
     let t = Instant::now();
     let mut n = 0usize;
-    let mut windows = Vec::new();
-    let mut w = t;
     loop {
         for _ in 0..batch {
             f()?;
         }
         n += batch;
-        let now = Instant::now();
-        windows.push((now - w).as_nanos() as f64 / batch as f64);
-        w = now;
-        if now - t >= slice {
-            break;
+        let took = t.elapsed();
+        if took >= slice {
+            return Ok((took.as_nanos() as f64 / n as f64, n));
         }
     }
-    Ok((Spread::of(&windows).median, n))
 }
 
-/// `pairs` pairs of `f` (at least one) in windows of `batch` pairs: the median over the
-/// windows of ns per pair, as [`phase`] (the control's phases, given a count, not a time).
+/// `pairs` pairs of `f` (at least one), one clock reading at each end: the phase's total
+/// over its pairs, as [`phase`] (the control's phases, given a count, not a time).
 pub fn counted_phase(
     pairs: usize,
-    batch: usize,
     mut f: impl FnMut() -> Result<(), String>,
 ) -> Result<f64, String> {
-    let batch = batch.max(1);
-    let mut left = pairs.max(1);
-    let mut windows = Vec::new();
-    while left > 0 {
-        let k = batch.min(left);
-        let t = Instant::now();
-        for _ in 0..k {
-            f()?;
-        }
-        windows.push(t.elapsed().as_nanos() as f64 / k as f64);
-        left -= k;
+    let pairs = pairs.max(1);
+    let t = Instant::now();
+    for _ in 0..pairs {
+        f()?;
     }
-    Ok(Spread::of(&windows).median)
+    Ok(t.elapsed().as_nanos() as f64 / pairs as f64)
 }

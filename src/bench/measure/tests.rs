@@ -30,45 +30,52 @@ fn batches_hide_the_clock() {
     assert!(clock_ns() > 0.0);
 }
 
-/// A stall in one window of a phase moves its figure little: the figure is the median over
-/// the windows, where the phase's total over its pairs would carry the stall's whole length
-/// (the control's long phases on a loaded emulated guest: 3x an application's own timing).
+/// The timed phase's figure is its total over its pairs too: a cost in one batch of six
+/// (a stall, a flush of deferred work) is in it with its whole length, as an application
+/// pays it. Against the windowed median of before it failed (see docs/testing.md).
 #[test]
-fn a_stalled_window_does_not_make_the_figure() {
-    let stall = Duration::from_millis(200);
-    let pair = || std::thread::sleep(Duration::from_micros(100));
+fn a_timed_phase_is_what_its_pairs_cost_in_all() {
     let mut i = 0;
     let t = Instant::now();
-    let ns = counted_phase(100, 10, || {
-        if i == 35 {
-            std::thread::sleep(stall);
+    let (ns, n) = phase(Duration::from_millis(100), 10, || {
+        if i % 60 == 59 {
+            std::thread::sleep(Duration::from_millis(20));
         }
         i += 1;
-        pair();
-        Ok(())
-    })
-    .unwrap();
-    let mean = t.elapsed().as_nanos() as f64 / 100.0;
-    assert!(
-        ns * 2.0 < mean && ns >= 100_000.0,
-        "figure {ns:.0} ns per pair, the phase's mean {mean:.0}"
-    );
-    // The timed phase: the same, windows of 10 pairs until 150 ms have passed (the stall,
-    // 400 ms in the sixth window, ends it; five windows fit in 150 ms even on a loaded host).
-    let mut i = 0;
-    let t = Instant::now();
-    let (ns, n) = phase(Duration::from_millis(150), 10, || {
-        if i == 55 {
-            std::thread::sleep(2 * stall);
-        }
-        i += 1;
-        pair();
+        std::thread::sleep(Duration::from_micros(100));
         Ok(())
     })
     .unwrap();
     let mean = t.elapsed().as_nanos() as f64 / n as f64;
     assert!(
-        n >= 60 && ns * 2.0 < mean,
-        "figure {ns:.0} over {n} pairs, mean {mean:.0}"
+        n % 10 == 0 && n >= 60 && ns > mean * 0.95 && ns <= mean,
+        "figure {ns:.0} ns over {n} pairs, what they cost in all {mean:.0} ns a pair"
+    );
+}
+
+/// Review (rev-i26): a cost that comes back in one window of four (deferred kernel work
+/// repaid every few deregistrations, or a cache's periodic sweep) is what an application
+/// pays on average, but the median over the windows drops it. Both `phase` and
+/// `counted_phase` report the cheap windows only. This asserts what an application pays
+/// (the phase's mean), so it FAILS on ee0e3d4: the figure is ~4x under the mean (ported to
+/// `counted_phase`'s signature without the window size in session 6).
+#[test]
+fn review_a_periodic_cost_is_in_the_figure() {
+    let mut i = 0usize;
+    let t = Instant::now();
+    let ns = counted_phase(80, || {
+        // Every 4th window of 10 pairs: one pair costs 30 ms (a flush of deferred work).
+        if i % 40 == 39 {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_micros(100));
+        Ok(())
+    })
+    .unwrap();
+    let mean = t.elapsed().as_nanos() as f64 / 80.0;
+    assert!(
+        ns > mean / 1.5,
+        "figure {ns:.0} ns per pair, what the application paid on average {mean:.0} ns"
     );
 }
