@@ -282,7 +282,7 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "default: what the cache's cost-aware admission decides for the next miss of the row's class on its figures: mrcache::admission::Classes::decide, i.e. verdict_banded(Costs {{ miss_ns: speed-up x cached µs, cached_ns: cached µs, evict_ns: 0 }}, held: cache), i.e. on the paired ratio: pass through only when cached µs > {} x the miss (speed-up under 1/1.25) (the library's figures are its own calls timed the same way)",
+        "default: what the cache's cost-aware admission decides for the next miss of the row's class on its figures: mrcache::admission::Classes::decide, i.e. verdict_banded(Costs {{ miss_ns: the mean over the rounds of no-preload µs, cached_ns: the mean over the rounds of cached µs, evict_ns: 0 }}, held: cache), the figures the library's running means of the same calls settle on: pass through only when cached > {} x the miss (the library's figures are its own calls timed the same way)",
         mrcache::admission::BAND_OUT
     );
     for r in o.rows.iter().filter(|r| r.passed_through.is_some()) {
