@@ -17,7 +17,7 @@
 //! Protocol (one line each way, text): the control starts with `ready <clock ns> <path of
 //! its libibverbs>`; `row <size> <local|remote>` maps and warms that row's buffer, answered
 //! `ok`; `phase <pairs> <batch>` answers the ns per pair (the phase's total over its
-//! pairs; `batch` is the measuring process's batch, where a test's injected stall lands);
+//! pairs; `batch`, the measuring process's batch, is checked and not otherwise used);
 //! end of input ends it (exit 0). An error
 //! is one `mrcache: ...` line on stderr and exit 2.
 
@@ -106,7 +106,7 @@ pub fn parse_ns(line: &str) -> Result<f64, String> {
 }
 
 /// The variable a test sets to stall every other phase of the control by its value in ms
-/// every `batch` pairs.
+/// once, inside the phase's timing.
 pub const STALL_MARK: &str = "_MRCACHE_BENCH_CONTROL_STALL_MS";
 
 /// The control's injected stall, in ms, when a test set `STALL_MARK` (the control inherits
@@ -219,7 +219,7 @@ impl Peer {
     }
 
     /// One no-preload phase of `pairs` pairs on the row's buffer: its total over its pairs
-    /// (`measure::counted_phase`); `batch` places the injected stall of a test.
+    /// (`measure::counted_phase`).
     pub fn phase(&mut self, pairs: usize, batch: usize) -> Result<f64, String> {
         let r = self.ask(&format!("phase {} {}", pairs.max(1), batch.max(1)))?;
         parse_ns(&r)
@@ -264,9 +264,8 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
         }
     }
     say(&mut out, &format!("ready {clock:.0} {}", base.reg_from))?;
-    // A test's injection (docs/testing.md): every `batch` pairs of every other phase stall
-    // this long, as a machine busy for that phase would stall it, so the row's figures range
-    // wide.
+    // A test's injection (docs/testing.md): every other phase stalls this long once, as a
+    // machine busy for that phase would stall it, so the row's figures range wide.
     let stall = injected_stall_ms().map(Duration::from_millis);
     let mut phases = 0u64;
     let mut row: Option<(Buffer, usize, u32)> = None;
@@ -297,17 +296,17 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
             }
             ["phase", n, batch] => {
                 let count = |v: &str| v.parse::<usize>().ok().filter(|&n| n > 0);
-                let (n, batch) = count(n).zip(count(batch)).ok_or_else(|| {
-                    format!("the control process was asked for {n:?} pairs in windows of {batch:?}")
+                let (n, _batch) = count(n).zip(count(batch)).ok_or_else(|| {
+                    format!("the control process was asked for {n:?} pairs in batches of {batch:?}")
                 })?;
                 let (buf, size, f) = row
                     .as_ref()
                     .ok_or("the control process was asked for a phase before a row")?;
-                // The injection: a stall every `batch` pairs of every other phase.
+                // The injection: one stall in every other phase, inside its timing.
                 let slow = stall.filter(|_| phases % 2 == 1);
                 let mut i = 0usize;
                 let ns = counted_phase(n, || {
-                    if let Some(d) = slow.filter(|_| i % batch == 0) {
+                    if let Some(d) = slow.filter(|_| i == 0) {
                         std::thread::sleep(d);
                     }
                     i += 1;
