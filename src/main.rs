@@ -4,7 +4,7 @@
 
 mod bench;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgAction, Parser, Subcommand};
 use mrcache::config::{self};
 use mrcache::stats::{Counter, Report};
 use std::ffi::OsString;
@@ -81,14 +81,16 @@ enum Cmd {
     /// through the cache on this device, local and remote, and what the default would do.
     Bench {
         /// The RDMA device (default: the first with an active port)
-        #[arg(long, value_name = "NAME")]
-        device: Option<String>,
+        // Taken as often as given, dash-led values too: the bench checks them (one line).
+        #[arg(long, value_name = "NAME", action = ArgAction::Append, allow_hyphen_values = true)]
+        device: Vec<String>,
         /// Registration sizes, comma-separated (binary multiples: k, m, g; at most 1g)
-        #[arg(long, value_name = "SIZES", default_value = "4k,64k,1m,16m,64m")]
-        sizes: String,
-        /// At most this many seconds per size
-        #[arg(long, value_name = "N", default_value = "1")]
-        seconds: String,
+        /// [default: 4k,64k,1m,16m,64m]
+        #[arg(long, value_name = "SIZES", action = ArgAction::Append, allow_hyphen_values = true)]
+        sizes: Vec<String>,
+        /// At most this many seconds per size [default: 1]
+        #[arg(long, value_name = "N", action = ArgAction::Append, allow_hyphen_values = true)]
+        seconds: Vec<String>,
         /// Print the results as one JSON object
         #[arg(long)]
         json: bool,
@@ -457,6 +459,59 @@ fn bytes_text(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dash-led value or a repeated option of `bench` reaches the bench's own checks,
+    /// which answer one `mrcache:` line (clap's answer was its usage text, several lines).
+    #[test]
+    fn bench_options_dash_led_or_repeated_get_one_line() {
+        let plan = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["mrcache", "bench"], args].concat())
+                .map_err(|e| format!("clap: {e}"))?;
+            let Cmd::Bench {
+                device,
+                sizes,
+                seconds,
+                json,
+                lib,
+            } = cli.command
+            else {
+                panic!("not bench")
+            };
+            bench::plan(&bench::Options {
+                device,
+                sizes,
+                seconds,
+                json,
+                lib,
+            })
+        };
+        for (args, want) in [
+            (
+                &["--seconds", "-1"][..],
+                "--seconds \"-1\" is not valid; allowed: ",
+            ),
+            (&["--sizes", "-4k"], "--sizes \"-4k\" is not valid"),
+            (
+                &["--sizes", "4k", "--sizes", "8k"],
+                "--sizes is given 2 times; allowed: once",
+            ),
+            (
+                &["--seconds", "1", "--seconds", "2"],
+                "--seconds is given 2 times",
+            ),
+            (
+                &["--device", "a", "--device", "b"],
+                "--device is given 2 times",
+            ),
+        ] {
+            let e = plan(args).err().unwrap_or_default();
+            assert!(e.starts_with(want) && !e.contains('\n'), "{args:?}: {e:?}");
+        }
+        let p = plan(&[]).unwrap();
+        assert_eq!((p.sizes.len(), p.seconds, p.device), (5, 1.0, None));
+        let p = plan(&["--sizes", "4k,1m", "--seconds", "0.5", "--device", "rxe0"]).unwrap();
+        assert_eq!((p.sizes, p.seconds), (vec![4096, 1 << 20], 0.5));
+    }
 
     #[test]
     fn preload_is_prepended_and_not_duplicated() {

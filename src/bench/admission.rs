@@ -19,6 +19,16 @@ pub fn costs(alone_ns: f64, cached_ns: f64) -> Costs {
     }
 }
 
+/// The figure the library's running mean (`Mean::add`) of a class's calls settles on, from
+/// the bench's rounds: their mean (each round's figure is itself a phase's total over its
+/// pairs), so a cost that comes back in a few rounds weighs as it does in the library,
+/// where the median over the rounds would drop it (the review of session 6, finding 2).
+/// NaN rounds (no control) are left out; none at all gives NaN (the library then caches).
+pub fn running_figure(rounds: &[f64]) -> f64 {
+    let v: Vec<f64> = rounds.iter().copied().filter(|x| x.is_finite()).collect();
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
 /// A figure as the library holds it once the class's figures are complete
 /// (`Figures::complete`: a fresh class stays cached for its first `MIN_ROUNDS` rounds; the
 /// bench's figures are medians of many rounds, what a class settles on).
@@ -136,5 +146,41 @@ mod tests {
                 c
             );
         }
+    }
+
+    /// Review (rev-i26): the bench hands the library the median of its windows; the library
+    /// at run time holds a decaying mean of every call it passes through (`Mean::add`: "the
+    /// heavy tail ... counts for what it costs"). Where one registration in four costs 4x
+    /// (work the kernel defers and repays), the two disagree: the default column says
+    /// "pass through" while the library, timing the same calls in the application, caches.
+    /// Asserts they agree, so it FAILS on ee0e3d4.
+    #[test]
+    fn review_default_column_matches_the_librarys_running_mean() {
+        let access = Access::Remote;
+        let len = 65536;
+        let samples: Vec<f64> = (0..64)
+            .map(|i| if i % 4 == 3 { 400_000.0 } else { 100_000.0 })
+            .collect();
+        let hit = 150_000.0; // a remote hit with its window bind and unbind
+        // The bench: one figure per round (one pair per round at this size on rxe), given
+        // to the default as `judge` gives them (ported in session 6: it was the median).
+        let fed = running_figure(&samples);
+        let (bench, _) = describe(access, len, &costs(fed, hit));
+        // The library in the application: every pass-through call timed into its means.
+        let mut classes = Classes::default();
+        let f = classes.get_mut(access, len);
+        for &ns in &samples {
+            f.pass_reg.add(ns);
+            f.pass_dereg.add(0.0);
+            f.hit.add(hit);
+            f.release.add(0.0);
+            f.evict.add(0.0);
+        }
+        let running = f.pass_reg.value;
+        let library = verdict_of(classes.decide(access, len, true));
+        assert_eq!(
+            bench, library,
+            "bench's default on {fed:.0} ns: {bench}; the library on its running mean {running:.0} ns: {library}"
+        );
     }
 }

@@ -5,7 +5,8 @@
 //! A co-process the measuring process starts (this same command, without libmrcache.so in
 //! `LD_PRELOAD`): it opens the device through the process's own libibverbs (the base
 //! link-map namespace, as an application calls it) and serves, on request over a pipe, one
-//! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (between two clock readings).
+//! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (a clock reading at each end,
+//! the phase's figure its total over its pairs, as `measure::phase`).
 //! The measuring process asks for one such phase in every round of every row, between its
 //! libibverbs-alone (`dlmopen`) phase and its cached phase (the order rotated every round),
 //! with as many pairs as its libibverbs-alone phase did, so that each round's no-preload
@@ -15,12 +16,14 @@
 //!
 //! Protocol (one line each way, text): the control starts with `ready <clock ns> <path of
 //! its libibverbs>`; `row <size> <local|remote>` maps and warms that row's buffer, answered
-//! `ok`; `phase <pairs>` answers the ns per pair; end of input ends it (exit 0). An error
+//! `ok`; `phase <pairs> <batch>` answers the ns per pair (the phase's total over its
+//! pairs; `batch`, the measuring process's batch, is checked and not otherwise used);
+//! end of input ends it (exit 0). An error
 //! is one `mrcache: ...` line on stderr and exit 2.
 
 use super::Plan;
 use super::admission::Access;
-use super::measure::{Spread, access_name, clock_ns, flags, is_ours};
+use super::measure::{Spread, access_name, clock_ns, counted_phase, flags, is_ours};
 use super::verbs::{Buffer, Copy, Verbs};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -100,6 +103,19 @@ pub fn parse_ns(line: &str) -> Result<f64, String> {
                 line.trim()
             )
         })
+}
+
+/// The variable a test sets to stall every other phase of the control by its value in ms
+/// once, inside the phase's timing.
+pub const STALL_MARK: &str = "_MRCACHE_BENCH_CONTROL_STALL_MS";
+
+/// The control's injected stall, in ms, when a test set `STALL_MARK` (the control inherits
+/// the measuring process's environment); --json shows it (`injected_stall_ms`), so that
+/// figures taken with it cannot pass for real ones.
+pub fn injected_stall_ms() -> Option<u64> {
+    std::env::var(STALL_MARK)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
 }
 
 /// The measuring process's end of the control co-process.
@@ -202,9 +218,10 @@ impl Peer {
         }
     }
 
-    /// One no-preload phase of `pairs` pairs on the row's buffer: ns per pair.
-    pub fn phase(&mut self, pairs: usize) -> Result<f64, String> {
-        let r = self.ask(&format!("phase {}", pairs.max(1)))?;
+    /// One no-preload phase of `pairs` pairs on the row's buffer: its total over its pairs
+    /// (`measure::counted_phase`).
+    pub fn phase(&mut self, pairs: usize, batch: usize) -> Result<f64, String> {
+        let r = self.ask(&format!("phase {} {}", pairs.max(1), batch.max(1)))?;
         parse_ns(&r)
     }
 }
@@ -247,6 +264,10 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
         }
     }
     say(&mut out, &format!("ready {clock:.0} {}", base.reg_from))?;
+    // A test's injection (docs/testing.md): every other phase stalls this long once, as a
+    // machine busy for that phase would stall it, so the row's figures range wide.
+    let stall = injected_stall_ms().map(Duration::from_millis);
+    let mut phases = 0u64;
     let mut row: Option<(Buffer, usize, u32)> = None;
     for line in std::io::stdin().lock().lines() {
         let line =
@@ -273,20 +294,25 @@ pub fn serve(plan: &Plan) -> Result<(), String> {
                 row = Some((buf, size, f));
                 say(&mut out, "ok")?;
             }
-            ["phase", n] => {
-                let n: usize = n
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| format!("the control process was asked for {n:?} pairs"))?;
+            ["phase", n, batch] => {
+                let count = |v: &str| v.parse::<usize>().ok().filter(|&n| n > 0);
+                let (n, _batch) = count(n).zip(count(batch)).ok_or_else(|| {
+                    format!("the control process was asked for {n:?} pairs in batches of {batch:?}")
+                })?;
                 let (buf, size, f) = row
                     .as_ref()
                     .ok_or("the control process was asked for a phase before a row")?;
-                let t = Instant::now();
-                for _ in 0..n {
-                    pd.dereg(pd.reg(buf.addr, *size, *f)?)?;
-                }
-                let ns = t.elapsed().as_nanos() as f64 / n as f64;
+                // The injection: one stall in every other phase, inside its timing.
+                let slow = stall.filter(|_| phases % 2 == 1);
+                let mut i = 0usize;
+                let ns = counted_phase(n, || {
+                    if let Some(d) = slow.filter(|_| i == 0) {
+                        std::thread::sleep(d);
+                    }
+                    i += 1;
+                    pd.dereg(pd.reg(buf.addr, *size, *f)?)
+                })?;
+                phases += 1;
                 say(&mut out, &format!("{ns:.1}"))?;
             }
             _ => return Err(format!("the control process was asked {line:?}")),

@@ -6,11 +6,14 @@
 //! on a range it holds (hit and release), the three in an order rotated every round, and one miss through the cache on fresh memory
 //! (registration and release; the entry is then unmapped and the cache's drain thread
 //! deregisters it, awaited outside the timing through the process's pinned pages). Each
-//! round gives one figure per phase (its time divided by its pairs); a row is the median
-//! and the range of its rounds' figures.
+//! round gives one figure per phase (its time divided by its pairs, what an application
+//! doing them pays); a row is the median and the range of its rounds' figures. The rounds
+//! are rested: after each, a sleep as long as its phases took (a duty cycle of 1/2,
+//! `DUTY`).
 
 use super::admission::{self, Access, Costs, Verdict};
 use super::control::{Agreement, NAMESPACE_SPREAD, Peer, paired_ratio};
+pub use super::timing::{Spread, batch_for, clock_ns, counted_phase, phase};
 use super::verbs::{Buffer, Copy, DeviceInfo, Mover, Pd, Verbs};
 use super::{HIT_REGION_BYTES, HIT_REGIONS, Plan};
 use std::time::{Duration, Instant};
@@ -19,41 +22,13 @@ const LOCAL: u32 = mrcache::access::LOCAL_WRITE;
 const REMOTE: u32 =
     mrcache::access::LOCAL_WRITE | mrcache::access::REMOTE_READ | mrcache::access::REMOTE_WRITE;
 const MAX_ROUNDS: usize = 25;
+/// The share of a row's rounds spent registering: after each round, a rest as long as its
+/// phases took (stated in the table's header and in --json's `method`).
+pub const DUTY: f64 = 0.5;
+/// Fewer rounds than this, and a row's figures have no spread to be judged by: a warning.
+pub const TRUSTED_ROUNDS: usize = 3;
 /// A miss round (fresh memory, drained afterwards) every this many rounds, and one at least.
 const MISS_EVERY: usize = 3;
-
-/// Median and range of a set of figures, in ns.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Spread {
-    pub fn of(v: &[f64]) -> Spread {
-        let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        if s.is_empty() {
-            return Spread {
-                median: f64::NAN,
-                min: f64::NAN,
-                max: f64::NAN,
-            };
-        }
-        s.sort_by(f64::total_cmp);
-        let n = s.len();
-        let median = if n % 2 == 1 {
-            s[n / 2]
-        } else {
-            (s[n / 2 - 1] + s[n / 2]) / 2.0
-        };
-        Spread {
-            median,
-            min: s[0],
-            max: s[n - 1],
-        }
-    }
-}
 
 /// One row of the table.
 #[derive(Debug, Clone)]
@@ -88,6 +63,10 @@ pub struct Row {
     pub costs: Costs,
     pub verdict: Verdict,
     pub verdict_why: String,
+    /// The row's time in all, and its memory's part before the budget (mapping, populating
+    /// and first registrations, here and in the control).
+    pub took: Duration,
+    pub memory_took: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -108,6 +87,12 @@ pub struct Outcome {
     pub rows: Vec<Row>,
     pub hit_path: Vec<HitPath>,
     pub elapsed: Duration,
+    /// The parts of `elapsed`: opening the device in both processes, the hit path, the rows.
+    pub startup: Duration,
+    pub hit_path_took: Duration,
+    pub sizes_took: Duration,
+    /// Of `sizes_took`: the rows' memory, before their budgets.
+    pub memory_took: Duration,
     pub environment: Vec<(String, String)>,
     pub clock_ns: f64,
     /// The control's libibverbs (the no-preload column's).
@@ -127,15 +112,25 @@ impl Row {
         Some(paired_ratio(&pairs))
     }
 
-    /// The figures the default's admission is given, and its decision on them: the miss is
-    /// the cached median times the paired speed-up (so that the admission's ratio
-    /// cached / miss is the rounds' paired one).
+    /// The row's no-preload figures range wider than their median (the machine or the
+    /// device changed speed during the row), or come from fewer than `TRUSTED_ROUNDS`
+    /// rounds (no spread to judge them by): its speed-up is not to be trusted.
+    pub fn no_preload_untrusted(&self) -> bool {
+        self.no_preload.is_some_and(|s| {
+            self.rounds < TRUSTED_ROUNDS || (s.median.is_finite() && s.max - s.min > s.median)
+        })
+    }
+
+    /// The figures the default's admission is given, and its decision on them: the means
+    /// over the rounds of the no-preload (libibverbs alone without a control) and cached
+    /// figures, what the library's running means of the same calls settle on
+    /// (`admission::running_figure`), not the medians the table shows.
     fn judge(&mut self) {
-        let miss = match self.speedup() {
-            Some(x) if x.is_finite() => x * self.cached.median,
-            _ => self.no_preload.map_or(self.alone.median, |s| s.median),
+        let col = if self.no_preload.is_some() { 1 } else { 0 };
+        let of = |k: usize| {
+            admission::running_figure(&self.round_ns.iter().map(|r| r[k]).collect::<Vec<_>>())
         };
-        self.costs = admission::costs(miss, self.cached.median);
+        self.costs = admission::costs(of(col), of(2));
         (self.verdict, self.verdict_why) = if let Some(why) = &self.passed_through {
             (Verdict::PassThrough, why.clone())
         } else {
@@ -166,33 +161,6 @@ fn wait_unpinned(bytes: Option<u64>, limit: Duration) {
     while pinned().is_some_and(|p| p > bytes) && t.elapsed() < limit {
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-/// What one reading of the clock costs here, in ns (the median of 5 runs of 64 readings):
-/// tens of ns with a vDSO clock (TSC), microseconds where `clock_gettime` is a system call
-/// (the HPET of an emulated guest: about 7 us on the rxe guest).
-pub fn clock_ns() -> f64 {
-    let mut runs = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        let mut last = t;
-        for _ in 0..64 {
-            last = std::hint::black_box(Instant::now());
-        }
-        runs.push((last - t).as_nanos() as f64 / 64.0);
-    }
-    Spread::of(&runs).median
-}
-
-/// Pairs per batch for a phase whose pairs take about `pair_ns`: enough that the one clock
-/// reading per batch is under 0.1% of the batch at the cost `clock_ns` measured (a reading
-/// between registrations can cost several times what back-to-back readings do: an emulated
-/// HPET read waits for the emulator's lock); at most 65,536, at least 1.
-pub fn batch_for(pair_ns: f64, clock_ns: f64) -> usize {
-    if !(pair_ns.is_finite() && pair_ns > 0.0 && clock_ns.is_finite()) {
-        return 1;
-    }
-    ((1000.0 * clock_ns / pair_ns).ceil() as usize).clamp(1, 65536)
 }
 
 pub(super) fn is_ours(path: &str) -> bool {
@@ -232,7 +200,9 @@ pub fn run(
     let mut peer = start_control()?;
 
     let clock = clock_ns();
-    let hit_path = hit_path(&gpd, budget)?;
+    let startup = t0.elapsed();
+    let hit_path = hit_path(&gpd)?;
+    let hit_path_took = t0.elapsed() - startup;
 
     let mut rows: Vec<Row> = Vec::new();
     for &size in &plan.sizes {
@@ -258,6 +228,8 @@ pub fn run(
             rows.push(row);
         }
     }
+    let sizes_took = t0.elapsed() - startup - hit_path_took;
+    let memory_took = rows.iter().map(|r| r.memory_took).sum();
     let no_preload_from = peer.base_from.clone();
     drop(peer);
     let environment = std::env::vars_os()
@@ -280,6 +252,10 @@ pub fn run(
         rows,
         hit_path,
         elapsed: t0.elapsed(),
+        startup,
+        hit_path_took,
+        sizes_took,
+        memory_took,
         environment,
         clock_ns: clock,
         no_preload_from,
@@ -287,26 +263,6 @@ pub fn run(
     drop((gpd, apd));
     drop((gctx, actx));
     Ok(out)
-}
-
-/// `n` pairs of `f`, at least one, until `slice` has passed: (ns per pair, pairs).
-pub(super) fn phase(
-    slice: Duration,
-    batch: usize,
-    mut f: impl FnMut() -> Result<(), String>,
-) -> Result<(f64, usize), String> {
-    let t = Instant::now();
-    let mut n = 0usize;
-    loop {
-        for _ in 0..batch {
-            f()?;
-        }
-        n += batch;
-        if t.elapsed() >= slice {
-            break;
-        }
-    }
-    Ok((t.elapsed().as_nanos() as f64 / n as f64, n))
 }
 
 /// The libibverbs-alone phase: (ns per `ibv_reg_mr` + `ibv_dereg_mr` pair, pairs); no clock is read
@@ -336,11 +292,12 @@ fn measure(
     clock_ns: f64,
 ) -> Result<Row, String> {
     let flags = flags(access);
-    // The budget counts from when the memory is mapped and populated (under emulation
-    // populating 64 MiB twice can take longer than a whole row's budget).
+    // The row's memory first: mapping and populating it here and in the control, and its
+    // first registrations (the warm-up), reported apart ("memory"): under emulation that
+    // alone takes seconds at 64 MiB, a time that depends on the size, not on --seconds.
+    let t_row = Instant::now();
     let buf = Buffer::new(size)?;
     let mut mover = Mover::new(size)?;
-    let t0 = Instant::now();
     // Warm both paths; the cache's first registration of the range is a miss that leaves
     // it cached, idle. Two more, both held at once, must then come back with its lkey (hits).
     let t = Instant::now();
@@ -368,8 +325,10 @@ fn measure(
     let batch_cached = batch_for(t.elapsed().as_nanos() as f64 / 16.0, clock_ns);
 
     // Each round: a libibverbs-alone phase, a no-preload phase as long, a cached phase.
-    let slice_alone = budget / 24;
-    let slice_cached = budget / 80;
+    // (Half the row's time is rest after each round: phases half as long as without it
+    // keep the rounds as many.)
+    let slice_alone = budget / 48;
+    let slice_cached = budget / 160;
     let (mut alone, mut alone_dereg, mut cached, mut miss) = (vec![], vec![], vec![], vec![]);
     let mut no_preload = vec![];
     let mut round_ns: Vec<[f64; 3]> = vec![];
@@ -387,15 +346,22 @@ fn measure(
     let t = Instant::now();
     apd.dereg(apd.reg(mover.addr(), size, flags)?)?;
     fresh_alone.push(t.elapsed().as_nanos() as f64);
+    // Then the budget: the rounds, the rest after each, the miss rounds and the drain
+    // waits all count in it. Only the first round and one miss round are done whatever is
+    // left (a row needs a figure).
+    let t0 = Instant::now();
+    let setup = t0 - t_row;
+    let left = || budget.saturating_sub(t0.elapsed());
     let mut miss_round = |miss: &mut Vec<f64>| -> Result<(), String> {
         let before = pinned();
         mover.flip()?;
         let t = Instant::now();
         gpd.dereg(gpd.reg(mover.addr(), size, flags)?)?;
         miss.push(t.elapsed().as_nanos() as f64);
-        // The entry goes with the pages' next move; wait for the drain thread.
+        // The entry goes with the pages' next move; wait for the drain thread (not past
+        // the row's budget).
         mover.flip()?;
-        wait_unpinned(before, Duration::from_millis(500));
+        wait_unpinned(before, Duration::from_millis(500).min(left()));
         Ok(())
     };
     // A round starts only if it fits in what is left of the budget.
@@ -417,7 +383,7 @@ fn measure(
                     alone_dereg.push(t.elapsed().as_nanos() as f64);
                 }
                 // No preload: the control co-process, as many pairs, now.
-                1 => np = peer.phase(pairs_alone)?,
+                1 => np = peer.phase(pairs_alone, batch_alone)?,
                 _ => {
                     // Through the cache, on the range it holds.
                     let mut lost = false;
@@ -440,25 +406,35 @@ fn measure(
         no_preload.push(np);
         cached.push(c);
         round_ns.push([a, np, c]);
-        // Every MISS_EVERY rounds (and once at least), a miss through the cache on fresh
-        // memory beside libibverbs alone on fresh memory; then unmapped and drained.
         let plain = r0.elapsed();
+        // Rest as long as the round's phases took: back to back for a second or more,
+        // registrations get dearer round by round on rxe (1 MiB: 292 to 1059 µs over five
+        // rounds, both processes alike, while an application alternating 0.3 s back to back
+        // with 0.3 s of 1 ms bursts paid 260-340 µs): work the kernel defers at each
+        // deregistration piles up unless the device is idle at times, as it is in an
+        // application that does anything between its registrations (docs/design.md,
+        // "the bench rests between its rounds").
+        std::thread::sleep(plain);
+        // Every MISS_EVERY rounds (and once at least), a miss through the cache on fresh
+        // memory; then unmapped and drained. After the rest, as the phases come after one
+        // (the review of session 6: before, the miss was timed unrested).
         if rounds % MISS_EVERY == MISS_EVERY - 1 {
+            let m0 = Instant::now();
             miss_round(&mut miss)?;
-            miss_part = r0.elapsed() - plain;
+            miss_part = m0.elapsed();
         }
         rounds += 1;
-        let next = plain
+        let next = 2 * plain
             + if rounds % MISS_EVERY == MISS_EVERY - 1 {
                 miss_part.max(miss_estimate)
             } else {
                 Duration::ZERO
             };
-        // Room for the one miss round every row has.
+        // Room for the one miss round every row has, and for the last drain.
         let reserve = if miss.is_empty() {
-            miss_estimate
+            2 * miss_estimate
         } else {
-            Duration::ZERO
+            miss_estimate
         };
         if rounds >= MAX_ROUNDS || t0.elapsed() + next + reserve > budget {
             break;
@@ -470,7 +446,8 @@ fn measure(
     // Leave nothing cached for the next size: unmap, and wait for the drain.
     let before = pinned().map(|p| p.saturating_sub(super::page_round(size) as u64));
     drop(buf);
-    wait_unpinned(before, Duration::from_millis(500));
+    drop(mover);
+    wait_unpinned(before, Duration::from_millis(500).min(left()));
 
     let miss_count = miss.len();
     let (alone, alone_dereg, cached, miss) = (
@@ -500,6 +477,8 @@ fn measure(
         costs: Costs::default(),
         verdict: Verdict::Cache,
         verdict_why: String::new(),
+        took: t_row.elapsed(),
+        memory_took: setup,
     };
     row.judge();
     Ok(row)
@@ -535,18 +514,25 @@ pub fn access_name(a: Access) -> &'static str {
     }
 }
 
+/// The hit path's bounds, whatever `--seconds` (docs/usage.md, "How long it takes"): the
+/// regions' first registrations (misses) stop after `HIT_REGISTERING`, each of the two timed
+/// parts after `HIT_TIMING` (5 batches at least), the drain wait after `HIT_DRAIN`.
+pub const HIT_REGISTERING: Duration = Duration::from_secs(2);
+pub const HIT_TIMING: Duration = Duration::from_millis(100);
+pub const HIT_DRAIN: Duration = Duration::from_millis(500);
+
 /// ns per hit + release at 1 and `HIT_REGIONS` regions of 4 KiB a gap page apart, visited
 /// in a fixed pseudo-random order; a tenth of `budget` each, in batches of 1,000 pairs.
-fn hit_path(pd: &Pd, budget: Duration) -> Result<Vec<HitPath>, String> {
+fn hit_path(pd: &Pd) -> Result<Vec<HitPath>, String> {
     let stride = 2 * HIT_REGION_BYTES;
     let before = pinned();
     let buf = Buffer::new(HIT_REGIONS * stride)?;
     let mut keys = Vec::with_capacity(HIT_REGIONS);
     // The regions' first registrations are misses: under emulation they can take seconds
-    // in all; stop at 10 budgets and measure the regions registered by then.
+    // in all; measure the regions registered by HIT_REGISTERING.
     let t = Instant::now();
     for i in 0..HIT_REGIONS {
-        if i > 0 && t.elapsed() > budget * 10 {
+        if i > 0 && t.elapsed() > HIT_REGISTERING {
             break;
         }
         let mr = pd.reg(buf.at(i * stride), HIT_REGION_BYTES, LOCAL)?;
@@ -572,7 +558,7 @@ fn hit_path(pd: &Pd, budget: Duration) -> Result<Vec<HitPath>, String> {
         }
         let t = Instant::now();
         let mut figures = Vec::new();
-        while figures.len() < 5 || (t.elapsed() < budget / 10 && figures.len() < 1001) {
+        while figures.len() < 5 || (t.elapsed() < HIT_TIMING && figures.len() < 1001) {
             let b = Instant::now();
             for &i in &visits {
                 let mr = pd.reg(buf.at(i * stride), HIT_REGION_BYTES, LOCAL)?;
@@ -588,7 +574,7 @@ fn hit_path(pd: &Pd, budget: Duration) -> Result<Vec<HitPath>, String> {
         });
     }
     drop(buf);
-    wait_unpinned(before, Duration::from_millis(1000));
+    wait_unpinned(before, HIT_DRAIN);
     Ok(out)
 }
 

@@ -13,6 +13,7 @@ mod admission;
 mod control;
 mod measure;
 mod report;
+mod timing;
 mod verbs;
 
 use mrcache::node::Memlock;
@@ -22,13 +23,18 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 /// The command line of `mrcache bench`, as given (validated here, with one line per error).
+/// Each option as often as it was given (clap takes them all, dash-led values included, so
+/// that a repeated or a dash-led one gets the bench's one line, not clap's usage text).
 pub struct Options {
-    pub device: Option<String>,
-    pub sizes: String,
-    pub seconds: String,
+    pub device: Vec<String>,
+    pub sizes: Vec<String>,
+    pub seconds: Vec<String>,
     pub json: bool,
     pub lib: Option<PathBuf>,
 }
+
+/// The sizes of a run without --sizes.
+pub const DEFAULT_SIZES: &str = "4k,64k,1m,16m,64m";
 
 /// Set in the re-executed bench so it never executes itself again.
 /// Not an `MRCACHE_*` name: the library reports those it does not know.
@@ -44,6 +50,16 @@ const MAX_SIZES: usize = 16;
 pub const HIT_REGIONS: usize = 1000;
 pub const HIT_REGION_BYTES: usize = 4096;
 const PAGE: usize = 4096;
+
+/// The device's max_mw, or 0 with `MRCACHE_TEST_NO_MW=1` (tests only: a device without
+/// memory windows, as the library then takes it; the test guest's kernel has no siw).
+pub fn max_mw_seen(max_mw: i32) -> i32 {
+    if std::env::var_os("MRCACHE_TEST_NO_MW").is_some_and(|v| v == "1") {
+        0
+    } else {
+        max_mw
+    }
+}
 
 /// What the bench runs with, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,8 +109,32 @@ pub fn parse_seconds(v: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("--seconds \"{v}\" is not valid; allowed: a number of seconds per size from 0.1 to 600"))
 }
 
+/// The one value of an option given at most once (`default` when not given).
+fn once<'a>(
+    name: &str,
+    given: &'a [String],
+    default: Option<&'a str>,
+) -> Result<Option<&'a str>, String> {
+    match given {
+        [] => Ok(default),
+        [v] => Ok(Some(v)),
+        _ => Err(format!(
+            "--{name} is given {} times; allowed: once{}",
+            given.len(),
+            if name == "sizes" {
+                " (several sizes go in one, comma-separated)"
+            } else {
+                ""
+            }
+        )),
+    }
+}
+
 pub fn plan(o: &Options) -> Result<Plan, String> {
-    if let Some(d) = &o.device
+    let device = once("device", &o.device, None)?;
+    let sizes = once("sizes", &o.sizes, Some(DEFAULT_SIZES))?.unwrap_or(DEFAULT_SIZES);
+    let seconds = once("seconds", &o.seconds, Some("1"))?.unwrap_or("1");
+    if let Some(d) = device
         && (d.is_empty() || d.len() > 64 || !d.chars().all(|c| c.is_ascii_graphic()))
     {
         return Err(format!(
@@ -102,9 +142,9 @@ pub fn plan(o: &Options) -> Result<Plan, String> {
         ));
     }
     Ok(Plan {
-        device: o.device.clone(),
-        sizes: parse_sizes(&o.sizes)?,
-        seconds: parse_seconds(&o.seconds)?,
+        device: device.map(str::to_string),
+        sizes: parse_sizes(sizes)?,
+        seconds: parse_seconds(seconds)?,
         json: o.json,
     })
 }

@@ -2,7 +2,7 @@
 
 use super::admission::{Access, Verdict};
 use super::control::{Agreement, NAMESPACE_SPREAD, Z_MAX};
-use super::measure::{Outcome, Row, Spread, access_name};
+use super::measure::{DUTY, Outcome, Row, Spread, TRUSTED_ROUNDS, access_name};
 use std::fmt::Write as _;
 
 /// `4 KiB`, `64 MiB`, `1 GiB`, `100 B`, `1.5 MiB`.
@@ -77,6 +77,30 @@ fn agreement_text(a: &Agreement) -> String {
         if a.differ() { "DIFFER" } else { "agree" },
         a.spread * 100.0
     )
+}
+
+/// One line naming a row whose no-preload figures are not trustworthy (`Row::no_preload_untrusted`).
+pub fn untrusted_text(r: &Row) -> Option<String> {
+    let s = r.no_preload.filter(|_| r.no_preload_untrusted())?;
+    let what = if r.rounds < TRUSTED_ROUNDS {
+        format!(
+            "{} round{} only, no spread to judge its figures by (at least {TRUSTED_ROUNDS} needed)",
+            r.rounds,
+            if r.rounds == 1 { "" } else { "s" }
+        )
+    } else {
+        format!(
+            "the no-preload figures range {}-{} µs, wider than their median {} µs",
+            us(s.min),
+            us(s.max),
+            us(s.median)
+        )
+    };
+    Some(format!(
+        "warning: {} {}: {what}: its speed-up is not trustworthy (the machine was busy or the device changed speed; run again when idle, or with more --seconds)",
+        size_text(r.size),
+        access_name(r.access),
+    ))
 }
 
 fn revoke_text(r: &Row) -> String {
@@ -213,7 +237,8 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "µs per ibv_reg_mr + ibv_dereg_mr, median (min-max) over rounds alternating libibverbs alone, the cache's hit + release, and (every third round) a miss + release on a range the cache does not hold (pages registered before, moved there with mremap); fresh µs: libibverbs alone on freshly mapped memory, once per row; at most {} s per size\n",
+        "µs per ibv_reg_mr + ibv_dereg_mr, median (min-max) over rounds alternating libibverbs alone, the cache's hit + release, and (every third round) a miss + release on a range the cache does not hold (pages registered before, moved there with mremap), each round's figure a phase's total time over its pairs (what an application doing them pays), and a rest as long as the round after it (registering {:.0}% of the time: the figures are those of an application that rests as long as it registers; one registering back to back can pay more); fresh µs: libibverbs alone on freshly mapped memory, once per row; at most {} s per size\n",
+        100.0 * DUTY,
         o.seconds
     );
     let _ = writeln!(
@@ -247,6 +272,9 @@ pub fn table(o: &Outcome) -> String {
             verdict_text(r.verdict)
         );
     }
+    for w in o.rows.iter().filter_map(untrusted_text) {
+        let _ = writeln!(s, "{w}");
+    }
     let _ = writeln!(
         s,
         "\nno-preload µs: the same pairs through the process's own libibverbs, timed plainly, in a control co-process without the preload, one phase per round on request (as many pairs as that round's libibverbs-alone phase) between the round's libibverbs-alone and cached phases (the order rotated every round); speed-up: the median over the rounds of that round's no-preload / cached. libibverbs alone (dlmopen) against no preload: {} (two differ when |z| > {Z_MAX} and the median ratio is off 1 by more than the spread)",
@@ -254,7 +282,7 @@ pub fn table(o: &Outcome) -> String {
     );
     let _ = writeln!(
         s,
-        "default: what the cache's cost-aware admission decides for the next miss of the row's class on its figures: mrcache::admission::Classes::decide, i.e. verdict_banded(Costs {{ miss_ns: speed-up x cached µs, cached_ns: cached µs, evict_ns: 0 }}, held: cache), i.e. on the paired ratio: pass through only when cached µs > {} x the miss (speed-up under 1/1.25) (the library's figures are its own calls timed the same way)",
+        "default: what the cache's cost-aware admission decides for the next miss of the row's class on its figures: mrcache::admission::Classes::decide, i.e. verdict_banded(Costs {{ miss_ns: the mean over the rounds of no-preload µs, cached_ns: the mean over the rounds of cached µs, evict_ns: 0 }}, held: cache), the figures the library's running means of the same calls settle on: pass through only when cached > {} x the miss (the library's figures are its own calls timed the same way)",
         mrcache::admission::BAND_OUT
     );
     for r in o.rows.iter().filter(|r| r.passed_through.is_some()) {
@@ -268,8 +296,15 @@ pub fn table(o: &Outcome) -> String {
     }
     let _ = writeln!(
         s,
-        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all",
-        o.elapsed.as_secs_f64()
+        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all: start-up {:.1} s, hit path {:.1} s, the {} sizes' memory (mapping, populating, first registrations) {:.1} s, their measuring {:.1} s (at most {} x {} s)",
+        o.elapsed.as_secs_f64(),
+        o.startup.as_secs_f64(),
+        o.hit_path_took.as_secs_f64(),
+        o.rows.len() / 2,
+        o.memory_took.as_secs_f64(),
+        o.sizes_took.saturating_sub(o.memory_took).as_secs_f64(),
+        o.rows.len() / 2,
+        o.seconds
     );
     s
 }
@@ -315,7 +350,10 @@ pub fn json(o: &Outcome) -> String {
                 "cached_us": spread_json(&r.cached),
                 "cached": r.passed_through.is_none(),
                 "passed_through": r.passed_through,
+                "took_s": r.took.as_secs_f64(),
+                "memory_s": r.memory_took.as_secs_f64(),
                 "speedup": speedup(r),
+                "warning": untrusted_text(r),
                 "miss_us": spread_json(&r.miss),
                 "libibverbs_fresh_us": spread_json(&r.fresh_alone),
                 "revoke_us": r.revoke_ns.map(|n| n / 1000.0),
@@ -362,9 +400,20 @@ pub fn json(o: &Outcome) -> String {
         "admit_always_set_by_bench": std::env::var(super::CHILD_MARK).is_ok_and(|v| v == super::ADMIT_SET),
         "monitor": sys.monitor,
         "seconds_per_size": o.seconds,
+        "method": {
+            "figure": "each phase's figure is its total time over its pairs (the mean over the phase, what an application doing those pairs pays); a row is the median (min-max) of its rounds' figures; the default is decided on the means over the rounds (what the library's running means settle on)",
+            "rest": "after each round the bench sleeps as long as the round's phases took; the miss rounds come after that rest",
+            "duty": DUTY,
+        },
+        "injected_stall_ms": super::control::injected_stall_ms(),
         "hit_path": hit,
+        "warnings": o.rows.iter().filter_map(untrusted_text).collect::<Vec<_>>(),
         "rows": rows,
         "elapsed_s": o.elapsed.as_secs_f64(),
+        "startup_s": o.startup.as_secs_f64(),
+        "hit_path_s": o.hit_path_took.as_secs_f64(),
+        "sizes_s": o.sizes_took.as_secs_f64(),
+        "memory_s": o.memory_took.as_secs_f64(),
     })
     .to_string()
 }
@@ -384,5 +433,78 @@ mod tests {
         assert_eq!(us(9810.0), "9.81");
         assert_eq!(us(123_456.0), "123");
         assert_eq!(us(f64::NAN), "-");
+    }
+
+    fn row(no_preload: Option<Spread>) -> Row {
+        let s = |m: f64| Spread {
+            median: m,
+            min: m,
+            max: m,
+        };
+        Row {
+            size: 64 << 20,
+            access: Access::Remote,
+            alone: s(20_000.0),
+            alone_dereg: s(5_000.0),
+            cached: s(30.0),
+            passed_through: None,
+            miss: s(20_000.0),
+            fresh_alone: s(40_000.0),
+            revoke_ns: Some(20.0),
+            no_preload,
+            namespace: None,
+            round_ns: vec![[20_000.0, 20_000.0, 30.0]],
+            rounds: 5,
+            misses: 1,
+            costs: Default::default(),
+            verdict: Verdict::Cache,
+            verdict_why: String::new(),
+            took: Default::default(),
+            memory_took: Default::default(),
+        }
+    }
+
+    /// A row whose no-preload figures range wider than their median gets one line naming it.
+    #[test]
+    fn a_wide_no_preload_spread_is_named() {
+        let wide = row(Some(Spread {
+            median: 10_000_000.0,
+            min: 5_000_000.0,
+            max: 15_001_000.0,
+        }));
+        assert!(wide.no_preload_untrusted());
+        let w = untrusted_text(&wide).unwrap();
+        assert!(
+            w.starts_with("warning: 64 MiB remote: the no-preload figures range 5000-15001 µs, wider than their median 10000 µs")
+                && !w.contains('\n'),
+            "{w}"
+        );
+        // Exactly as wide as the median, or no control: no warning.
+        for r in [
+            row(Some(Spread {
+                median: 10_000_000.0,
+                min: 5_000_000.0,
+                max: 15_000_000.0,
+            })),
+            row(None),
+        ] {
+            assert!(!r.no_preload_untrusted() && untrusted_text(&r).is_none());
+        }
+    }
+
+    /// Review (rev-i26): a row with one round (the 64 MiB rows at the default options on a
+    /// loaded node, docs/usage.md) has no range to judge, so it never gets a warning: the
+    /// least measured rows read as trustworthy. Asserts a warning (or a line saying it
+    /// could not be judged), so it FAILS on ee0e3d4.
+    #[test]
+    fn review_a_one_round_row_is_not_silently_trusted() {
+        let mut one = row(Some(Spread::of(&[6_069_000.0])));
+        one.rounds = 1;
+        assert!(
+            untrusted_text(&one).is_some(),
+            "a row of {} round gets no warning: {:?}",
+            one.rounds,
+            one.no_preload
+        );
     }
 }

@@ -299,7 +299,7 @@ impl<'a> Context<'a> {
             vendor_id: u32_at(DEV_VENDOR_ID),
             vendor_part_id: u32_at(DEV_VENDOR_PART_ID),
             hw_ver: u32_at(DEV_HW_VER),
-            max_mw: u32_at(DEV_MAX_MW) as i32,
+            max_mw: super::max_mw_seen(u32_at(DEV_MAX_MW) as i32),
             ports: a[DEV_PHYS_PORT_CNT],
         })
     }
