@@ -4,27 +4,8 @@
 //! nothing.
 
 use super::state::mr_hash;
-use super::test_fake::{Fake, LIMITS};
+use super::test_fake::{Fake, LIMITS, idle_entry, req};
 use super::*;
-
-fn req(addr: usize) -> Request {
-    Request {
-        pd: 0x10,
-        context: 0x20,
-        addr,
-        len: 0x1000,
-        iova: addr as u64,
-        access: 1,
-    }
-}
-
-/// Cache `req(addr)` and leave it idle; its slot id and provider pointer.
-fn idle_entry(cache: &Cache<&Fake>, addr: usize) -> (u32, usize) {
-    let (h, o) = cache.acquire(&req(addr)).unwrap();
-    assert_eq!(o, Outcome::Miss);
-    assert_eq!(cache.release(h), Released::Kept);
-    (cache.fast.by_mr(h).unwrap(), h)
-}
 
 #[test]
 fn a_release_after_a_lock_free_hit_needs_no_mr_table_word() {

@@ -21,26 +21,7 @@ pub(super) fn before_claim(id: u32) {
     }
 }
 
-use super::test_fake::{Fake, LIMITS};
-
-fn req(addr: usize) -> Request {
-    Request {
-        pd: 0x10,
-        context: 0x20,
-        addr,
-        len: 0x1000,
-        iova: addr as u64,
-        access: 1,
-    }
-}
-
-/// Cache `req(addr)` and leave it idle; its slot id and provider pointer.
-fn idle_entry(cache: &Cache<&Fake>, addr: usize) -> (u32, usize) {
-    let (h, o) = cache.acquire(&req(addr)).unwrap();
-    assert_eq!(o, Outcome::Miss);
-    assert_eq!(cache.release(h), Released::Kept);
-    (cache.fast.by_mr(h).unwrap(), h)
-}
+use super::test_fake::{Fake, LIMITS, idle_entry, req};
 
 #[test]
 fn a_hit_through_another_keys_word_hands_nothing_out() {

@@ -35,3 +35,23 @@ pub(super) const LIMITS: Limits = Limits {
     shadow: true,
     remote_superset: false,
 };
+
+/// A local 4 KiB request at `addr`.
+pub(super) fn req(addr: usize) -> Request {
+    Request {
+        pd: 0x10,
+        context: 0x20,
+        addr,
+        len: 0x1000,
+        iova: addr as u64,
+        access: 1,
+    }
+}
+
+/// Cache `req(addr)` and leave it idle; its slot id and provider pointer.
+pub(super) fn idle_entry(cache: &Cache<&Fake>, addr: usize) -> (u32, usize) {
+    let (h, o) = cache.acquire(&req(addr)).unwrap();
+    assert_eq!(o, Outcome::Miss);
+    assert_eq!(cache.release(h), Released::Kept);
+    (cache.fast.by_mr(h).unwrap(), h)
+}
