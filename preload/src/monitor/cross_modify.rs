@@ -417,7 +417,8 @@ fn slot_code(hook: usize) -> [u8; SLOT] {
 #[cfg(target_arch = "aarch64")]
 const SLOT_HOOK_AT: usize = 8;
 
-/// A trampoline to `hook` that a `jmp rel32` at `site` reaches, written and executable.
+/// A trampoline to `hook` that our jump at `site` reaches (`jmp rel32` on x86-64, `B` on
+/// aarch64), written and executable.
 pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
     while TAKING
         .compare_exchange_weak(false, true, Acquire, Relaxed)
@@ -467,7 +468,8 @@ pub fn trampoline_hook(at: usize) -> Option<usize> {
     })
 }
 
-/// A fresh page within reach of `site`: tried at hints 16 MiB apart on either side
+/// A fresh page within reach of `site`: tried at hints a step apart on either side (16 MiB
+/// on x86-64, 2 MiB on aarch64)
 /// (MAP_FIXED_NOREPLACE; an older kernel takes it as a hint, checked).
 fn map_near(site: usize) -> Option<usize> {
     // 60 hints on either side: up to 960 MiB away on x86-64, 120 MiB (of 128) on aarch64.
