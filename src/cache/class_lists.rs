@@ -34,6 +34,14 @@ impl Registrar for &Fake {
     }
 }
 
+/// A small entry limit, so that the concurrent test evicts.
+const LIMITS: Limits = Limits {
+    max_entries: 40,
+    max_bytes: u64::MAX,
+    shadow: true,
+    remote_superset: false,
+};
+
 const LENS: [usize; 3] = [0x1000, 0x10000, 0x100000];
 
 fn req(slot: usize, len_i: usize, pd: usize) -> Request {
@@ -51,12 +59,7 @@ fn req(slot: usize, len_i: usize, pd: usize) -> Request {
 #[test]
 fn class_lists_stay_exact_under_concurrency() {
     let fake = Fake::default();
-    let limits = Limits {
-        max_entries: 40,
-        max_bytes: u64::MAX,
-        shadow: true,
-        remote_superset: false,
-    };
+    let limits = LIMITS;
     let cache = Cache::new(&fake, limits);
     for round in 0..20u64 {
         std::thread::scope(|s| {
@@ -131,12 +134,7 @@ fn class_lists_stay_exact_under_concurrency() {
 #[test]
 fn a_sample_half_off_the_figure_counts_as_moving() {
     let fake = Fake::default();
-    let limits = Limits {
-        max_entries: 40,
-        max_bytes: u64::MAX,
-        shadow: true,
-        remote_superset: false,
-    };
+    let limits = LIMITS;
     for (x, want) in [
         (0.1, true),
         (0.5, true),
@@ -180,12 +178,7 @@ fn a_sample_half_off_the_figure_counts_as_moving() {
 #[test]
 fn a_class_list_cycle_ends_the_walk() {
     let fake = Fake::default();
-    let limits = Limits {
-        max_entries: 40,
-        max_bytes: u64::MAX,
-        shadow: true,
-        remote_superset: false,
-    };
+    let limits = LIMITS;
     let cache = Cache::new(&fake, limits);
     for slot in 0..3 {
         let (h, _) = cache.acquire(&req(slot, 0, 0x10)).unwrap();
