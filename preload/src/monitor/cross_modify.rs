@@ -417,6 +417,16 @@ fn slot_code(hook: usize) -> [u8; SLOT] {
 #[cfg(target_arch = "aarch64")]
 const SLOT_HOOK_AT: usize = 8;
 
+/// The trampoline page whose next free slot our jump at `site` reaches, or an unmapped one
+/// (base 0). The slot itself is checked, not the page's base: a page whose first slot is in
+/// reach can have its later slots beyond it (review of i24: a later slot out of +-128 MiB
+/// would be written and jumped to by a `B` that cannot encode it).
+fn page_for(site: usize, pages: &[(usize, usize)], slots_per_page: usize) -> Option<usize> {
+    pages.iter().position(|&(base, used)| {
+        base == 0 || (used < slots_per_page && reaches(site, base + used * SLOT))
+    })
+}
+
 /// A trampoline to `hook` that our jump at `site` reaches (`jmp rel32` on x86-64, `B` on
 /// aarch64), written and executable.
 pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
@@ -432,10 +442,9 @@ pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
 }
 
 fn take_slot(site: usize, hook: usize) -> Option<usize> {
-    let page = (0..PAGES).find(|&p| {
-        let base = PAGE_BASE[p].load(Relaxed);
-        base == 0 || (reaches(site, base) && PAGE_USED[p].load(Relaxed) < PAGE / SLOT)
-    })?;
+    let pages: [(usize, usize); PAGES] =
+        std::array::from_fn(|p| (PAGE_BASE[p].load(Relaxed), PAGE_USED[p].load(Relaxed)));
+    let page = page_for(site, &pages, PAGE / SLOT)?;
     if PAGE_BASE[page].load(Relaxed) == 0 {
         PAGE_BASE[page].store(map_near(site)?, Relaxed);
     }
@@ -519,6 +528,44 @@ mod tests {
         assert_eq!(threads_in_stat(line), Some(7));
         assert_eq!(threads_in_stat(b"1 (x) S"), None);
         assert!(!single_threaded(), "the test harness runs threads");
+    }
+
+    /// A page whose first slot is in reach but whose next free slot is not (placed by
+    /// searching for the first unreachable address, so the test holds for both jumps'
+    /// reaches) is passed over for the next page.
+    #[test]
+    fn a_page_is_taken_only_if_its_next_free_slot_is_in_reach() {
+        let site = 0x40_0000_0000usize;
+        let (mut near, mut far) = (0usize, 1usize << 40);
+        while far - near > 1 {
+            let mid = near + (far - near) / 2;
+            if reaches(site, site + mid) {
+                near = mid
+            } else {
+                far = mid
+            }
+        }
+        let base = site + near - 3 * SLOT;
+        assert!(
+            reaches(site, base),
+            "the page's first slot must be in reach"
+        );
+        assert!(
+            !reaches(site, base + 4 * SLOT),
+            "its fifth slot must be beyond reach"
+        );
+        let pages = [(base, 4), (0, 0)];
+        assert_eq!(
+            page_for(site, &pages, PAGE / SLOT),
+            Some(1),
+            "slot 4 of page {base:#x} is beyond reach of {site:#x}: the next page must be taken"
+        );
+        assert_eq!(page_for(site, &[(base, 3), (0, 0)], PAGE / SLOT), Some(0));
+        assert_eq!(
+            page_for(site, &[(base, 0), (0, 0)], 0),
+            Some(1),
+            "a full page is skipped"
+        );
     }
 
     #[cfg(target_arch = "x86_64")]
