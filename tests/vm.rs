@@ -5,6 +5,10 @@
 //! host, every selected case becomes one command of a `ci/vm/run.sh` job, and each command's
 //! exit status and output come back as one libtest-style result line.
 //!
+//! `MRCACHE_VM_RUN` names another rig script (relative to the repository; ci/aarch64 guest
+//! runs the aarch64 guest, `ci/vm/a64-run.sh`, this way, with `CC=ci/vm/a64-cc`,
+//! `MRCACHE_PRELOAD` the cross-built library and `MRCACHE_VM_WORK` its own directory).
+//!
 //! Arguments follow libtest: substrings select cases (`cargo test --test vm -- rping`),
 //! `--list` lists them. `MRCACHE_SKIP_VM=1` reports every case as ignored (machines
 //! without the rig); the suite never passes silently otherwise.
@@ -108,10 +112,9 @@ fn case_script(
         let _ = writeln!(s, "export TRIXIE_ROOT='{}'", root.display());
     }
     let _ = writeln!(s, "export MRCACHE_PRELOAD='{}'", preload.display());
-    let _ = writeln!(
-        s,
-        "export JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-    );
+    let jemalloc = std::env::var("MRCACHE_VM_JEMALLOC")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".into());
+    let _ = writeln!(s, "export JEMALLOC='{jemalloc}'");
     let _ = writeln!(
         s,
         "export MRCACHE_BIN='{}'",
@@ -151,8 +154,19 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
-/// Compile every tests/c/*.c into its own program, linked with tests/c/lib/*.c.
-fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
+/// Compile the tests/c/*.c programs the selected cases name (`$BIN/NAME`) into programs of
+/// their own, linked with tests/c/lib/*.c; a program no selected case runs is not built (so a
+/// subset needs only its own programs' libraries: the aarch64 guest has no UCX).
+fn build_programs(repo: &Path, bin: &Path, cases: &[&Case]) -> Result<(), String> {
+    let used = |name: &str| {
+        let word = format!("$BIN/{name}");
+        cases.iter().any(|c| {
+            c.command.match_indices(&word).any(|(i, _)| {
+                !c.command[i + word.len()..]
+                    .starts_with(|ch: char| ch.is_ascii_alphanumeric() || ch == '_')
+            })
+        })
+    };
     let cdir = repo.join("tests/c");
     let lib: Vec<PathBuf> = sorted_files(&cdir.join("lib"), "c")?;
     std::fs::create_dir_all(bin).map_err(|e| e.to_string())?;
@@ -185,6 +199,9 @@ fn build_programs(repo: &Path, bin: &Path) -> Result<(), String> {
     ];
     for (dir, flags, libs) in kinds {
         for src in sorted_files(&dir, "c")? {
+            if !used(&src.file_stem().unwrap_or_default().to_string_lossy()) {
+                continue;
+            }
             let out = bin.join(src.file_stem().unwrap_or_default());
             let mut cmd = Command::new(&cc);
             cmd.args([
@@ -360,7 +377,9 @@ fn summary(passed: usize, failed: usize, ignored: usize, filtered: usize, secs: 
 /// Prepare the rig, build the programs, run every case in one boot. Returns, per case, its
 /// exit status (None when it has no result) and its output.
 fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>, String> {
-    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vm");
+    let work = std::env::var_os("MRCACHE_VM_WORK")
+        .map(|w| repo.join(w))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vm"));
     let bin = work.join("bin");
     let job = work.join("job");
     // The preload built in the same profile as this test binary: target/<profile>/.
@@ -392,7 +411,7 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
     } else {
         None
     };
-    build_programs(repo, &bin)?;
+    build_programs(repo, &bin, cases)?;
 
     let _ = std::fs::remove_dir_all(&job);
     let mut commands = String::new();
@@ -407,9 +426,10 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
     }
     std::fs::write(job.join("commands"), commands).map_err(|e| e.to_string())?;
 
+    let rig = std::env::var("MRCACHE_VM_RUN").unwrap_or_else(|_| "ci/vm/run.sh".into());
     let status = Command::new("bash")
         .env("HUGEPAGES", "32") // for the MAP_HUGETLB cases
-        .arg(repo.join("ci/vm/run.sh"))
+        .arg(repo.join(&rig))
         .arg("-j")
         .arg(&job)
         .status()
@@ -421,7 +441,7 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             return Err(format!(
-                "the VM rig failed (ci/vm/run.sh exit {other:?}); last console lines:\n{}",
+                "the VM rig failed ({rig} exit {other:?}); last console lines:\n{}",
                 tail.join("\n")
             ));
         }
