@@ -395,6 +395,7 @@ static void entry_write(unsigned char *f, const unsigned char *code, size_t n) {
     uintptr_t page = (uintptr_t)f & ~4095ul;
     CHECK(syscall(SYS_mprotect, page, 8192, PROT_READ | PROT_WRITE | PROT_EXEC) == 0, "mprotect");
     memcpy(f, code, n);
+    __builtin___clear_cache((char *)f, (char *)f + n); /* aarch64: instruction fetch sees it */
     syscall(SYS_mprotect, page, 8192, PROT_READ | PROT_EXEC);
 }
 
@@ -404,10 +405,16 @@ static void entry_write(unsigned char *f, const unsigned char *code, size_t n) {
 static void overwrite_our_munmap(void) {
     unsigned char *f = dlsym(RTLD_DEFAULT, "munmap");
     CHECK(f, "munmap");
-    unsigned char code[13] = {0x49, 0xbb};
     uint64_t hook = (uint64_t)(uintptr_t)transient_munmap;
+#if defined(__aarch64__)
+    /* ldr x16, #8; br x16; .quad hook (x16: a BTI `bti c` landing pad accepts it) */
+    unsigned char code[16] = {0x50, 0x00, 0x00, 0x58, 0x00, 0x02, 0x1f, 0xd6};
+    memcpy(code + 8, &hook, 8);
+#else
+    unsigned char code[13] = {0x49, 0xbb};
     memcpy(code + 2, &hook, 8);
     code[10] = 0x41, code[11] = 0xff, code[12] = 0xe3;
+#endif
     entry_write(f, code, sizeof code);
     usleep(100000); /* several of mrcache's drain cycles: time to notice, if it looks */
 }
