@@ -29,7 +29,7 @@
 //! that leads to it, so no thread can see it half written.
 
 use crate::monitor::patch::PatchError;
-use crate::sys::{PAGE, page_down, syscall6};
+use crate::sys::{page_down, page_size, syscall6};
 #[cfg(target_arch = "x86_64")]
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{
@@ -161,7 +161,7 @@ pub unsafe fn replace_entry(
         return Err(PatchError::NoSync);
     }
     let low = pad.map_or(at, |(p, _)| p.min(at));
-    let (start, end) = (page_down(low), page_down(at + 15) + PAGE);
+    let (start, end) = (page_down(low), page_down(at + 15) + page_size());
     if !mprotect(start, end - start, RWX) {
         return Err(PatchError::Mprotect);
     }
@@ -310,7 +310,7 @@ pub unsafe fn replace_word(site: *mut u32, old: u32, new: u32) -> Result<(), Pat
         }
     }
     let start = page_down(at);
-    if !mprotect(start, PAGE, RWX) {
+    if !mprotect(start, page_size(), RWX) {
         return Err(PatchError::Mprotect);
     }
     // SAFETY: 4-aligned, mapped, writable now; other cores only fetch it as code (or
@@ -324,7 +324,7 @@ pub unsafe fn replace_word(site: *mut u32, old: u32, new: u32) -> Result<(), Pat
     if test_break::mode() != test_break::NO_FLUSH {
         sync_icache(at, 4);
     }
-    mprotect(start, PAGE, RX);
+    mprotect(start, page_size(), RX);
     if sync {
         membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
     }
@@ -444,7 +444,7 @@ pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
 fn take_slot(site: usize, hook: usize) -> Option<usize> {
     let pages: [(usize, usize); PAGES] =
         std::array::from_fn(|p| (PAGE_BASE[p].load(Relaxed), PAGE_USED[p].load(Relaxed)));
-    let page = page_for(site, &pages, PAGE / SLOT)?;
+    let page = page_for(site, &pages, page_size() / SLOT)?;
     if PAGE_BASE[page].load(Relaxed) == 0 {
         PAGE_BASE[page].store(map_near(site)?, Relaxed);
     }
@@ -452,7 +452,7 @@ fn take_slot(site: usize, hook: usize) -> Option<usize> {
     let slot = base + PAGE_USED[page].load(Relaxed) * SLOT;
     let code = slot_code(hook);
     // Other slots of the page may be running: it stays executable while written.
-    if !mprotect(base, PAGE, RWX) {
+    if !mprotect(base, page_size(), RWX) {
         return None;
     }
     // SAFETY: a slot of our own page, writable now, that no jump leads to yet.
@@ -460,7 +460,7 @@ fn take_slot(site: usize, hook: usize) -> Option<usize> {
     // Fetched by other cores only after the `B` that leads here is stored and synchronised.
     #[cfg(target_arch = "aarch64")]
     crate::monitor::patch::aarch64::sync_icache(slot, SLOT);
-    mprotect(base, PAGE, RX);
+    mprotect(base, page_size(), RX);
     PAGE_USED[page].fetch_add(1, Relaxed);
     Some(slot)
 }
@@ -499,7 +499,7 @@ fn map_near(site: usize) -> Option<usize> {
         let p = syscall6(
             libc::SYS_mmap,
             hint,
-            PAGE,
+            page_size(),
             (libc::PROT_READ | libc::PROT_WRITE) as usize,
             (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as usize,
             usize::MAX, // fd -1
@@ -512,7 +512,7 @@ fn map_near(site: usize) -> Option<usize> {
         if reaches(site, p) {
             return Some(p);
         }
-        syscall6(libc::SYS_munmap, p, PAGE, 0, 0, 0, 0);
+        syscall6(libc::SYS_munmap, p, page_size(), 0, 0, 0, 0);
     }
     None
 }
@@ -547,13 +547,13 @@ mod tests {
         }
         let base = site + near - 3 * SLOT;
         assert!(reaches(site, base) && !reaches(site, base + 4 * SLOT));
-        let pages = [(base, 4), (0, 0)];
+        let (pages, slots) = ([(base, 4), (0, 0)], page_size() / SLOT);
         assert_eq!(
-            page_for(site, &pages, PAGE / SLOT),
+            page_for(site, &pages, slots),
             Some(1),
             "slot 4 of page {base:#x} is beyond reach of {site:#x}: the next page must be taken"
         );
-        assert_eq!(page_for(site, &[(base, 3), (0, 0)], PAGE / SLOT), Some(0));
+        assert_eq!(page_for(site, &[(base, 3), (0, 0)], slots), Some(0));
         assert_eq!(
             page_for(site, &[(base, 0), (0, 0)], 0),
             Some(1),

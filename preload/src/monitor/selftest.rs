@@ -8,7 +8,7 @@ use std::time::Instant;
 
 pub use mrcache::selftest::{Coverage, Status};
 
-use crate::sys::PAGE;
+use crate::sys::page_size;
 
 /// libc's function `name` through `handle` (the program's view or libc's own).
 ///
@@ -71,15 +71,15 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
             ("munmap inside libc (free of an mmapped block)", libc_handle),
         ] {
             let f = sym::<Munmap>(handle, c"munmap");
-            let p = scratch(2 * PAGE);
+            let p = scratch(2 * page_size());
             let (Some(f), true) = (f, p != 0) else {
                 r.push((label, Status::NotRun("not found")));
                 continue;
             };
             r.push((
                 label,
-                caught(p, p + 2 * PAGE, || {
-                    f(p as *mut c_void, 2 * PAGE);
+                caught(p, p + 2 * page_size(), || {
+                    f(p as *mut c_void, 2 * page_size());
                 }),
             ));
         }
@@ -91,37 +91,37 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
             ),
         ] {
             let f = sym::<Madvise>(handle, c"madvise");
-            let p = scratch(2 * PAGE);
+            let p = scratch(2 * page_size());
             let (Some(f), true) = (f, p != 0) else {
                 r.push((label, Status::NotRun("not found")));
                 continue;
             };
             r.push((
                 label,
-                caught(p, p + 2 * PAGE, || {
-                    f(p as *mut c_void, 2 * PAGE, libc::MADV_DONTNEED);
+                caught(p, p + 2 * page_size(), || {
+                    f(p as *mut c_void, 2 * page_size(), libc::MADV_DONTNEED);
                 }),
             ));
-            release(p, 2 * PAGE);
+            release(p, 2 * page_size());
         }
         let f = sym::<Mremap>(app, c"mremap");
-        let p = scratch(PAGE);
+        let p = scratch(page_size());
         if let (Some(f), true) = (f, p != 0) {
             let mut q = 0usize;
             r.push((
                 "mremap (program call)",
-                caught(p, p + PAGE, || {
+                caught(p, p + page_size(), || {
                     q = f(
                         p as *mut c_void,
-                        PAGE,
-                        64 * PAGE,
+                        page_size(),
+                        64 * page_size(),
                         libc::MREMAP_MAYMOVE,
                         std::ptr::null_mut(),
                     ) as usize;
                 }),
             ));
             if q != usize::MAX {
-                release(q, 64 * PAGE);
+                release(q, 64 * page_size());
             }
         }
         for (label, handle) in [
@@ -132,17 +132,17 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
             ),
         ] {
             let f = sym::<Mmap>(handle, c"mmap");
-            let p = scratch(2 * PAGE);
+            let p = scratch(2 * page_size());
             let (Some(f), true) = (f, p != 0) else {
                 r.push((label, Status::NotRun("not found")));
                 continue;
             };
             r.push((
                 label,
-                caught(p, p + 2 * PAGE, || {
+                caught(p, p + 2 * page_size(), || {
                     f(
                         p as *mut c_void,
-                        2 * PAGE,
+                        2 * page_size(),
                         libc::PROT_NONE,
                         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                         -1,
@@ -150,7 +150,7 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
                     );
                 }),
             ));
-            release(p, 2 * PAGE);
+            release(p, 2 * page_size());
         }
         // glibc's own malloc and free, called through libc's handle: another library may
         // have pointed our symbol references at its allocator since (UCX's malloc hooks
@@ -192,13 +192,13 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
             },
         ));
         let (shmat, shmdt) = (sym::<Shmat>(app, c"shmat"), sym::<Shmdt>(app, c"shmdt"));
-        let id = libc::shmget(libc::IPC_PRIVATE, PAGE, libc::IPC_CREAT | 0o600);
+        let id = libc::shmget(libc::IPC_PRIVATE, page_size(), libc::IPC_CREAT | 0o600);
         if let (Some(shmat), Some(shmdt), true) = (shmat, shmdt, id >= 0) {
             let p = shmat(id, std::ptr::null(), 0) as usize;
             if p != usize::MAX {
                 r.push((
                     "shmdt (program call)",
-                    caught(p, p + PAGE, || {
+                    caught(p, p + page_size(), || {
                         shmdt(p as *const c_void);
                     }),
                 ));

@@ -241,7 +241,7 @@ fn test_init_delay() {
 fn pagemap_shows_frames() -> bool {
     let probe = Box::new([1u8; 64]);
     let addr = probe.as_ptr() as usize;
-    crate::verbs::provider::page_frames(addr & !4095, 1).is_some_and(|f| f[0] != 0)
+    crate::verbs::provider::page_frames(crate::sys::page_down(addr), 1).is_some_and(|f| f[0] != 0)
 }
 
 /// The startup self-test, on this process's monitor.

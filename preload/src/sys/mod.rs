@@ -11,26 +11,76 @@ pub mod symbol;
 pub mod thread;
 
 use std::ffi::{c_int, c_long};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// The base page size on x86-64 (huge pages are handled where they matter).
-pub const PAGE: usize = 4096;
+/// The kernel's base page size, from the auxiliary vector (`AT_PAGESZ`): 4 KiB on x86-64;
+/// 4, 16 or 64 KiB on aarch64, chosen when the kernel was built (huge pages are handled
+/// where they matter). Read once and kept: `getauxval` only walks the vector the kernel
+/// gave the process (no lock, no allocation, async-signal-safe), so any hook may be the
+/// first to ask.
+#[inline]
+pub fn page_size() -> usize {
+    match PAGE_SIZE.load(Relaxed) {
+        0 => page_size_from_auxv(),
+        p => p,
+    }
+}
+
+static PAGE_SIZE: AtomicUsize = AtomicUsize::new(0);
+
+#[cold]
+fn page_size_from_auxv() -> usize {
+    // SAFETY: getauxval reads the process's auxiliary vector; no preconditions.
+    let p = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
+    // A vector without it (never seen on Linux) leaves the smallest page of both
+    // architectures: rounding to it over-reports nothing and only under-rounds.
+    let p = if p.is_power_of_two() && p >= 4096 {
+        p
+    } else {
+        4096
+    };
+    PAGE_SIZE.store(p, Relaxed);
+    p
+}
+
+/// `addr` rounded down to a multiple of `page` (a power of two).
+#[inline]
+pub const fn round_down(addr: usize, page: usize) -> usize {
+    addr & !(page - 1)
+}
+
+/// `addr` rounded up to a multiple of `page` (saturating at the top of the address space).
+#[inline]
+pub const fn round_up(addr: usize, page: usize) -> usize {
+    addr.saturating_add(page - 1) & !(page - 1)
+}
 
 /// `addr` rounded down to its page.
 #[inline]
-pub const fn page_down(addr: usize) -> usize {
-    addr & !(PAGE - 1)
+pub fn page_down(addr: usize) -> usize {
+    round_down(addr, page_size())
 }
 
 /// `addr` rounded up to a page boundary (saturating at the top of the address space).
 #[inline]
-pub const fn page_up(addr: usize) -> usize {
-    addr.saturating_add(PAGE - 1) & !(PAGE - 1)
+pub fn page_up(addr: usize) -> usize {
+    round_up(addr, page_size())
+}
+
+/// The whole pages of size `page` that `[addr, addr + len)` touches: what the kernel
+/// unmaps, advises or protects for such a call.
+#[inline]
+pub const fn span_in(addr: usize, len: usize, page: usize) -> (usize, usize) {
+    (
+        round_down(addr, page),
+        round_up(addr.saturating_add(len), page),
+    )
 }
 
 /// The whole pages `[start, end)` that `[addr, addr + len)` touches.
 #[inline]
-pub const fn page_span(addr: usize, len: usize) -> (usize, usize) {
-    (page_down(addr), page_up(addr.saturating_add(len)))
+pub fn page_span(addr: usize, len: usize) -> (usize, usize) {
+    span_in(addr, len, page_size())
 }
 
 /// This thread's errno.
@@ -57,13 +107,56 @@ mod tests {
 
     #[test]
     fn page_rounding() {
-        assert_eq!(page_span(0x1000, 1), (0x1000, 0x2000));
-        assert_eq!(page_span(0x1fff, 2), (0x1000, 0x3000));
-        assert_eq!(page_span(0x1000, 0x1000), (0x1000, 0x2000));
-        assert_eq!(page_span(0x1000, 0), (0x1000, 0x1000));
+        let page = page_size();
+        assert_eq!(page_span(page, 1), (page, 2 * page));
+        assert_eq!(page_span(2 * page - 1, 2), (page, 3 * page));
+        assert_eq!(page_span(page, page), (page, 2 * page));
+        assert_eq!(page_span(page, 0), (page, page));
         // Never wraps: a range reaching the top ends at the last page boundary.
-        assert_eq!(page_span(usize::MAX - 10, 100).1, usize::MAX & !(PAGE - 1));
+        assert_eq!(page_span(usize::MAX - 10, 100).1, usize::MAX & !(page - 1));
         assert_eq!(page_up(0), 0);
-        assert_eq!(page_down(4095), 0);
+        assert_eq!(page_down(page - 1), 0);
+    }
+
+    /// The page size is the kernel's (what glibc's sysconf reports from the same vector),
+    /// not a constant: under `qemu-aarch64 -p 16384` or `-p 65536` (`ci/aarch64 unit`) this
+    /// failed with the old `PAGE = 4096` (left: 4096, right: 65536).
+    #[test]
+    fn page_size_is_the_kernels() {
+        // SAFETY: sysconf has no preconditions.
+        let kernel = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        assert_eq!(page_size(), kernel);
+        assert!(page_size().is_power_of_two() && page_size() >= 4096);
+        // A fresh mapping starts on a page of that size.
+        // SAFETY: a private anonymous mapping of our own, unmapped again.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                1,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(p as usize % page_size(), 0);
+            libc::munmap(p, 1);
+        }
+    }
+
+    /// With 16 KiB and 64 KiB pages (aarch64 kernels) a call's range covers the whole pages
+    /// the kernel acts on: munmap(p, 4096) of a 64 KiB page takes all of it, so every
+    /// registration in it must be invalidated, not just the first 4 KiB.
+    #[test]
+    fn rounding_follows_the_page_size() {
+        for page in [4096usize, 16384, 65536] {
+            let p = 7 * page;
+            assert_eq!(span_in(p, 4096, page), (p, p + page), "{page}");
+            assert_eq!(span_in(p + page / 2, 1, page), (p, p + page), "{page}");
+            assert_eq!(span_in(p + page - 1, 2, page), (p, p + 2 * page), "{page}");
+            assert_eq!(span_in(p, 0, page), (p, p), "{page}");
+            assert_eq!(round_up(usize::MAX - 10, page), usize::MAX & !(page - 1));
+            assert_eq!(round_down(p + page - 1, page), p);
+        }
     }
 }

@@ -42,8 +42,9 @@ impl Provider {
 
     fn record(&self, mr: Mr, addr: usize, len: usize) {
         if self.verify {
+            let page = page_size();
             let first = crate::sys::page_down(addr);
-            if let Some(f) = page_frames(first, (addr + len).div_ceil(PAGE) - first / PAGE) {
+            if let Some(f) = page_frames(first, (addr + len).div_ceil(page) - first / page) {
                 self.frames
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -53,13 +54,15 @@ impl Provider {
     }
 }
 
-/// The page frame numbers backing `pages` pages from `first` (from /proc/self/pagemap; 0
-/// for a page not present). None when the file cannot be read.
+/// The page frame numbers backing `pages` pages from `first` (from /proc/self/pagemap, one
+/// entry per page of the kernel's size; 0 for a page not present). None when the file
+/// cannot be read.
 pub fn page_frames(first: usize, pages: usize) -> Option<Vec<u64>> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::File::open("/proc/self/pagemap").ok()?;
     let mut raw = vec![0u8; pages * 8];
-    f.read_exact_at(&mut raw, (first / PAGE * 8) as u64).ok()?;
+    f.read_exact_at(&mut raw, (first / page_size() * 8) as u64)
+        .ok()?;
     Some(
         raw.chunks_exact(8)
             .map(|c| {
@@ -70,7 +73,7 @@ pub fn page_frames(first: usize, pages: usize) -> Option<Vec<u64>> {
     )
 }
 
-use crate::sys::{PAGE, errno};
+use crate::sys::{errno, page_size};
 
 impl Registrar for Provider {
     fn uncacheable(&self, req: &Request) -> Option<mrcache::access::Bypass> {
@@ -175,7 +178,7 @@ impl Registrar for Provider {
                 eprintln!(
                     "mrcache: VERIFY MISMATCH: a cached registration (lkey {lkey:#x}) pins page frame {:#x} at {:#x}, but that address is now backed by frame {:#x}: the cache missed an unmap; treated as a miss",
                     then[i],
-                    first + i * PAGE,
+                    first + i * page_size(),
                     now[i]
                 );
                 false
@@ -318,8 +321,8 @@ pub fn cpu_unreadable(addr: usize, len: usize) -> Option<&'static str> {
     if len == 0 || addr.checked_add(len).is_none() {
         return None; // the cache's own checks say what is wrong with it
     }
-    let page = addr & !4095;
-    let span = (addr + len - page).checked_next_multiple_of(4096)?;
+    let page = crate::sys::page_down(addr);
+    let span = (addr + len - page).checked_next_multiple_of(page_size())?;
     // SAFETY: msync with MS_ASYNC changes nothing (a no-op since Linux 2.6.19 beyond the
     // VMA walk); the range is only looked up.
     if unsafe { libc::msync(page as *mut c_void, span, libc::MS_ASYNC) } != 0
@@ -382,7 +385,7 @@ mod tests {
     /// from malloc's chunk header (reading it would fault here).
     #[test]
     fn shadow_of_an_object_malloc_did_not_make() {
-        let page = 4096;
+        let page = page_size();
         // SAFETY: a fresh private mapping of two pages; the first is unmapped again so that
         // nothing readable precedes the object.
         let obj = unsafe {

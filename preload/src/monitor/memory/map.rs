@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::monitor::forward::{self, Via};
-use crate::sys::{PAGE, set_errno, syscall6};
+use crate::sys::{page_size, set_errno, syscall6};
 use mrcache::stats::UnmapSource;
 use mrcache::trace::Call;
 use std::ffi::{c_int, c_void};
@@ -203,7 +203,7 @@ pub(super) fn mmap_via(
     fd: c_int,
     off: i64,
 ) -> *mut c_void {
-    if off & (PAGE as i64 - 1) != 0 {
+    if off & (page_size() as i64 - 1) != 0 {
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     }

@@ -509,7 +509,7 @@ mod tests {
         let page = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                4096,
+                crate::sys::page_size(),
                 libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -569,6 +569,6 @@ mod tests {
         });
         assert_eq!(bad.load(Relaxed), 0, "a caller saw neither 1 nor 2");
         // SAFETY: the page mapped above.
-        unsafe { libc::munmap(page, 4096) };
+        unsafe { libc::munmap(page, crate::sys::page_size()) };
     }
 }

@@ -44,7 +44,7 @@ fn code_page(words: &[u32]) -> *mut u32 {
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            4096,
+            crate::sys::page_size(),
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
@@ -57,10 +57,16 @@ fn code_page(words: &[u32]) -> *mut u32 {
         // SAFETY: within the page.
         unsafe { code.add(k).write(w) };
     }
-    aarch64::sync_icache(p as usize, 4096);
+    aarch64::sync_icache(p as usize, crate::sys::page_size());
     // SAFETY: our page.
     assert_eq!(
-        unsafe { libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC) },
+        unsafe {
+            libc::mprotect(
+                p,
+                crate::sys::page_size(),
+                libc::PROT_READ | libc::PROT_EXEC,
+            )
+        },
         0
     );
     code

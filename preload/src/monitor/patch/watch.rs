@@ -37,8 +37,8 @@ pub(super) const LIBC_SPAN: usize = 0;
 pub(super) const HOOK_SPAN: usize = 1;
 
 pub(super) fn widen(span: usize, lo: usize, hi: usize) {
-    SPAN[span][0].fetch_min(lo & !4095, Relaxed);
-    SPAN[span][1].fetch_max(hi.saturating_add(4095) & !4095, Relaxed);
+    SPAN[span][0].fetch_min(crate::sys::page_down(lo), Relaxed);
+    SPAN[span][1].fetch_max(crate::sys::page_up(hi), Relaxed);
 }
 
 /// Whether `[start, start + len)` touches a watched page.
@@ -275,7 +275,8 @@ pub(super) fn sites_private_copies() -> bool {
         if at == 0 {
             break;
         }
-        for page in [at / 4096, (at + 7) / 4096] {
+        let page_size = crate::sys::page_size();
+        for page in [at / page_size, (at + 7) / page_size] {
             let mut entry = 0u64;
             // SAFETY: reads 8 bytes into `entry` from our own descriptor.
             let n = unsafe {
