@@ -57,30 +57,70 @@ __attribute__((unused)) static struct ibv_mr *cycle(char *buf) {
     return mr;
 }
 
-/* Our jump at libc's munmap entry (after an endbr64, if any): a `jmp rel32` to our hook or
- * to a trampoline leading there; *to: where it leads. NULL: munmap is not patched. */
+/* Whether p starts with our jump: a `jmp rel32` (x86-64) or a `B` (aarch64). */
+__attribute__((unused)) static int is_our_jump(const unsigned char *p) {
+#if defined(__aarch64__)
+    uint32_t insn;
+    memcpy(&insn, p, 4);
+    return (insn & 0xfc000000u) == 0x14000000u;
+#else
+    return p[0] == 0xe9;
+#endif
+}
+
+/* Our jump at libc's munmap entry: on x86-64 a `jmp rel32` (after an endbr64, if any), on
+ * aarch64 a `B` over the first instruction, to our hook or to a trampoline leading there;
+ * *to: where it leads. NULL: munmap is not patched. */
 __attribute__((unused)) static unsigned char *our_jump(uintptr_t *to) {
     unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
+#if defined(__aarch64__)
+    if (!f || !is_our_jump(f)) return NULL;
+    uint32_t insn;
+    memcpy(&insn, f, 4);
+    int32_t words = (int32_t)(insn << 6) >> 6; /* imm26, sign-extended */
+    *to = (uintptr_t)f + (intptr_t)words * 4;
+    return f;
+#else
     for (int at = 0; f && at <= 4; at += 4)
-        if (f[at] == 0xe9) {
+        if (is_our_jump(f + at)) {
             int32_t rel;
             memcpy(&rel, f + at + 1, 4);
             *to = (uintptr_t)(f + at + 5) + rel;
             return f + at;
         }
     return NULL;
+#endif
 }
 
-__attribute__((unused)) static void *page_of(void *p) { return (void *)((uintptr_t)p & ~(uintptr_t)4095); }
+/* The kernel's page size (4 KiB on x86-64; 4, 16 or 64 KiB on aarch64). */
+__attribute__((unused)) static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
-/* Another patcher's jump of another form to the same place (movabs rax, to; jmp rax), so a
- * munmap call on any thread still works; the page must be writable. */
+__attribute__((unused)) static void *page_of(void *p) { return (void *)((uintptr_t)p & ~(uintptr_t)(page_size() - 1)); }
+
+/* Another patcher's jump of another form to `to` (x86-64: movabs rax, to; jmp rax;
+ * aarch64: ldr x16, #8; br x16; .quad to), in code[]: its length. */
+__attribute__((unused)) static size_t other_jump(unsigned char code[16], uintptr_t to) {
+    uint64_t at = to;
+#if defined(__aarch64__)
+    static const unsigned char ldr_br[8] = {0x50, 0x00, 0x00, 0x58, 0x00, 0x02, 0x1f, 0xd6};
+    memcpy(code, ldr_br, 8);
+    memcpy(code + 8, &at, 8);
+    return 16;
+#else
+    code[0] = 0x48, code[1] = 0xb8;
+    memcpy(code + 2, &at, 8);
+    code[10] = 0xff, code[11] = 0xe0;
+    return 12;
+#endif
+}
+
+/* Another patcher's jump over ours to the same place (other_jump), so a munmap call on any
+ * thread still works; the page must be writable. */
 __attribute__((unused)) static void overwrite(unsigned char *jump, uintptr_t to) {
-    unsigned char other[12] = {0x48, 0xb8};
-    memcpy(other + 2, &to, 8);
-    other[10] = 0xff, other[11] = 0xe0;
-    memcpy(jump, other, sizeof other);
-    __builtin___clear_cache((char *)jump, (char *)jump + sizeof other);
+    unsigned char other[16];
+    size_t n = other_jump(other, to);
+    memcpy(jump, other, n);
+    __builtin___clear_cache((char *)jump, (char *)jump + n);
 }
 
 #endif

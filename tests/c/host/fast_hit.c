@@ -100,8 +100,8 @@ static int watch(const char *how, char *b, struct ibv_mr *cached) {
         return 1;
     }
     if (!strcmp(how, "madvise")) {
-        if (madvise(page_of(jump), 4096, MADV_DONTNEED)) return 3;
-        if (jump[0] == 0xe9) {
+        if (madvise(page_of(jump), page_size(), MADV_DONTNEED)) return 3;
+        if (is_our_jump(jump)) {
             printf("watch_madvise: the page kept our jump (not a private file page?); skipped\n");
             return 0;
         }
@@ -117,8 +117,8 @@ static int watch(const char *how, char *b, struct ibv_mr *cached) {
     if (pthread_create(&t, NULL, hitter, NULL)) return 3;
     usleep(2000);
     int rc = !strcmp(how, "pkey")
-                 ? pkey_mprotect(page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC, -1)
-                 : mprotect(page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC);
+                 ? pkey_mprotect(page_of(jump), 2 * page_size(), PROT_READ | PROT_WRITE | PROT_EXEC, -1)
+                 : mprotect(page_of(jump), 2 * page_size(), PROT_READ | PROT_WRITE | PROT_EXEC);
     if (rc) return 3;
     overwrite(jump, to);
     __atomic_store_n(&overwritten, 1, __ATOMIC_SEQ_CST);
@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
         /* Before the first registration, past every hook: syscall() is not hooked. */
         uintptr_t to;
         unsigned char *jump = our_jump(&to);
-        if (jump && syscall(SYS_mprotect, page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        if (jump && syscall(SYS_mprotect, page_of(jump), 2 * page_size(), PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
     }
     char *bufs = mmap(NULL, 4 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     char *a = bufs, *b = bufs + 2 * LEN;
@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
             printf("patch_overwrite: munmap is not patched here (the self-test reports it); skipped\n");
             return 0;
         }
-        if (mprotect(page_of(jump), 8192, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        if (mprotect(page_of(jump), 2 * page_size(), PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
         overwrite(jump, to);
         struct ibv_mr *after = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
         if (after == cached) {

@@ -33,11 +33,19 @@ static int fake_dereg(struct ibv_mr *mr) {
     return 0;
 }
 
+/* Our jump in libc's munmap: a `jmp rel32` (after an endbr64, if any) on x86-64, a `B`
+ * over the first instruction on aarch64. */
 static unsigned char *our_jump(void) {
     unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
+#if defined(__aarch64__)
+    uint32_t insn = 0;
+    if (f) memcpy(&insn, f, 4);
+    return f && (insn & 0xfc000000u) == 0x14000000u ? f : NULL;
+#else
     for (int at = 0; f && at <= 4; at += 4)
         if (f[at] == 0xe9) return f + at;
     return NULL;
+#endif
 }
 
 int main(int argc, char **argv) {
@@ -65,9 +73,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "overwrite_unannounced: the watch never cleared\n");
         return 3;
     }
-    /* Another patcher's munmap: mov eax, 11; syscall; ret (the memory goes, nothing sees it). */
+    /* Another patcher's munmap (the memory goes, nothing sees it): mov eax, 11; syscall; ret
+     * on x86-64, mov x8, #215; svc #0; ret on aarch64. */
+#if defined(__aarch64__)
+    static const unsigned char stub[12] = {0xe8, 0x1a, 0x80, 0xd2, 0x01, 0x00, 0x00, 0xd4, 0xc0, 0x03, 0x5f, 0xd6};
+#else
     static const unsigned char stub[8] = {0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0xc3};
-    void *page = (void *)((uintptr_t)jump & ~(uintptr_t)4095);
+#endif
+    size_t page_size = (size_t)sysconf(_SC_PAGESIZE);
+    void *page = (void *)((uintptr_t)jump & ~(uintptr_t)(page_size - 1));
     if (!strcmp(argv[1], "procmem")) {
         int fd = open("/proc/self/mem", O_RDWR);
         if (fd < 0 || pwrite(fd, stub, sizeof stub, (off_t)(uintptr_t)jump) != sizeof stub) {
@@ -76,12 +90,16 @@ int main(int argc, char **argv) {
         }
         close(fd);
     } else {
-        if (syscall(SYS_mprotect, page, 8192, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        if (syscall(SYS_mprotect, page, 2 * page_size, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
         memcpy(jump, stub, sizeof stub);
         __builtin___clear_cache((char *)jump, (char *)jump + sizeof stub);
-        if (syscall(SYS_mprotect, page, 8192, PROT_READ | PROT_EXEC)) return 3;
+        if (syscall(SYS_mprotect, page, 2 * page_size, PROT_READ | PROT_EXEC)) return 3;
     }
+#if defined(__aarch64__)
+    int (*libc_munmap)(void *, size_t) = (int (*)(void *, size_t))(uintptr_t)jump;
+#else
     int (*libc_munmap)(void *, size_t) = (int (*)(void *, size_t))(uintptr_t)(jump - (jump[-4] == 0xf3 ? 4 : 0));
+#endif
     /* A miss right after (well inside the drain's 20 ms cycle). */
     char *c = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     int regs0 = registrations, shim0 = *shim_regs, watch_at_miss = watch_clean();

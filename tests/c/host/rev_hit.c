@@ -13,7 +13,7 @@
  *   rev_hit writable_after_clean  page made writable past the hooks after a clean, left so
  *   rev_hit race          hooked mprotect + store at random offsets from the drain cycle
  *   rev_hit fork_child    clean at fork, the child overwrites past the hooks
- *   rev_hit partial       mprotect(page - 4096, 4097): a length one byte into the page
+ *   rev_hit partial       mprotect(page - PAGE, PAGE + 1): a length one byte into the page
  *   rev_hit advice        madvise advice not counted as zapping, over the page
  *   rev_hit maps_costN    figures: CPU of the maps read with N mappings while suspect
  * exit 0: held; 1: broken (printed); 3: set-up failed. */
@@ -36,6 +36,8 @@
 extern pid_t _Fork(void);
 
 #include "fake_hit.h"
+
+#define PAGE page_size()
 
 
 static int (*watch_clean)(void);
@@ -153,18 +155,18 @@ int main(int argc, char **argv) {
     size_t off = jump - page;
     if (!strcmp(how, "memfd_alias")) {
         int fd = memfd_create("libc-page", 0);
-        if (fd < 0 || ftruncate(fd, 4096)) return 3;
-        unsigned char *alias = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd < 0 || ftruncate(fd, PAGE)) return 3;
+        unsigned char *alias = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (alias == MAP_FAILED) return 3;
-        memcpy(alias, page, 4096);
+        memcpy(alias, page, PAGE);
         /* Same bytes, same address: a read-only, executable view (mmap is hooked: watched). */
-        if (mmap(page, 4096, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
+        if (mmap(page, PAGE, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
         if (!wait_clean()) {
             printf("rev_hit memfd_alias: the watch never cleared again (refused a shared page): held\n");
             return 0;
         }
         overwrite(alias + off, to); /* a plain store, no system call */
-        if (jump[0] == 0xe9) return 3;
+        if (is_our_jump(jump)) return 3;
         int s = served(b, cached, 1000);
         if (s) window(how, b, cached);
         return verdict(how, s, 1000);
@@ -176,9 +178,9 @@ int main(int argc, char **argv) {
          * with the page read-only again (the word clean). */
         long n = atol(how + 9);
         for (long i = 0; i < n; i++)
-            if (mmap(NULL, 4096, i % 2 ? PROT_READ : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) return 3;
+            if (mmap(NULL, PAGE, i % 2 ? PROT_READ : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) return 3;
         for (int round = 0; round < 2; round++) {
-            mprotect(page, 4096, round ? PROT_READ | PROT_EXEC : PROT_READ | PROT_WRITE | PROT_EXEC);
+            mprotect(page, PAGE, round ? PROT_READ | PROT_EXEC : PROT_READ | PROT_WRITE | PROT_EXEC);
             usleep(200000);
             struct timespec a, z;
             clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
@@ -186,8 +188,8 @@ int main(int argc, char **argv) {
             /* munmap/mmap pairs on the main thread meanwhile: the mmap lock the maps read takes */
             long pairs = 0;
             while (now_ms() - t0 < 2000) {
-                void *q = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-                munmap(q, 4096);
+                void *q = mmap(NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                munmap(q, PAGE);
                 pairs++;
                 if (pairs % 64 == 0) usleep(1000);
             }
@@ -206,12 +208,12 @@ int main(int argc, char **argv) {
         pthread_t t;
         if (pthread_create(&t, NULL, hitter, NULL)) return 3;
         usleep(rand() % 40000);
-        if (mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        if (mprotect(page, PAGE, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
         usleep(rand() % 3 ? rand() % 45000 : 0);
         overwrite(jump, to);
         __atomic_store_n(&overwritten, 1, __ATOMIC_SEQ_CST);
         usleep(rand() % 3 ? rand() % 45000 : 0);
-        if (mprotect(page, 4096, PROT_READ | PROT_EXEC)) return 3;
+        if (mprotect(page, PAGE, PROT_READ | PROT_EXEC)) return 3;
         pthread_join(t, NULL);
         return verdict(how, served_after, calls_after);
     }
@@ -223,9 +225,9 @@ int main(int argc, char **argv) {
         pid_t pid = fork();
         if (pid < 0) return 3;
         if (pid == 0) {
-            if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) _exit(3);
+            if (syscall(SYS_mprotect, page, PAGE, PROT_READ | PROT_WRITE | PROT_EXEC)) _exit(3);
             overwrite(jump, to);
-            if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_EXEC)) _exit(3);
+            if (syscall(SYS_mprotect, page, PAGE, PROT_READ | PROT_EXEC)) _exit(3);
             double t0 = now_ms();
             long n = 0, s = 0;
             while (now_ms() - t0 < 1000) s += served(b, cached, 1), n++;
@@ -245,11 +247,11 @@ int main(int argc, char **argv) {
                                   MADV_DONTFORK, MADV_DOFORK, 12 /* MERGEABLE */, 16 /* DODUMP */};
         for (unsigned k = 0; k < sizeof adv / sizeof *adv; k++) {
             void *at = adv[k] == 25 ? (void *)((uintptr_t)page & ~(uintptr_t)0x1fffff) : (void *)page;
-            size_t len = adv[k] == 25 ? 0x200000 : 4096;
+            size_t len = adv[k] == 25 ? 0x200000 : PAGE;
             errno = 0;
             int r = madvise(at, len, adv[k]);
             int e = errno;
-            if (jump[0] != 0xe9) {
+            if (!is_our_jump(jump)) {
                 int s = served(b, cached, 1000);
                 fprintf(stderr, "rev_hit advice: madvise %d (rc %d) dropped our jump; %d of 1000 hits served, clean %d\n", adv[k], r, s, watch_clean());
                 return 1;
@@ -261,16 +263,16 @@ int main(int argc, char **argv) {
     if (!strcmp(how, "partial")) {
         /* mprotect from the page before, one byte into munmap's page (the kernel rounds the
          * length up: the whole page turns writable), then a store and read-only again. */
-        if (mprotect(page - 4096, 4097, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        if (mprotect(page - PAGE, PAGE + 1, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
         overwrite(jump, to);
-        if (mprotect(page - 4096, 4097, PROT_READ | PROT_EXEC)) return 3;
+        if (mprotect(page - PAGE, PAGE + 1, PROT_READ | PROT_EXEC)) return 3;
         return verdict(how, served(b, cached, 1000), 1000);
     }
     if (!strcmp(how, "writable_after_clean")) {
         /* The word clean; munmap's page made writable by a system call no hook sees (a stated
          * gap) and left so; the design says a page left writable keeps every hit checking.
          * Several drain cycles later, a plain store over our jump. */
-        if (syscall(SYS_mprotect, page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        if (syscall(SYS_mprotect, page, PAGE, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
         usleep(200000);
         int clean = watch_clean();
         overwrite(jump, to);
@@ -284,11 +286,11 @@ int main(int argc, char **argv) {
          * (mov eax, 11; syscall; ret): munmap no longer reaches our hook. Then the cached
          * buffer is unmapped and mapped again (fresh pages, same address, no MAP_FIXED). */
         int fd = memfd_create("libc-page", 0);
-        if (fd < 0 || ftruncate(fd, 4096)) return 3;
-        unsigned char *alias = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd < 0 || ftruncate(fd, PAGE)) return 3;
+        unsigned char *alias = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (alias == MAP_FAILED) return 3;
-        memcpy(alias, page, 4096);
-        if (mmap(page, 4096, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
+        memcpy(alias, page, PAGE);
+        if (mmap(page, PAGE, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
         if (!wait_clean()) {
             printf("rev_hit memfd_stale: the watch never cleared again: held\n");
             return 0;
@@ -315,18 +317,17 @@ int main(int argc, char **argv) {
     if (!strcmp(how, "file_private")) {
         char path[] = "/tmp/rev_hit_pageXXXXXX";
         int fd = mkstemp(path);
-        if (fd < 0 || write(fd, page, 4096) != 4096) return 3;
+        if (fd < 0 || write(fd, page, PAGE) != (ssize_t)PAGE) return 3;
         unlink(path);
-        if (mmap(page, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, 0) != page) return 3;
+        if (mmap(page, PAGE, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, 0) != page) return 3;
         if (!wait_clean()) {
             printf("rev_hit file_private: the watch never cleared again: held\n");
             return 0;
         }
-        unsigned char other[12] = {0x48, 0xb8};
-        memcpy(other + 2, &to, 8);
-        other[10] = 0xff, other[11] = 0xe0;
-        if (pwrite(fd, other, sizeof other, off) != sizeof other) return 3;
-        if (jump[0] == 0xe9) {
+        unsigned char other[16];
+        ssize_t n = (ssize_t)other_jump(other, to);
+        if (pwrite(fd, other, n, off) != n) return 3;
+        if (is_our_jump(jump)) {
             printf("rev_hit file_private: the private page did not follow the file; held\n");
             return 0;
         }
@@ -335,11 +336,11 @@ int main(int argc, char **argv) {
         return verdict(how, s, 1000);
     }
     if (!strcmp(how, "mremap_fixed")) {
-        unsigned char *copy = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        memcpy(copy, page, 4096);
+        unsigned char *copy = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        memcpy(copy, page, PAGE);
         overwrite(copy + off, to);
-        if (mprotect(copy, 4096, PROT_READ | PROT_EXEC)) return 3;
-        if (mremap(copy, 4096, 4096, MREMAP_MAYMOVE | MREMAP_FIXED, page) != page) return 3;
+        if (mprotect(copy, PAGE, PROT_READ | PROT_EXEC)) return 3;
+        if (mremap(copy, PAGE, PAGE, MREMAP_MAYMOVE | MREMAP_FIXED, page) != page) return 3;
         int s = served(b, cached, 1000);
         if (s) window(how, b, cached);
         return verdict(how, s, 1000);
@@ -349,9 +350,9 @@ int main(int argc, char **argv) {
             (int (*)(void *, size_t, int))dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "mprotect");
         int (*ours)(void *, size_t, int) = mprotect;
         printf("rev_hit libc_mprotect: dlsym(libc, \"mprotect\") %s our hook\n", libc_mprotect == ours ? "is" : "is NOT");
-        if (libc_mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
+        if (libc_mprotect(page, PAGE, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
         overwrite(jump, to);
-        if (libc_mprotect(page, 4096, PROT_READ | PROT_EXEC)) return 3;
+        if (libc_mprotect(page, PAGE, PROT_READ | PROT_EXEC)) return 3;
         int s = served(b, cached, 1);
         if (s) window(how, b, cached);
         return verdict(how, s, 1);
