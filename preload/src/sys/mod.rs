@@ -30,6 +30,12 @@ static PAGE_SIZE: AtomicUsize = AtomicUsize::new(0);
 
 #[cold]
 fn page_size_from_auxv() -> usize {
+    // The deliberately broken variant (unit tests only): the old constant.
+    #[cfg(test)]
+    if std::env::var_os("MRCACHE_TEST_A64_BREAK").is_some_and(|v| v == "page-4096") {
+        PAGE_SIZE.store(4096, Relaxed);
+        return 4096;
+    }
     // SAFETY: getauxval reads the process's auxiliary vector; no preconditions.
     let p = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
     // A vector without it (never seen on Linux) leaves the smallest page of both
@@ -119,8 +125,9 @@ mod tests {
     }
 
     /// The page size is the kernel's (what glibc's sysconf reports from the same vector),
-    /// not a constant: under `qemu-aarch64 -p 16384` or `-p 65536` (`ci/aarch64 unit`) this
-    /// failed with the old `PAGE = 4096` (left: 4096, right: 65536).
+    /// not a constant: run under `qemu-aarch64 -p 16384` and `-p 65536` by `ci/aarch64 unit`,
+    /// which also runs it with `MRCACHE_TEST_A64_BREAK=page-4096` (the old `PAGE = 4096`),
+    /// where it must fail.
     #[test]
     fn page_size_is_the_kernels() {
         // SAFETY: sysconf has no preconditions.
