@@ -141,7 +141,7 @@ fn both_see_every_unmap_when_ucx_would_patch_our_own_hooks() {
     let Some(prog) = build(&dir, false) else {
         return;
     };
-    let ucm = "/usr/lib/x86_64-linux-gnu/libucm.so.0";
+    let ucm = format!("/usr/lib/{}-linux-gnu/libucm.so.0", std::env::consts::ARCH);
     let mut failures = run_all(&prog, false, &format!("{ucm}:{}", lib().display()));
     let last = common::build_host(
         "ucx_coexist.c",

@@ -207,9 +207,10 @@ int main(int argc, char **argv) {
         /* Map back the pages free() gave back: mrcache passes a registration of memory
          * with no mapping to libibverbs (device memory), not to this fake provider. */
         unsigned char v;
-        for (char *p = (char *)((uintptr_t)buf & ~4095ul); p < buf + len; p += 4096)
-            if (mincore(p, 4096, &v) && errno == ENOMEM &&
-                mmap(p, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        for (char *p = (char *)((uintptr_t)buf & ~(uintptr_t)(page - 1)); p < buf + len; p += page)
+            if (mincore(p, page, &v) && errno == ENOMEM &&
+                mmap(p, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
                      -1, 0) != p) {
                 printf("%s: the range could not be mapped again (skipped)\n", s);
                 return 9;
