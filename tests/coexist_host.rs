@@ -172,6 +172,14 @@ fn both_see_every_unmap_when_ucx_would_patch_our_own_hooks() {
 /// into the unloaded library afterwards, and must keep seeing munmap.
 #[test]
 fn chained_patcher_may_be_dlclosed() {
+    if cfg!(target_arch = "aarch64") && stat_says_no_threads() {
+        // On aarch64 the patcher's first word (a movz) is taken over only while the process
+        // is alone (docs/design.md, "aarch64"), which the library reads in /proc/self/stat;
+        // Debian 12's qemu-user 7.2 (`ci/aarch64 test`) writes 0 threads there, so it is
+        // never alone and fails closed. Seen passing under Debian 13's qemu-user 10.0.
+        println!("skipped: /proc/self/stat says 0 threads (qemu-user 7.2)");
+        return;
+    }
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coexist_patcher");
     std::fs::create_dir_all(&dir).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/host");
@@ -197,4 +205,12 @@ fn chained_patcher_may_be_dlclosed() {
     let text = text(&out);
     println!("{}: {}", out.status, text.trim());
     assert!(out.status.success(), "{}: {text}", out.status);
+}
+
+/// Whether `/proc/self/stat`'s thread count (field 20) is 0, as no kernel writes it.
+fn stat_says_no_threads() -> bool {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(17).map(|n| n == "0"))
+        .unwrap_or(false)
 }

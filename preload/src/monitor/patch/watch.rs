@@ -115,7 +115,7 @@ pub static MPROTECT: [Prologue; 0] = [];
 /// read (the compare-and-swap fails otherwise). Reads `/proc/self/maps` (or queries it):
 /// the runtime's set-up and the background drain thread only, never a hook or the hit.
 /// errno is the caller's afterwards: the set-up runs inside the app's first verbs call, and
-/// a kernel without PROCMAP_QUERY answers the probe with ENOTTY.
+/// a kernel without PROCMAP_QUERY answers the probe with ENOTTY (qemu-user: ENOSYS).
 pub fn try_clean() -> bool {
     let errno = crate::sys::errno();
     let clean = try_clean_now();
@@ -422,9 +422,13 @@ pub(super) fn query_fd() -> Option<i32> {
     if fd < 0 {
         return None;
     }
+    // Any refusal of the probe (there is always a mapping to find) means the file is read
+    // instead: ENOTTY or EINVAL from a kernel before 6.11, ENOSYS from qemu-user, which
+    // passes no ioctl it does not know (before, only ENOTTY and EINVAL counted: under
+    // qemu-user every later query failed and the watch never cleared), EPERM or another
+    // errno from a seccomp filter.
     let probe = query(fd, 0);
-    let e = crate::sys::errno();
-    let fd = if probe.is_none() && (e == libc::ENOTTY || e == libc::EINVAL) {
+    let fd = if probe.is_none() {
         // SAFETY: the descriptor just opened.
         unsafe { libc::close(fd) };
         -1
