@@ -117,6 +117,18 @@ __attribute__((unused)) static size_t other_jump(unsigned char code[16], uintptr
 #endif
 }
 
+/* A bare munmap system call stub in code[] (x86-64: mov eax, 11; syscall; ret; aarch64:
+ * mov x8, #215; svc #0; ret): its length. */
+__attribute__((unused)) static size_t munmap_stub(unsigned char code[12]) {
+#if defined(__aarch64__)
+    static const unsigned char stub[12] = {0xe8, 0x1a, 0x80, 0xd2, 0x01, 0x00, 0x00, 0xd4, 0xc0, 0x03, 0x5f, 0xd6};
+#else
+    static const unsigned char stub[8] = {0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0xc3};
+#endif
+    memcpy(code, stub, sizeof stub);
+    return sizeof stub;
+}
+
 /* Another patcher's jump over ours to the same place (other_jump), so a munmap call on any
  * thread still works; the page must be writable. */
 __attribute__((unused)) static void overwrite(unsigned char *jump, uintptr_t to) {
