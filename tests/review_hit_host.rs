@@ -91,6 +91,13 @@ fn fork_child_overwrite() {
     run("fork_child", &[]);
 }
 
+/// A fork child that closed its descriptors and opened a file at the number of the watch's
+/// inherited /proc/self/maps descriptor keeps that file (the library closed it once).
+#[test]
+fn a_fork_child_keeps_its_own_descriptor() {
+    run("fork_fd", &[]);
+}
+
 /// mprotect from the page before, one byte into munmap's page (held).
 #[test]
 fn mprotect_one_byte_into_the_page_is_seen() {

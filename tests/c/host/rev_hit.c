@@ -155,6 +155,53 @@ int main(int argc, char **argv) {
     }
     unsigned char *page = page_of(jump);
     size_t off = jump - page;
+    if (!strcmp(how, "fork_fd")) {
+        /* The watch's /proc/self/maps descriptor is inherited by a fork child, which closes
+         * every descriptor above 2 (as daemons and spawners do) and opens a file of its own
+         * that takes the same number, then registers (its drain thread starts). The library
+         * must never close or reuse the child's file. */
+        int n = -1;
+        char p[64], t[256];
+        for (int fd = 3; fd < 1024 && n < 0; fd++) {
+            snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+            ssize_t l = readlink(p, t, sizeof t - 1);
+            if (l > 0 && (t[l] = 0, strstr(t, "/maps"))) n = fd;
+        }
+        if (n < 0) {
+            printf("rev_hit fork_fd: no /proc/self/maps descriptor kept (no PROCMAP_QUERY here): nothing to inherit\n");
+            return 0;
+        }
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0) return 3;
+        if (pid == 0) {
+            for (int fd = 3; fd < 1024; fd++) close(fd);
+            int mine = memfd_create("child-file", 0);
+            if (mine < 0) _exit(3);
+            if (mine != n && (dup2(mine, n) != n || close(mine))) _exit(3);
+            char *c = mmap(NULL, 2 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (c == MAP_FAILED) _exit(3);
+            /* A context of its own (the parent's is not usable after fork), then the child's
+             * first registrations: its drain thread starts. */
+            static struct ibv_context own;
+            own.ops = pd.context->ops;
+            own.cmd_fd = open("/dev/null", O_RDWR);
+            pd.context = &own;
+            cycle(c), cycle(c + LEN), cycle(c);
+            usleep(500000);
+            snprintf(p, sizeof p, "/proc/self/fd/%d", n);
+            ssize_t l = readlink(p, t, sizeof t - 1);
+            t[l > 0 ? l : 0] = 0;
+            int kept = strstr(t, "child-file") != NULL && write(n, "x", 1) == 1;
+            fprintf(stderr, "rev_hit fork_fd: child: 500 ms after its first registration, its descriptor %d names '%s'%s\n",
+                    n, t, kept ? "" : ": the library closed the child's file");
+            _exit(kept ? 0 : 1);
+        }
+        int st;
+        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 3;
+        if (WEXITSTATUS(st) == 0) printf("rev_hit fork_fd: the child's file kept its descriptor %d\n", n);
+        return WEXITSTATUS(st);
+    }
     if (!strcmp(how, "memfd_alias")) {
         int fd = memfd_create("libc-page", 0);
         if (fd < 0 || ftruncate(fd, PAGE)) return 3;

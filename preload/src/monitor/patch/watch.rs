@@ -401,16 +401,26 @@ pub(super) const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
 pub(super) fn query_fd() -> Option<i32> {
     static FD: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-2);
     static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    // The open file's identity: a descriptor number is only ours while it still names it.
+    static DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static INO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let fd = FD.load(Relaxed);
-    if fd != -2 && PID.load(Relaxed) == pid {
-        return Some(fd as i32);
-    }
     if fd >= 0 {
-        // The parent's, inherited: close our copy.
-        // SAFETY: our own descriptor, used by the drain thread only.
-        unsafe { libc::close(fd as i32) };
+        let ours = identity(fd as i32) == Some((DEV.load(Relaxed), INO.load(Relaxed)));
+        if ours && PID.load(Relaxed) == pid {
+            return Some(fd as i32);
+        }
+        if ours {
+            // The parent's, inherited: close our copy.
+            // SAFETY: the number still names the file we opened, so it is our descriptor.
+            unsafe { libc::close(fd as i32) };
+        }
+        // Otherwise the program closed it (a fork child's closefrom(3), a daemon's close
+        // loop) and the number may be one of its own files now: never close it.
+    } else if fd == -1 && PID.load(Relaxed) == pid {
+        return Some(-1);
     }
     // SAFETY: a constant NUL-terminated path.
     let fd = unsafe {
@@ -428,16 +438,28 @@ pub(super) fn query_fd() -> Option<i32> {
     // qemu-user every later query failed and the watch never cleared), EPERM or another
     // errno from a seccomp filter.
     let probe = query(fd, 0);
-    let fd = if probe.is_none() {
+    let id = identity(fd);
+    let fd = if probe.is_none() || id.is_none() {
         // SAFETY: the descriptor just opened.
         unsafe { libc::close(fd) };
         -1
     } else {
         fd
     };
+    let (dev, ino) = id.unwrap_or((0, 0));
+    DEV.store(dev, Relaxed);
+    INO.store(ino, Relaxed);
     PID.store(pid, Relaxed);
     FD.store(fd as i64, Relaxed);
     Some(fd)
+}
+
+/// The (device, inode) a descriptor names, or None if it is not open.
+fn identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer; a closed number only makes fstat fail.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
 /// The mapping covering `at`, or the next one after it (PROCMAP_QUERY on `fd`).
