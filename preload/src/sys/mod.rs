@@ -37,16 +37,25 @@ fn page_size_from_auxv() -> usize {
         return 4096;
     }
     // SAFETY: getauxval reads the process's auxiliary vector; no preconditions.
-    let p = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
-    // A vector without it (never seen on Linux) leaves the smallest page of both
-    // architectures: rounding to it over-reports nothing and only under-rounds.
-    let p = if p.is_power_of_two() && p >= 4096 {
-        p
-    } else {
-        4096
-    };
+    let auxv = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
+    // SAFETY: sysconf has no preconditions (glibc: GLRO(dl_pagesize), no lock).
+    let p = choose_page_size(auxv, || unsafe { libc::sysconf(libc::_SC_PAGESIZE) });
     PAGE_SIZE.store(p, Relaxed);
     p
+}
+
+/// The kernel's page (AT_PAGESZ). A vector without it (never seen on Linux: only an exec
+/// emulator building its own) leaves glibc's own figure, the one malloc and the program
+/// use; no constant would do, as a smaller page than the kernel's makes an unmap look
+/// smaller than it is (a stale registration) and a larger one makes a patch mprotect reach
+/// neighbouring pages. 4096 only if glibc has none either.
+fn choose_page_size(auxv: usize, sysconf: impl FnOnce() -> libc::c_long) -> usize {
+    let plausible = |p: usize| p.is_power_of_two() && p >= 4096;
+    if plausible(auxv) {
+        return auxv;
+    }
+    let p = sysconf().max(0) as usize;
+    if plausible(p) { p } else { 4096 }
 }
 
 /// `addr` rounded down to a multiple of `page` (a power of two).
@@ -154,6 +163,15 @@ mod tests {
     /// With 16 KiB and 64 KiB pages (aarch64 kernels) a call's range covers the whole pages
     /// the kernel acts on: munmap(p, 4096) of a 64 KiB page takes all of it, so every
     /// registration in it must be invalidated, not just the first 4 KiB.
+    #[test]
+    fn a_vector_without_the_page_size_leaves_glibcs() {
+        assert_eq!(choose_page_size(16384, || 4096), 16384);
+        // No AT_PAGESZ on a 64 KiB kernel: glibc's figure, never a smaller constant.
+        assert_eq!(choose_page_size(0, || 65536), 65536);
+        assert_eq!(choose_page_size(3000, || 16384), 16384);
+        assert_eq!(choose_page_size(0, || -1), 4096);
+    }
+
     #[test]
     fn rounding_follows_the_page_size() {
         for page in [4096usize, 16384, 65536] {

@@ -315,10 +315,24 @@ pub(super) fn each_vma(lo: usize, hi: usize, mut f: impl FnMut(&Vma) -> bool) ->
         }
         return true;
     }
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+    maps_file_cover(c"/proc/self/maps", lo, hi, f)
+}
+
+/// `maps_cover` over the file at `path`, read as bytes: a mapped file's name may hold any
+/// byte (read as UTF-8, one such name failed every read, so the watch never cleared), and
+/// only the first five fields, always ASCII, are parsed.
+fn maps_file_cover(
+    path: &std::ffi::CStr,
+    lo: usize,
+    hi: usize,
+    f: impl FnMut(&Vma) -> bool,
+) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+    let Ok(maps) = std::fs::read(path) else {
         return false;
     };
-    maps_cover(&maps, lo, hi, f)
+    maps_cover(&String::from_utf8_lossy(&maps), lo, hi, f)
 }
 
 /// Whether the mappings over `[lo, hi)` in `maps` (`/proc/self/maps`) cover it without a
@@ -528,6 +542,25 @@ pub(super) fn maps_lines_give_the_mapping_identity() {
     assert_ne!(seen[2].identity(), seen[0].identity());
     assert_eq!(seen[3].inode, 0);
     assert!(!maps_cover("zz-1 r-xp", 0x1000, 0x2000, |_| true));
+}
+
+#[cfg(test)]
+#[test]
+pub(super) fn a_mapping_name_that_is_not_utf8_is_read() {
+    let path = std::env::temp_dir().join(format!("mrcache-maps-{}", std::process::id()));
+    std::fs::write(
+        &path,
+        b"1000-3000 r-xp 00000000 08:01 1 /lib/libc.so.6\n\
+          3000-4000 r--p 00000000 08:01 2 /tmp/data-\xff\xfe\n",
+    )
+    .unwrap();
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let covered = maps_file_cover(&c, 0x1000, 0x4000, |v| !v.writable);
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        covered,
+        "a name of bytes that are not UTF-8 made the read fail"
+    );
 }
 
 /// For tests and diagnostics: whether hits skip the site check now.
