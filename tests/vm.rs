@@ -397,14 +397,18 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
             preload.display()
         ));
     }
-    run(
-        Command::new("bash").arg(repo.join("ci/vm/fetch.sh")),
-        "ci/vm/fetch.sh",
-    )?;
-    run(
-        Command::new("bash").arg(repo.join("ci/vm/initramfs.sh")),
-        "ci/vm/initramfs.sh",
-    )?;
+    let rig = std::env::var("MRCACHE_VM_RUN").ok();
+    // The x86 guest's parts; another rig (ci/vm/a64-run.sh) prepares its own.
+    if rig.is_none() {
+        run(
+            Command::new("bash").arg(repo.join("ci/vm/fetch.sh")),
+            "ci/vm/fetch.sh",
+        )?;
+        run(
+            Command::new("bash").arg(repo.join("ci/vm/initramfs.sh")),
+            "ci/vm/initramfs.sh",
+        )?;
+    }
     // The second-glibc cases run in a Debian 13 root (ci/vm/trixie-root.sh; cached).
     let trixie = if cases.iter().any(|c| c.command.contains("in_trixie")) {
         Some(trixie_root(repo)?)
@@ -426,14 +430,14 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
     }
     std::fs::write(job.join("commands"), commands).map_err(|e| e.to_string())?;
 
-    let rig = std::env::var("MRCACHE_VM_RUN").unwrap_or_else(|_| "ci/vm/run.sh".into());
+    let rig = rig.unwrap_or_else(|| "ci/vm/run.sh".into());
     let status = Command::new("bash")
         .env("HUGEPAGES", "32") // for the MAP_HUGETLB cases
         .arg(repo.join(&rig))
         .arg("-j")
         .arg(&job)
         .status()
-        .map_err(|e| format!("ci/vm/run.sh: {e}"))?;
+        .map_err(|e| format!("{rig}: {e}"))?;
     match status.code() {
         Some(0 | 1) => {}
         other => {

@@ -34,8 +34,6 @@ REPO=$(cd "$VM_DIR/../.." && pwd)
 rm -rf "$JOB/results" "$JOB/vm.rc"
 echo "$VM_DIR/guest-run.sh" > "$JOB/runner"  # busybox sh runs it in the arm64 root
 echo "${COMMAND_TIMEOUT:-300}" > "$JOB/command-timeout"
-LOG=$JOB/serial.log
-TIMEOUT=${TIMEOUT:-1800}
 
 append="console=ttyAMA0 panic=-1 oops=panic quiet loglevel=4 mrcache.job=$JOB"
 append+=" mrcache.a64root=$A64_ROOT mrcache.repo=$REPO"
@@ -52,51 +50,4 @@ args=(-L "$A64_SYSROOT/usr/share/qemu"
   -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot"
   -virtfs "local,path=$JOB,mount_tag=job,security_model=none,id=job")
 
-vm_log "booting aarch64 (TCG, ${SMP:-2} vCPUs, ${MEM:-2048} MiB, limit ${TIMEOUT}s), job $JOB"
-t0=${EPOCHREALTIME/./}
-stamp() {  # prefix each console line with host-side seconds since QEMU started
-  local line e
-  while IFS= read -r line; do
-    e=$(( (${EPOCHREALTIME/./} - t0) / 10000 ))
-    printf '[%3d.%02d] %s\n' $((e / 100)) $((e % 100)) "${line%$'\r'}"
-  done
-}
-LD_LIBRARY_PATH=$QEMU_LIBS QEMU_MODULE_DIR=$A64_SYSROOT/usr/lib/x86_64-linux-gnu/qemu \
-  timeout --foreground -k 10 "$TIMEOUT" "$QEMU" "${args[@]}" < /dev/null 2>&1 | stamp | tee "$LOG" >&2
-qrc=${PIPESTATUS[0]}
-e=$(( (${EPOCHREALTIME/./} - t0) / 10000 ))
-vm_log "QEMU exited $qrc after $((e / 100)).$(printf %02d $((e % 100))) s"
-
-if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
-  vm_die "$RC_TIMEOUT" "guest hung: no result within ${TIMEOUT}s (log: $LOG)"
-fi
-marker=$(grep -a -o 'MRCACHE-VM-RESULT rc=[0-9]*' "$LOG" | tail -1 | sed 's/.*rc=//')
-if [ -z "$marker" ]; then
-  if grep -aq 'Kernel panic' "$LOG"; then
-    vm_die "$RC_NO_MARKER" "guest kernel panicked: $(grep -a -m1 'Kernel panic' "$LOG" | cut -c10-) (log: $LOG)"
-  fi
-  vm_die "$RC_NO_MARKER" "QEMU exited $qrc without the guest's result line (crash?) (log: $LOG)"
-fi
-case $marker in
-  0|"$RC_CMD_FAILED") ;;
-  "$RC_NO_NETDEV") vm_die "$marker" "guest: no netdev for rxe" ;;
-  "$RC_LINK_ADD") vm_die "$marker" "guest: 'rdma link add rxe0 type rxe' failed" ;;
-  "$RC_HOSTROOT") vm_die "$marker" "guest: 9p mount of the host root or the job directory failed" ;;
-  "$RC_NOT_ACTIVE") vm_die "$marker" "guest: rxe0 never became ACTIVE" ;;
-  "$RC_MODULE") vm_die "$marker" "guest: a kernel module failed to load" ;;
-  *) vm_log "guest runner exited $marker" ;;
-esac
-if [ "$(cat "$JOB/vm.rc" 2>/dev/null)" != "$marker" ]; then
-  vm_die "$RC_MISMATCH" "guest result line says rc=$marker but $JOB/vm.rc says '$(cat "$JOB/vm.rc" 2>/dev/null)'"
-fi
-n=0; failed=0
-while IFS= read -r cmd; do
-  n=$((n + 1))
-  [ -f "$JOB/results/$n.rc" ] || vm_die "$RC_MISSING" "no result for command $n ($cmd): the guest stopped early"
-  r=$(cat "$JOB/results/$n.rc")
-  [ "$r" = 0 ] || { failed=$((failed + 1)); vm_log "command $n failed (exit $r): $cmd"; }
-done < "$JOB/commands"
-vm_log "$n commands, $failed failed (results in $JOB/results)"
-case $marker in 0|"$RC_CMD_FAILED") ;; *) vm_die "$marker" "guest runner exited $marker" ;; esac
-[ "$failed" = 0 ] || exit "$RC_CMD_FAILED"
-exit 0
+vm_boot "$JOB" "aarch64 " "$QEMU" "$QEMU_LIBS" "${args[@]}"

@@ -24,3 +24,110 @@ RC_MISSING=127       # a command has no result file: the guest stopped before it
 vm_log() { echo "mrcache-vm: $*" >&2; }
 vm_die() { local rc=$1; shift; vm_log "error: $*"; exit "$rc"; }
 need() { command -v "$1" >/dev/null 2>&1 || vm_die "$RC_SETUP" "required command '$1' not found"; }
+
+# vm_boot JOB LABEL QEMU QEMU_LIBS ARGS...: boot the guest (QEMU with ARGS, its libraries and
+# modules from the sysroot QEMU lies in), each console line stamped with the host-side
+# seconds since QEMU started and kept in JOB/serial.log; then check the guest's result line
+# against JOB/vm.rc and every command of JOB/commands for its result. Exits (the caller's
+# last step) with the statuses above: 0 every command passed, RC_CMD_FAILED some failed.
+# TIMEOUT (s, default 1800) bounds the whole boot; SMP and MEM only label the first line.
+vm_boot() {
+  local job=$1 label=$2 qemu=$3 libs=$4; shift 4
+  local log=$job/serial.log timeout=${TIMEOUT:-1800} t0=${EPOCHREALTIME/./} qrc e
+  vm_log "booting ${label}(TCG, ${SMP:-2} vCPUs, ${MEM:-2048} MiB, limit ${timeout}s), job $job"
+  _vm_stamp() {  # prefix each console line with host-side seconds since QEMU started
+    local line e
+    while IFS= read -r line; do
+      e=$(( (${EPOCHREALTIME/./} - t0) / 10000 ))
+      printf '[%3d.%02d] %s\n' $((e / 100)) $((e % 100)) "${line%$'\r'}"
+    done
+  }
+  LD_LIBRARY_PATH=$libs QEMU_MODULE_DIR=$(dirname "$qemu")/../lib/x86_64-linux-gnu/qemu \
+    timeout --foreground -k 10 "$timeout" "$qemu" "$@" < /dev/null 2>&1 | _vm_stamp | tee "$log" >&2
+  qrc=${PIPESTATUS[0]}
+  e=$(( (${EPOCHREALTIME/./} - t0) / 10000 ))
+  vm_log "QEMU exited $qrc after $((e / 100)).$(printf %02d $((e % 100))) s"
+  if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
+    vm_die "$RC_TIMEOUT" "guest hung: no result within ${timeout}s (log: $log)"
+  fi
+  local marker
+  marker=$(grep -a -o 'MRCACHE-VM-RESULT rc=[0-9]*' "$log" | tail -1 | sed 's/.*rc=//')
+  if [ -z "$marker" ]; then
+    if grep -aq 'Kernel panic' "$log"; then
+      vm_die "$RC_NO_MARKER" "guest kernel panicked: $(grep -a -m1 'Kernel panic' "$log" | cut -c10-) (log: $log)"
+    fi
+    vm_die "$RC_NO_MARKER" "QEMU exited $qrc without the guest's result line (crash?) (log: $log)"
+  fi
+  case $marker in
+    0|"$RC_CMD_FAILED") ;;
+    "$RC_NO_NETDEV") vm_die "$marker" "guest: no netdev for rxe" ;;
+    "$RC_LINK_ADD") vm_die "$marker" "guest: 'rdma link add rxe0 type rxe' failed" ;;
+    "$RC_HOSTROOT") vm_die "$marker" "guest: 9p mount of the host root or the job directory failed" ;;
+    "$RC_NOT_ACTIVE") vm_die "$marker" "guest: rxe0 never became ACTIVE" ;;
+    "$RC_MODULE") vm_die "$marker" "guest: a kernel module failed to load" ;;
+    *) vm_log "guest runner exited $marker" ;;
+  esac
+  if [ "$(cat "$job/vm.rc" 2>/dev/null)" != "$marker" ]; then
+    vm_die "$RC_MISMATCH" "guest result line says rc=$marker but $job/vm.rc says '$(cat "$job/vm.rc" 2>/dev/null)'"
+  fi
+  local n=0 failed=0 cmd r
+  while IFS= read -r cmd; do
+    n=$((n + 1))
+    [ -f "$job/results/$n.rc" ] || vm_die "$RC_MISSING" "no result for command $n ($cmd): the guest stopped early"
+    r=$(cat "$job/results/$n.rc")
+    [ "$r" = 0 ] || { failed=$((failed + 1)); vm_log "command $n failed (exit $r): $cmd"; }
+  done < "$job/commands"
+  vm_log "$n commands, $failed failed (results in $job/results)"
+  case $marker in 0|"$RC_CMD_FAILED") ;; *) vm_die "$marker" "guest runner exited $marker" ;; esac
+  [ "$failed" = 0 ] || exit "$RC_CMD_FAILED"
+  exit 0
+}
+
+# vm_initramfs LABEL OUT INIT KVER MODS BUSYBOX APPLETS: the guest's initramfs OUT, rebuilt
+# only when its stamp (a hash of INIT, this file and KVER) changed: BUSYBOX with one link per
+# applet that the host-runnable busybox APPLETS lists (an arm64 one cannot list its own here:
+# the same Debian 12 build; a name it lacks fails loudly at use), the modules rxe, rdma_cm,
+# the dummy netdev and 9p over virtio need, from MODS (modules.dep's dependency closure, in
+# load order), and INIT as /init. Written through a temporary file of its own, then renamed.
+vm_initramfs() {
+  local label=$1 out=$2 init=$3 kver=$4 mods=$5 busybox=$6 applets=$7 stamp root tmp w path applet
+  stamp=$({ cat "$init" "${BASH_SOURCE[0]}"; echo "$kver"; } | sha256sum | cut -c1-16)
+  if [ -f "$out" ] && [ "$(cat "$out.stamp" 2>/dev/null)" = "$stamp" ]; then
+    vm_log "$label: reusing $out"
+    return 0
+  fi
+  root=$(mktemp -d)
+  mkdir -p "$root"/{bin,proc,sys,dev,tmp,run,hostroot,lower,scratch,etc,lib/modules/"$kver"}
+  cp "$busybox" "$root/bin/busybox"
+  for applet in $("$applets" --list); do
+    [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
+  done
+  ln -s bin "$root/sbin"
+  local -A seen=()
+  _vm_add_module() {
+    local m=$1 dep
+    [ -n "${seen[$m]:-}" ] && return
+    seen[$m]=1
+    for dep in $(awk -v m="$m:" '$1 == m { for (i = 2; i <= NF; i++) print $i }' "$mods/modules.dep"); do
+      _vm_add_module "$dep"
+    done
+    mkdir -p "$root/lib/modules/$kver/$(dirname "$m")"
+    cp "$mods/$m" "$root/lib/modules/$kver/$m"
+    echo "$m" >> "$root/etc/modules"
+  }
+  : > "$root/etc/modules"
+  for w in rdma_rxe ib_uverbs rdma_ucm crc32_generic dummy virtio_pci 9pnet_virtio 9p overlay; do
+    path=$(awk -F: -v n="/$w.ko" 'substr($1, length($1) - length(n) + 1) == n { print $1; exit }' "$mods/modules.dep")
+    [ -n "$path" ] || { rm -rf "$root"; vm_die "$RC_SETUP" "$label: module $w not found in kernel $kver"; }
+    _vm_add_module "$path"
+  done
+  echo "$kver" > "$root/etc/kver"
+  cp "$init" "$root/init"
+  chmod +x "$root/init"
+  tmp=$(mktemp "$out.XXXXXX")
+  ( cd "$root" && find . | "$applets" cpio -o -H newc -R 0:0 2>/dev/null ) | gzip -1 > "$tmp"
+  chmod 644 "$tmp"; mv "$tmp" "$out"
+  echo "$stamp" > "$out.stamp"
+  vm_log "$label: $out ($(du -h "$out" | cut -f1), $(wc -l < "$root/etc/modules") modules)"
+  rm -rf "$root"
+}
