@@ -4,7 +4,7 @@
     ci/bench-report.py SECTION ARGS...
 
 Sections: grid STATS_DIR DAT FILE... | patterns STATS_DIR DAT FILE... |
-unmap DAT LABEL=FILE... | selftest STATS_DIR |
+unmap DAT LABEL=FILE... | selftest STATS_DIR | first FILE... |
 remote FILE | riostream STATS_DIR FILE... . A section whose runs are missing or failed says
 so and goes on: the benchmarks are never pass/fail.
 """
@@ -269,6 +269,24 @@ def selftest(stats_dir):
               f" (median of {len(us)} processes)")
 
 
+def first(*paths):
+    """The first pair of each bench/regmr and bench/evict process, made before its timed loop
+    (under the preload: the library's set-up at the first registration), by mode."""
+    pat = r"^R\d+ (?P<mode>\S+) \S+ BENCH .* first_pair_ns=(?P<ns>\d+)"
+    by_mode = {}
+    for path in paths:
+        for m in re.finditer(pat, read(path), re.M):
+            by_mode.setdefault(m["mode"], []).append(float(m["ns"]))
+    if not by_mode:
+        return
+    cells = [f"{mode} {median(v) / 1e6:,.1f} ms ({min(v) / 1e6:,.1f}-{max(v) / 1e6:,.1f})"
+             for mode, v in sorted(by_mode.items(), key=lambda kv: kv[0] != "plain")]
+    n = sum(len(v) for v in by_mode.values())
+    print("first reg+dereg of each process, before its timed loop (the preload's set-up is in it):"
+          f" median (range) by mode, {n} processes:")
+    print("  " + "; ".join(cells))
+
+
 def remote(path):
     text = read(path)
     for line in text.splitlines():
@@ -358,5 +376,6 @@ def riostream(stats_dir, *paths):
 
 if __name__ == "__main__":
     section, args = sys.argv[1], sys.argv[2:]
-    {"grid": grid, "patterns": patterns, "unmap": unmap, "selftest": selftest, "remote": remote,
+    {"grid": grid, "patterns": patterns, "unmap": unmap, "selftest": selftest, "first": first,
+     "remote": remote,
      "riostream": riostream}[section](*args)
