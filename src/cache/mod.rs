@@ -304,13 +304,8 @@ impl<R: Registrar> Cache<R> {
         // Miss: make room first, register without the lock, then insert.
         drop(st);
         // Admission first: a call passed through is registered as without the cache, so
-        // it needs no device-memory probe (two system calls, dear in a guest).
+        // it needs no device-memory probe (three system calls, dear in a guest).
         let decision = self.classes().decide(kind, req.len, auto);
-        if decision != Decision::PassThrough
-            && let Some(b) = self.registrar.uncacheable(req)
-        {
-            return Err(AcquireError::Bypass(b));
-        }
         match decision {
             Decision::PassThrough => {
                 self.stats.add(Counter::AdmissionPassedCost, 1);
@@ -353,6 +348,12 @@ impl<R: Registrar> Cache<R> {
             // It could not be cached: a revocable registration and its grant would only be
             // given back (an uncached handle needs the registration's own remote rights).
             return Err(self.bypass_remote());
+        }
+        // The device-memory probe only now, for a registration the cache is to make: a
+        // call the scan rule or the limits pass through is as without the cache and must
+        // not pay it (before, every scan pass-through did: issue 21, cyclic 4x).
+        if let Some(b) = self.registrar.uncacheable(req) {
+            return Err(AcquireError::Bypass(b));
         }
         let (started, quiet) = self.quiet_moment();
 
