@@ -20,6 +20,9 @@ A64_SYSROOT=$VM_CACHE/a64-sysroot
 A64_ROOT=$VM_CACHE/a64-root
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 need apt-get; need dpkg-deb; need python3
+# The x86 parts first: their busybox writes the arm64 modules.dep here and lists the applets
+# for the aarch64 initramfs (the host has none of its own).
+[ -f "$SYSROOT/.complete" ] || bash "$VM_DIR/fetch.sh" || vm_die "$RC_SETUP" "a64-fetch: ci/vm/fetch.sh (the x86 parts) failed"
 
 # apt_arm64 ARGS...: apt-get (apt-cache for depends) on Debian 12's arm64 lists, kept apart from the host's.
 APT=$VM_CACHE/a64-apt

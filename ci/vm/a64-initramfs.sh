@@ -9,6 +9,7 @@ set -euo pipefail
 . "$(dirname "$0")/common.sh"
 A64_SYSROOT=$VM_CACHE/a64-sysroot
 [ -f "$A64_SYSROOT/.complete" ] || vm_die "$RC_SETUP" "a64-initramfs: no $A64_SYSROOT; run ci/vm/a64-fetch.sh first"
+[ -x "$SYSROOT/bin/busybox" ] || vm_die "$RC_SETUP" "a64-initramfs: no $SYSROOT/bin/busybox (the x86 parts); run ci/vm/a64-fetch.sh first"
 KVER=$(cat "$A64_SYSROOT/KVER")
 vm_initramfs a64-initramfs "$VM_CACHE/a64-initramfs.cpio.gz" "$VM_DIR/a64-init" "$KVER" \
   "$A64_SYSROOT/arm64/lib/modules/$KVER" "$A64_SYSROOT/arm64/bin/busybox" "$SYSROOT/bin/busybox"
