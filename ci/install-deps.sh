@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils perftest rdmacm-utils
       iproute2 gcc g++ libasan8 libtsan2 libubsan1 make python3 liburing-dev libjemalloc2
       libfabric-bin libfabric-dev ucx-utils libucx-dev openmpi-bin libopenmpi-dev mpich libmpich-dev
-      mmdebstrap environment-modules)
+      mmdebstrap environment-modules
+      file qemu-user-static arch-test)  # the last three for ci/aarch64 (check_out, the arm64 roots)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -19,10 +19,16 @@ pub struct Decision {
 /// libibverbs' fork tracking is on (with it, libibverbs alone would have every range in use
 /// marked DONTFORK, which the child does not inherit: keep that, whatever the kernel does).
 pub fn decide(mode: ForkMode, copy_on_fork: Option<bool>, tracking: bool) -> Decision {
-    let tracking_why = if tracking {
-        "libibverbs fork tracking is on: ranges in use are marked DONTFORK for the fork"
-    } else {
-        "libibverbs fork tracking is off"
+    // rdma-core >= 51 (5a11b68ca) ignores RDMAV_FORK_SAFE et al. when the kernel copies
+    // pinned pages: its ibv_dontfork_range, which marks the ranges, is then a no-op.
+    let tracking_why = match (tracking, copy_on_fork) {
+        (true, Some(true)) => {
+            "libibverbs fork tracking is asked for: ranges in use are marked DONTFORK for the fork through libibverbs (a no-op with rdma-core >= 51, which leaves tracking off when the kernel copies pinned pages)"
+        }
+        (true, _) => {
+            "libibverbs fork tracking is on: ranges in use are marked DONTFORK for the fork"
+        }
+        (false, _) => "libibverbs fork tracking is off",
     };
     let (flush_idle, why) = match (mode, copy_on_fork) {
         (ForkMode::Keep, _) => (
@@ -119,6 +125,13 @@ mod tests {
         assert!(decide(ForkMode::Flush, Some(true), false).flush_idle);
         let d = decide(ForkMode::Auto, Some(true), true);
         assert!(d.dontfork_in_use && d.why.contains("IBV_FORK_UNNEEDED"));
+        // rdma-core >= 51 marks nothing then: the text must not promise DONTFORK.
+        assert!(d.why.contains("a no-op with rdma-core >= 51"), "{}", d.why);
+        let d = decide(ForkMode::Auto, Some(false), true);
+        assert!(
+            d.why
+                .contains("tracking is on: ranges in use are marked DONTFORK")
+        );
         assert!(tracking_in_env(
             |k| (k == "IBV_FORK_SAFE").then(|| "1".into())
         ));

@@ -6,8 +6,11 @@
  *                         says whether the idle one must still be cached (preload only).
  *   fork underscore       the same through _Fork(), which skips atfork handlers.
  *   fork child_registers  the child opens the device and registers its own memory.
- *   fork tracking         with RDMAV_FORK_SAFE=1: the in-use range is not inherited by the
- *                         child (DONTFORK during the fork), and libibverbs' DONTFORK
+ *   fork tracking         with RDMAV_FORK_SAFE=1, as libibverbs alone does it (probed on a
+ *                         scratch page): where it marks DONTFORK, the in-use range is not
+ *                         inherited by the child (DONTFORK during the fork); where it marks
+ *                         nothing (IBV_FORK_UNNEEDED, rdma-core >= 51), the child inherits it
+ *                         with the parent's bytes and nothing is marked; libibverbs' DONTFORK
  *                         reference counts are balanced afterwards (VmFlags "dc").
  *   fork dead_in_use      with RDMAV_FORK_SAFE=1: a registration in use whose memory was
  *                         unmapped and replaced by new memory at the same address; the
@@ -126,29 +129,67 @@ static int child_registers(void) {
 int ibv_dontfork_range(void *base, size_t size);
 int ibv_dofork_range(void *base, size_t size);
 
+/* What libibverbs itself does under RDMAV_FORK_SAFE=1: whether its ibv_dontfork_range marks
+ * a scratch page DONTFORK (1) or not (0). rdma-core < 51 always marks. rdma-core >= 51
+ * (commit 5a11b68ca, "ignore IBV_FORK_SAFE et.al. when kernel has fork support"; Debian 13
+ * has 56.1) leaves ibv_fork_init undone, so ibv_dontfork_range is a no-op, when the kernel
+ * copies pinned pages at fork (ibv_is_fork_initialized() == IBV_FORK_UNNEEDED). Called
+ * directly, it is libibverbs' own (the cache does not hook it). */
+static int libibverbs_marks(void) {
+    char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED, "mmap");
+    CHECK(ibv_dontfork_range(p, 4096) == 0, "ibv_dontfork_range on a scratch page");
+    int marks = dontfork(p);
+    CHECK(ibv_dofork_range(p, 4096) == 0 && dontfork(p) == 0, "ibv_dofork_range on a scratch page");
+    CHECK(munmap(p, 4096) == 0, "munmap");
+    return marks;
+}
+
+/* Under RDMAV_FORK_SAFE=1 the cache does what libibverbs alone does: where libibverbs marks
+ * registered ranges DONTFORK, a range in use is not inherited by the child (the cache marks it
+ * for the fork's duration, libibverbs for the registration's); where libibverbs marks nothing
+ * (IBV_FORK_UNNEEDED on rdma-core >= 51), the child inherits the range with the parent's
+ * bytes (the kernel copies pinned pages) and nothing is marked. */
 static int tracking(void) {
     const char *safe = getenv("RDMAV_FORK_SAFE");
     CHECK(safe && strcmp(safe, "0"), "run with RDMAV_FORK_SAFE=1");
+    int marks = libibverbs_marks();
+    enum ibv_fork_status status = ibv_is_fork_initialized();
+    printf("fork tracking: libibverbs %s registered ranges DONTFORK; ibv_is_fork_initialized() = %d\n",
+           marks ? "marks" : "does not mark", (int)status);
+    CHECK(marks || status == IBV_FORK_UNNEEDED,
+          "RDMAV_FORK_SAFE=1 and libibverbs marks nothing, yet ibv_is_fork_initialized() = %d, not IBV_FORK_UNNEEDED",
+          (int)status);
     char *b = map();
     struct ibv_mr *mb = ibv_reg_mr(lb.pd, b, LEN, ACCESS);
     CHECK(mb, "reg b");
-    /* libibverbs alone marks a registered range DONTFORK; the cache registers through
-     * the provider and marks it only for the duration of a fork. */
+    memset(b, 0x5a, LEN);
+    /* libibverbs alone marks a registered range DONTFORK (where it marks at all); the cache
+     * registers through the provider and marks it only for the duration of a fork. */
     int dd = dontfork(b);
-    CHECK(dd == (mrcache_loaded() ? 0 : 1), "VmFlags dc while registered: %d", dd);
+    CHECK(dd == (marks && !mrcache_loaded() ? 1 : 0), "VmFlags dc while registered: %d (libibverbs marks: %d)", dd, marks);
     pid_t pid = fork();
-    if (pid == 0)
-        _exit(dontfork(b) == -1 ? 0 : 1); /* DONTFORK: not inherited */
+    if (pid == 0) {
+        if (marks)
+            _exit(dontfork(b) == -1 ? 0 : 1); /* DONTFORK: not inherited */
+        if (dontfork(b) != 0)
+            _exit(2); /* not inherited, or inherited marked */
+        _exit(b[0] == 0x5a && b[LEN / 2] == 0x5a && b[LEN - 1] == 0x5a ? 0 : 3);
+    }
     CHECK(pid > 0, "fork");
-    CHECK(wait_child(pid) == 0, "the child inherited the registered range: no DONTFORK at fork");
+    int st = wait_child(pid);
+    if (marks)
+        CHECK(st == 0, "the child inherited the registered range: no DONTFORK at fork");
+    else
+        CHECK(st == 0, "libibverbs marks nothing here, yet the child did not inherit the registered range with the parent's bytes (status %d: 2 = not inherited or marked DONTFORK, 3 = other bytes)", st);
     CHECK(dontfork(b) == dd, "the parent's DONTFORK state changed across the fork");
     CHECK(lb_prove_write(&lb, mb, b, LEN, 6) == 0, "data after fork");
     CHECK(ibv_dereg_mr(mb) == 0, "dereg");
     /* libibverbs' reference counts are balanced: marking the range through libibverbs itself
      * (what its own ibv_reg_mr does; a dlvsym'd ibv_reg_mr would reach mrcache's hook) sets
-     * DONTFORK, and unmarking it clears it again. */
-    CHECK(ibv_dontfork_range(b, LEN) == 0 && dontfork(b) == 1,
-          "libibverbs' own marking must set DONTFORK");
+     * DONTFORK where it marks at all (a no-op where not), and unmarking it clears it again. */
+    CHECK(ibv_dontfork_range(b, LEN) == 0 && dontfork(b) == marks,
+          "libibverbs' own marking must %s DONTFORK, as on the scratch page", marks ? "set" : "leave unset");
     CHECK(ibv_dofork_range(b, LEN) == 0, "ibv_dofork_range");
     CHECK(dontfork(b) == 0, "DONTFORK left behind: libibverbs' reference counts are unbalanced");
     return 0;
