@@ -12,7 +12,7 @@
  * its own. -r: measure UCX then mrcache ROUNDS times, alternating, and print the medians
  * (default 1). Prints one line per N: regions, order, threads, buffers, mrcache ns, ucx ns,
  * ratio. Not a test: figures depend on the machine; compare the ratio.
-* Builds against UCX 1.13 (Debian 12) and 1.18 (Debian 13, ci/aarch64 hitpath).
+ * Builds against UCX 1.13 (Debian 12) and 1.18 (Debian 13, ci/aarch64 hitpath).
  * Built with -DCALLGRIND and run under `valgrind --tool=callgrind --collect-atstart=no`,
  * only the timed loops are counted, one dump per side and N (ci/bench-hitpath callgrind). */
 #define _GNU_SOURCE
