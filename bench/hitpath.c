@@ -12,6 +12,7 @@
  * its own. -r: measure UCX then mrcache ROUNDS times, alternating, and print the medians
  * (default 1). Prints one line per N: regions, order, threads, buffers, mrcache ns, ucx ns,
  * ratio. Not a test: figures depend on the machine; compare the ratio.
+ * Builds against UCX 1.13 (Debian 12) and 1.18 (Debian 13, ci/aarch64 hitpath).
  * Built with -DCALLGRIND and run under `valgrind --tool=callgrind --collect-atstart=no`,
  * only the timed loops are counted, one dump per side and N (ci/bench-hitpath callgrind). */
 #define _GNU_SOURCE
@@ -23,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <ucp/api/ucp_version.h>
 #include <ucs/memory/rcache.h>
 #ifdef CALLGRIND
 #include <valgrind/callgrind.h>
@@ -67,15 +69,25 @@ static void ucx_dump(void *c, ucs_rcache_t *r, ucs_rcache_region_t *reg, char *b
     (void)c, (void)r, (void)reg;
     if (m) b[0] = 0;
 }
-static const ucs_rcache_ops_t ucx_ops = {ucx_reg, ucx_dereg, ucx_dump};
+/* Named fields: UCX 1.18 (Debian 13) put a merge callback between mem_dereg and dump_region. */
+static const ucs_rcache_ops_t ucx_ops = {.mem_reg = ucx_reg, .mem_dereg = ucx_dereg, .dump_region = ucx_dump};
 static ucs_rcache_t *rcache;
+/* UCX 1.17 ("rcache dynamic region alignment", its NEWS) moved the alignment from the
+ * cache's parameters to each ucs_rcache_get. */
+#if UCP_API_VERSION < UCP_VERSION(1, 17)
+#define RCACHE_ALIGNMENT
+#else
+#define RCACHE_ALIGNMENT UCS_RCACHE_MIN_ALIGNMENT,
+#endif
 
 static ucs_rcache_t *make_rcache(void) {
     ucs_rcache_params_t p;
     memset(&p, 0, sizeof p);
     p.region_struct_size = sizeof(ucs_rcache_region_t);
+#if UCP_API_VERSION < UCP_VERSION(1, 17)
     p.alignment = UCS_RCACHE_MIN_ALIGNMENT;
     p.max_alignment = 4096;
+#endif
     p.ucm_events = 0; /* no memory hooks: lookups only, like the fake provider */
     p.ucm_event_priority = 1000;
     p.ops = &ucx_ops;
@@ -107,7 +119,7 @@ static inline void pair(struct run *r, size_t i) {
     void *buf = r->base + (size_t)r->order[i % r->n] * STRIDE;
     if (r->use_ucx) {
         ucs_rcache_region_t *reg;
-        if (ucs_rcache_get(rcache, buf, BUF, PROT_READ | PROT_WRITE, NULL, &reg) != UCS_OK) {
+        if (ucs_rcache_get(rcache, buf, BUF, RCACHE_ALIGNMENT PROT_READ | PROT_WRITE, NULL, &reg) != UCS_OK) {
             fprintf(stderr, "ucs_rcache_get failed\n");
             exit(1);
         }
