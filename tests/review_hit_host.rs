@@ -98,6 +98,13 @@ fn a_fork_child_keeps_its_own_descriptor() {
     run("fork_fd", &[]);
 }
 
+/// The same when the child's own file is its parent's /proc/PID/maps, the file the
+/// inherited descriptor names: only closing at the fork itself is sure to close ours.
+#[test]
+fn a_fork_child_keeps_its_own_open_of_the_parents_maps() {
+    run("fork_fd_maps", &[]);
+}
+
 /// mprotect from the page before, one byte into munmap's page (held).
 #[test]
 fn mprotect_one_byte_into_the_page_is_seen() {

@@ -264,6 +264,7 @@ pub fn after_signal_safe_fork_child() -> bool {
     FORKING.store(0, SeqCst);
     crate::runtime::fast::disarm();
     crate::runtime::guard::after_fork_child();
+    crate::monitor::patch::after_fork_child();
     DRAIN_RUNNING.store(false, Relaxed);
     trace::writer_gone();
     // Other threads' hooks may have been mid-push at the fork: they are gone.

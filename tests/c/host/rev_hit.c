@@ -173,7 +173,12 @@ int main(int argc, char **argv) {
     }
     unsigned char *page = page_of(jump);
     size_t off = jump - page;
-    if (!strcmp(how, "fork_fd")) {
+    if (!strcmp(how, "fork_fd") || !strcmp(how, "fork_fd_maps")) {
+        /* fork_fd_maps: the child's own file is its parent's /proc/PID/maps, the very file
+         * the inherited descriptor names (so no identity check can tell them apart). */
+        int parents = !strcmp(how, "fork_fd_maps");
+        char want[64];
+        snprintf(want, sizeof want, "/proc/%d/maps", (int)getpid());
         /* The watch's /proc/self/maps descriptor is inherited by a fork child, which closes
          * every descriptor above 2 (as daemons and spawners do) and opens a file of its own
          * that takes the same number, then registers (its drain thread starts). The library
@@ -186,7 +191,7 @@ int main(int argc, char **argv) {
             if (l > 0 && (t[l] = 0, strstr(t, "/maps"))) n = fd;
         }
         if (n < 0) {
-            printf("rev_hit fork_fd: no /proc/self/maps descriptor kept (no PROCMAP_QUERY here): nothing to inherit\n");
+            printf("rev_hit %s: no /proc/self/maps descriptor kept (no PROCMAP_QUERY here): nothing to inherit\n", how);
             return 0;
         }
         fflush(stdout);
@@ -194,7 +199,7 @@ int main(int argc, char **argv) {
         if (pid < 0) return 3;
         if (pid == 0) {
             for (int fd = 3; fd < 1024; fd++) close(fd);
-            int mine = memfd_create("child-file", 0);
+            int mine = parents ? open(want, O_RDONLY) : memfd_create("child-file", 0);
             if (mine < 0) _exit(3);
             if (mine != n && (dup2(mine, n) != n || close(mine))) _exit(3);
             char *c = mmap(NULL, 2 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -210,14 +215,16 @@ int main(int argc, char **argv) {
             snprintf(p, sizeof p, "/proc/self/fd/%d", n);
             ssize_t l = readlink(p, t, sizeof t - 1);
             t[l > 0 ? l : 0] = 0;
-            int kept = strstr(t, "child-file") != NULL && write(n, "x", 1) == 1;
-            fprintf(stderr, "rev_hit fork_fd: child: 500 ms after its first registration, its descriptor %d names '%s'%s\n",
-                    n, t, kept ? "" : ": the library closed the child's file");
+            char one;
+            int kept = parents ? !strcmp(t, want) && read(n, &one, 1) == 1
+                               : strstr(t, "child-file") != NULL && write(n, "x", 1) == 1;
+            fprintf(stderr, "rev_hit %s: child: 500 ms after its first registration, its descriptor %d names '%s'%s\n",
+                    how, n, t, kept ? "" : ": the library closed the child's file");
             _exit(kept ? 0 : 1);
         }
         int st;
         if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 3;
-        if (WEXITSTATUS(st) == 0) printf("rev_hit fork_fd: the child's file kept its descriptor %d\n", n);
+        if (WEXITSTATUS(st) == 0) printf("rev_hit %s: the child's file kept its descriptor %d\n", how, n);
         return WEXITSTATUS(st);
     }
     if (!strcmp(how, "memfd_alias")) {

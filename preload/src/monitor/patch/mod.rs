@@ -32,6 +32,12 @@ mod sites;
 #[cfg(target_arch = "aarch64")]
 mod sites_aarch64;
 mod watch;
+
+/// In a fork child, at the fork: the watch's inherited /proc/self/maps descriptor closed
+/// (`watch::forget_inherited_maps_fd`).
+pub fn after_fork_child() {
+    watch::forget_inherited_maps_fd();
+}
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 

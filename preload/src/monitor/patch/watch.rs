@@ -5,7 +5,7 @@
 use super::*;
 use std::ffi::c_void;
 use std::sync::atomic::{
-    AtomicU64, AtomicUsize,
+    AtomicI32, AtomicI64, AtomicU64, AtomicUsize,
     Ordering::{Relaxed, SeqCst},
 };
 
@@ -409,31 +409,41 @@ pub(super) const PROCMAP_QUERY_VMA_WRITABLE: u64 = 0x02;
 pub(super) const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
 pub(super) const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
 
+static MAPS_FD: AtomicI64 = AtomicI64::new(-2);
+static MAPS_PID: AtomicI32 = AtomicI32::new(0);
+// The open file's identity: a descriptor number is only ours while it still names it.
+static MAPS_DEV: AtomicU64 = AtomicU64::new(0);
+static MAPS_INO: AtomicU64 = AtomicU64::new(0);
+
+/// In a fork child, at the fork (our child handler or `_Fork`'s, before the program can
+/// reuse the number): close the parent's /proc/self/maps descriptor, inherited. Only
+/// atomics, fstat and close: async-signal-safe.
+pub(super) fn forget_inherited_maps_fd() {
+    let fd = MAPS_FD.swap(-2, Relaxed);
+    if fd >= 0 && identity(fd as i32) == Some((MAPS_DEV.load(Relaxed), MAPS_INO.load(Relaxed))) {
+        // SAFETY: the number still names the file we opened: our inherited copy.
+        unsafe { libc::close(fd as i32) };
+    }
+}
+
 /// This process's `/proc/self/maps`, opened once for PROCMAP_QUERY (again in a fork child:
 /// the file stands for the process that opened it). Some(-1): the kernel has no
 /// PROCMAP_QUERY (read the file instead); None: it could not be opened.
 pub(super) fn query_fd() -> Option<i32> {
-    static FD: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-2);
-    static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-    // The open file's identity: a descriptor number is only ours while it still names it.
-    static DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    static INO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    let fd = FD.load(Relaxed);
+    let fd = MAPS_FD.load(Relaxed);
     if fd >= 0 {
-        let ours = identity(fd as i32) == Some((DEV.load(Relaxed), INO.load(Relaxed)));
-        if ours && PID.load(Relaxed) == pid {
+        let ours = identity(fd as i32) == Some((MAPS_DEV.load(Relaxed), MAPS_INO.load(Relaxed)));
+        if ours && MAPS_PID.load(Relaxed) == pid {
             return Some(fd as i32);
         }
-        if ours {
-            // The parent's, inherited: close our copy.
-            // SAFETY: the number still names the file we opened, so it is our descriptor.
-            unsafe { libc::close(fd as i32) };
-        }
-        // Otherwise the program closed it (a fork child's closefrom(3), a daemon's close
-        // loop) and the number may be one of its own files now: never close it.
-    } else if fd == -1 && PID.load(Relaxed) == pid {
+        // Not ours any more: the program closed it (a daemon's close loop), and the
+        // number may be one of its own files now; or a child the fork handlers did not
+        // see (a raw clone), where even a matching file may be the child's own open of
+        // the parent's maps. Never closed here: at worst one close-on-exec descriptor
+        // stays open in such a child.
+    } else if fd == -1 && MAPS_PID.load(Relaxed) == pid {
         return Some(-1);
     }
     // SAFETY: a constant NUL-terminated path.
@@ -461,10 +471,10 @@ pub(super) fn query_fd() -> Option<i32> {
         fd
     };
     let (dev, ino) = id.unwrap_or((0, 0));
-    DEV.store(dev, Relaxed);
-    INO.store(ino, Relaxed);
-    PID.store(pid, Relaxed);
-    FD.store(fd as i64, Relaxed);
+    MAPS_DEV.store(dev, Relaxed);
+    MAPS_INO.store(ino, Relaxed);
+    MAPS_PID.store(pid, Relaxed);
+    MAPS_FD.store(fd as i64, Relaxed);
     Some(fd)
 }
 
