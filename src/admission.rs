@@ -459,8 +459,7 @@ impl Classes {
     }
 
     /// A hit of a remote class that caches: whether to pass it through instead (a probe,
-    /// after `PROBE_EVERY` hits, the interval doubling to `PROBE_HITS_MAX`; the first one
-    /// after `MIN_ROUNDS` hits while no miss was measured as libibverbs'), so
+    /// after `PROBE_EVERY` hits, the interval doubling to `PROBE_HITS_MAX`), so
     /// that what a miss costs is re-measured (the caller times the registration libibverbs
     /// makes, `Cache::note_passthrough`): a cached class never misses otherwise, and its
     /// miss figure would stay whatever its first miss cost (set-up included).
@@ -473,19 +472,6 @@ impl Classes {
             f.probe_hits_every = PROBE_EVERY;
         }
         f.misses += 1;
-        // The first probe of a class whose miss was never measured as the app pays it
-        // (libibverbs' own calls) comes once its rounds are (`MIN_ROUNDS`), not after
-        // `PROBE_EVERY` hits: until then its figures are the cache's own registration,
-        // and a class whose binds cost more than a miss served 32 dear rounds (issue 21:
-        // 0.34x at 4 KiB remote in the aarch64 guest, short processes).
-        if f.probes == 0 && f.pass_reg.samples == 0 {
-            if f.misses <= MIN_ROUNDS {
-                return false;
-            }
-            f.misses = 0;
-            f.probes += 1;
-            return true;
-        }
         if f.misses < f.probe_hits_every {
             return false;
         }

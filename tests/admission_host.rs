@@ -75,14 +75,6 @@ fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registra
         "dear registrations: {regs} of 64 passed through\n{out}"
     );
     assert!(out.contains("remote 64KiB: cache"), "{out}");
-    // A class dear from its first call is learnt in a few rounds: its first probe of what
-    // a miss costs comes after MIN_ROUNDS hits (it came after PROBE_EVERY = 32: 32 dear
-    // rounds of 64 before the first pass-through).
-    let fresh = figure(&out, "fresh-dear-binds:", "passed");
-    assert!(
-        fresh >= 52,
-        "a fresh class with dear binds: only {fresh} of its first 64 calls passed through\n{out}"
-    );
     assert!(
         out.contains("passed through (caching did not pay)"),
         "{out}"

@@ -257,14 +257,6 @@ fn cached_remote_class_is_probed() {
     let at: Vec<u64> = (1..=200u64)
         .filter(|_| k.probe_hit(Access::Remote, 1 << 20, true))
         .collect();
-    // The first probe early (no miss of libibverbs' own measured yet), then every 32, 64.
-    assert_eq!(at, vec![4, 36, 100]);
-    // A class whose miss was measured as the app pays it waits PROBE_EVERY hits.
-    let mut k = Classes::default();
-    k.get_mut(Access::Remote, 1 << 20).pass_reg.add(1000.0);
-    let at: Vec<u64> = (1..=200u64)
-        .filter(|_| k.probe_hit(Access::Remote, 1 << 20, true))
-        .collect();
     assert_eq!(at, vec![32, 96]);
     assert!(!(0..100).any(|_| k.probe_hit(Access::Local, 1 << 20, true)));
     assert!(!(0..100).any(|_| k.probe_hit(Access::Remote, 4096, false)));
