@@ -15,7 +15,6 @@
 
 mod common;
 
-use common::text;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -82,13 +81,7 @@ fn run(prog: &Path, args: &[&str], env: &[(&str, &str)], preload: &str) -> Vec<(
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    let t = text(&out);
-    println!("{t}");
-    assert_eq!(out.status.code(), Some(0), "{t}");
-    let line = t
-        .lines()
-        .find(|l| l.starts_with("BENCH "))
-        .unwrap_or_else(|| panic!("no BENCH line in {t}"));
+    let line = common::result_line(&out, "BENCH ");
     line.split_whitespace()
         .filter_map(|w| {
             let (k, v) = w.split_once('=')?;

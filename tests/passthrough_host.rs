@@ -7,7 +7,6 @@
 
 mod common;
 
-use common::text;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -46,13 +45,7 @@ fn run(scenario: &str, env: &[(&str, &str)]) -> (u64, u64, u64) {
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    let t = text(&out);
-    println!("{t}");
-    assert_eq!(out.status.code(), Some(0), "{t}");
-    let line = t
-        .lines()
-        .find(|l| l.starts_with(&format!("{scenario}: ")))
-        .unwrap_or_else(|| panic!("no result line in {t}"));
+    let line = common::result_line(&out, &format!("{scenario}: "));
     let n: Vec<u64> = line
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|w| w.parse().ok())

@@ -142,3 +142,15 @@ pub fn fake_scenario(
         .output()
         .unwrap()
 }
+
+/// A child's output as text (printed), its exit checked to be 0, and its line that starts
+/// with `prefix`.
+pub fn result_line(out: &Output, prefix: &str) -> String {
+    let t = text(out);
+    println!("{t}");
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    t.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in {t}"))
+        .to_string()
+}
