@@ -177,3 +177,35 @@ fn statistics_count_admissions_pass_throughs() {
     );
     before(" probes (");
 }
+
+/// A cached remote class's probe passes a hit through to libibverbs while the class's
+/// cached entry still pins the range: under a pinning limit that holds one registration
+/// (libibverbs alone never fails here) the probe's ENOMEM must give the idle entries back
+/// and try once more, as a miss does. Before: "memlock: round 32: ibv_reg_mr failed,
+/// errno 12 (pinned 65536 of 98304)".
+#[test]
+fn a_probe_under_a_pinning_limit_gives_back_the_idle_entry() {
+    let out = run("memlock", "auto", "memlock");
+    assert!(out.contains("memlock: 200 rounds ok"), "{out}");
+    // The number before `key` in the summary (its lines wrap).
+    let before = |key: &str| -> u64 {
+        let at = out
+            .find(key)
+            .unwrap_or_else(|| panic!("no {key:?} in {out}"));
+        let head = out[..at].trim_end();
+        head[head
+            .rfind(|c: char| !c.is_ascii_digit())
+            .map_or(0, |i| i + 1)..]
+            .parse()
+            .unwrap_or_else(|_| panic!("no number before {key:?} in {out}"))
+    };
+    let probes = before(" probes (a cached remote");
+    assert!(
+        probes >= 1,
+        "no probe ran: the test did not reach its hazard\n{out}"
+    );
+    assert!(
+        before(" for ENOMEM)") >= 1,
+        "no idle entry given back for ENOMEM\n{out}"
+    );
+}

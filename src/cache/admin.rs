@@ -29,6 +29,19 @@ impl<R: Registrar> Cache<R> {
         true
     }
 
+    /// A registration failed for want of pinnable memory (ENOMEM or EAGAIN: RLIMIT_MEMLOCK,
+    /// a device limit): deregister every idle entry so the caller can try once more, the
+    /// cache's miss and a call passed through to libibverbs alike (a probe registers a
+    /// range the cache still pins: without this the cache fails a registration that
+    /// libibverbs alone makes). Returns how many were given back (0: a retry would fail
+    /// the same way).
+    pub fn give_back_idle(&self) -> usize {
+        let idle = self.lock().evict_idle(&self.fast, |_| true);
+        self.deregister_all(&idle);
+        self.stats.add(Counter::EvictionsEnomem, idle.len() as u64);
+        idle.len()
+    }
+
     /// Why caching was stopped, if it was.
     pub fn caching_stopped(&self) -> Option<&str> {
         self.stopped.get().map(String::as_str)

@@ -366,17 +366,10 @@ impl<R: Registrar> Cache<R> {
             }
         };
         let mut result = register();
-        if let Err(e @ (ENOMEM | EAGAIN)) = result {
-            // Out of pinnable memory (RLIMIT_MEMLOCK, device limits): give back every idle
-            // registration and try once more.
-            let idle = self.lock().evict_idle(&self.fast, |_| true);
-            if !idle.is_empty() {
-                self.deregister_all(&idle);
-                self.stats.add(Counter::EvictionsEnomem, idle.len() as u64);
-                result = register();
-            } else {
-                result = Err(e);
-            }
+        if let Err(ENOMEM | EAGAIN) = result
+            && self.give_back_idle() > 0
+        {
+            result = register(); // out of pinnable memory: once more, the idle ones given back
         }
         let reg_ns = t0.elapsed().as_nanos();
         self.stats.add(Counter::RegistrationNs, reg_ns as u64);

@@ -175,9 +175,26 @@ fn register_inner(
                         _ => false,
                     };
                     let t = timed.then(std::time::Instant::now);
-                    let (mr, o) = passthrough(Bypassed::from(b));
+                    let (mut mr, mut o) = passthrough(Bypassed::from(b));
+                    // Out of pinnable memory, as the miss path: the cache's idle entries
+                    // given back, libibverbs once more (a probe's range is still pinned by
+                    // its cached entry; libibverbs alone would have pinned it once).
+                    let retried = mr.is_null()
+                        && matches!(crate::sys::errno(), libc::ENOMEM | libc::EAGAIN)
+                        && cache.give_back_idle() > 0;
+                    if retried {
+                        mr = real::reg_mr_iova2(pd, addr, len, iova, access);
+                        note_foreign(mr, false);
+                        o = if mr.is_null() {
+                            Outcome::Failed
+                        } else {
+                            Outcome::Bypass
+                        };
+                    }
+                    // A retried call's time holds the deregistrations: not a miss's figure.
                     if let Some(t) = t
                         && !mr.is_null()
+                        && !retried
                     {
                         cache.note_passthrough(&req, mr as usize, t.elapsed().as_nanos() as u64);
                     }
