@@ -184,9 +184,13 @@ fn register_inner(
                     // Out of pinnable memory, as the miss path: the cache's idle entries
                     // given back, libibverbs once more (a probe's range is still pinned by
                     // its cached entry; libibverbs alone would have pinned it once).
+                    let e = crate::sys::errno();
                     let retried = mr.is_null()
-                        && matches!(crate::sys::errno(), libc::ENOMEM | libc::EAGAIN)
+                        && matches!(e, libc::ENOMEM | libc::EAGAIN)
                         && cache.give_back_idle() > 0;
+                    if mr.is_null() && !retried {
+                        real::set_errno(e); // the cache lock's futex wait may have set it
+                    }
                     if retried {
                         mr = real::reg_mr_iova2(pd, addr, len, iova, access);
                         note_foreign(mr, false);
