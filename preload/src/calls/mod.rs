@@ -137,13 +137,8 @@ fn register_inner(
             };
             let result = cache.acquire(&req);
             // After the registration: a new thread's start-up unmaps (arena set-up) would
-            // otherwise race this very registration and leave it uncached. Only once the
-            // cache served a call: a process whose calls all pass through (MRCACHE_REMOTE=
-            // bypass, admission) has nothing to drain, and the thread's start was about
-            // half of the library's set-up in the guest (issue 21).
-            if result.is_ok() {
-                ensure_drain_thread();
-            }
+            // otherwise race this very registration and leave it uncached.
+            ensure_drain_thread();
             trace::ensure_writer();
             match result {
                 Ok((handle, o)) => {

@@ -9,11 +9,8 @@
  * Prints "<scenario>: P of N pairs passed through, R clock reads in them, P2 device-memory
  * probes" (the reads made
  * inside the pairs that passed through, this thread only), and P2 device-memory probes
- * (process_vm_readv) in them; then "threads: D mrcache-drain" (the library's drain thread,
- * which a process whose every call passes through has no use for). exit 0; 3: set-up
- * failed. */
+ * (process_vm_readv) in them. exit 0; 3: set-up failed. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
@@ -25,25 +22,6 @@
 static struct ibv_pd pd;
 
 #include "fake_mr.h"
-
-/* Threads of this process named `name`. */
-static int threads_named(const char *name) {
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        char path[300], comm[32] = "";
-        if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        if (fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
-        fclose(f);
-        n += !strcmp(comm, name);
-    }
-    closedir(d);
-    return n;
-}
 
 int main(int argc, char **argv) {
     if (argc != 2) return 2;
@@ -79,6 +57,5 @@ int main(int argc, char **argv) {
     }
     printf("%s: %ld of %ld pairs passed through, %ld clock reads in them, %ld device-memory probes\n", argv[1], passed,
            pairs, in_passed, probed);
-    printf("threads: %d mrcache-drain\n", threads_named("mrcache-drain"));
     return 0;
 }
