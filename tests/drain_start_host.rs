@@ -4,13 +4,8 @@
 
 mod common;
 
+use common::line;
 use std::path::PathBuf;
-
-fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
-    out.lines()
-        .find(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} line in {out}"))
-}
 
 fn drain(mode: &str) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("drain_start_host");

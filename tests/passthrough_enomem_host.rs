@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::line;
 use std::path::PathBuf;
 
 fn run(mode: &str) -> String {
@@ -19,12 +20,6 @@ fn run(mode: &str) -> String {
     println!("{t}");
     assert_eq!(out.status.code(), Some(0), "{t}");
     t
-}
-
-fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
-    out.lines()
-        .find(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} line in {out}"))
 }
 
 #[test]

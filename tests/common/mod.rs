@@ -149,8 +149,12 @@ pub fn result_line(out: &Output, prefix: &str) -> String {
     let t = text(out);
     println!("{t}");
     assert_eq!(out.status.code(), Some(0), "{t}");
-    t.lines()
+    line(&t, prefix).to_string()
+}
+
+/// The line of `out` that starts with `prefix` (a panic naming it when there is none).
+pub fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines()
         .find(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} line in {t}"))
-        .to_string()
+        .unwrap_or_else(|| panic!("no {prefix:?} line in {out}"))
 }
