@@ -167,7 +167,16 @@ static int s_heap_trim(void) {
      * provider's MR), which would otherwise sit above it and keep the heap from shrinking;
      * the fence keeps that room from merging with the top. */
     char *room = malloc(MIB);
-    CHECK(room && malloc(64), "malloc");
+    CHECK(room, "malloc");
+    /* The fence must sit above the room: a small chunk some library freed earlier (malloc's
+     * tcache, a bin) would serve it from below, the room would merge with the top when freed,
+     * and the small allocations would come from above the block (seen in the aarch64 guest:
+     * "free() never trimmed the heap"). */
+    char *fence;
+    do
+        fence = malloc(64);
+    while (fence && fence < room + MIB);
+    CHECK(fence, "malloc");
     free(room);
     size_t len = 4 * MIB;
     char *p = NULL, *held[4] = {NULL};
