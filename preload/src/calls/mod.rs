@@ -75,10 +75,10 @@ fn register_inner(
     iova: u64,
     access: u32,
 ) -> (*mut IbvMr, Outcome) {
-    let passthrough = |why: Bypassed| {
-        note_bypass(why);
+    // libibverbs' registration of the call (`nested`: made inside another one).
+    let register_through = |nested: bool| {
         let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
-        note_foreign(mr, why == Bypassed::Nested);
+        note_foreign(mr, nested);
         (
             mr,
             if mr.is_null() {
@@ -87,6 +87,10 @@ fn register_inner(
                 Outcome::Bypass
             },
         )
+    };
+    let passthrough = |why: Bypassed| {
+        note_bypass(why);
+        register_through(why == Bypassed::Nested)
     };
     // A remote call's round is timed whole, from here to the return (what the app pays
     // for a hit: the hook's checks, the shadow copy, the window bind and its completion):
@@ -179,21 +183,16 @@ fn register_inner(
                     // Out of pinnable memory, as the miss path: the cache's idle entries
                     // given back, libibverbs once more (a probe's range is still pinned by
                     // its cached entry; libibverbs alone would have pinned it once).
-                    let e = crate::sys::errno();
-                    let retried = mr.is_null()
-                        && matches!(e, libc::ENOMEM | libc::EAGAIN)
-                        && cache.give_back_idle() > 0;
-                    if mr.is_null() && !retried {
-                        real::set_errno(e); // the cache lock's futex wait may have set it
-                    }
-                    if retried {
-                        mr = real::reg_mr_iova2(pd, addr, len, iova, access);
-                        note_foreign(mr, false);
-                        o = if mr.is_null() {
-                            Outcome::Failed
+                    let mut retried = false;
+                    if mr.is_null() {
+                        let e = crate::sys::errno();
+                        retried =
+                            matches!(e, libc::ENOMEM | libc::EAGAIN) && cache.give_back_idle() > 0;
+                        if retried {
+                            (mr, o) = register_through(false);
                         } else {
-                            Outcome::Bypass
-                        };
+                            real::set_errno(e); // the cache lock's futex wait may have set it
+                        }
                     }
                     // A retried call's time holds the deregistrations: not a miss's figure.
                     if let Some(t) = t
