@@ -13,6 +13,7 @@ impl<R: Registrar> Cache<R> {
         if self.stopped.set(reason.to_string()).is_err() {
             return false;
         }
+        self.refuse.fetch_or(REFUSE_ALL, SeqCst);
         let idle = {
             let mut st = self.lock();
             let mut idle = st.evict_idle(&self.fast, |_| true);

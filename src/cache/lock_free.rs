@@ -2,7 +2,6 @@
 //! probe of a table and one compare-and-swap on the entry's state word; it steps aside (to
 //! the locked path in `mod.rs`) whenever an invalidation began since the last drain.
 
-use super::state::mr_hash;
 use super::*;
 
 impl<R: Registrar> Cache<R> {
@@ -22,10 +21,9 @@ impl<R: Registrar> Cache<R> {
     /// registrar, never panics. `None`: nothing was changed; take `acquire`.
     #[inline]
     pub fn try_hit(&self, req: &Request) -> Option<usize> {
+        // One word for caching stopped, remote keys not kept, and verification on.
         if access::classify(req.addr, req.len, req.access).is_err()
-            || self.stopped.get().is_some()
-            || (req.access & access::REMOTE != 0 && self.remote != RemoteMode::Keep)
-            || self.registrar.verifies()
+            || (req.access | REFUSE_ALL) & self.refuse.load(Acquire) != 0
         {
             return None;
         }
@@ -44,11 +42,10 @@ impl<R: Registrar> Cache<R> {
         }
         // The slot a hit on this thread just handed `ptr` out of, if the recent-hit word
         // still names it: validated as a table word is (docs/design.md, "Concurrency").
-        let hash = mr_hash(ptr);
         if let Some(slot) = self
             .fast
             .recent
-            .candidate(hash)
+            .candidate(ptr)
             .and_then(|id| self.fast.slots.get(id))
             && slot.release_if_mr(ptr)
         {
@@ -86,7 +83,7 @@ impl<R: Registrar> Cache<R> {
             }
             if slot.has_key(req) {
                 let mr = slot.mr_ptr();
-                self.fast.recent.remember(mr_hash(mr), id);
+                self.fast.recent.remember(mr, id);
                 return Some(mr);
             }
             // Another entry (the slot was reused between the look and the claim): give it

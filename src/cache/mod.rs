@@ -33,7 +33,7 @@ use crate::invalidation::InvalidationQueue;
 use crate::stats::{Counter, Counters};
 use state::{Claim, Fast, Handle, State, key_hash};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -43,6 +43,21 @@ const EAGAIN: i32 = 11;
 const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `clean` before any drain: never equal to the count of invalidations begun.
 const NEVER_DRAINED: u64 = u64::MAX;
+/// In `Cache::refuse`: every request (caching stopped, or the registrar verifies each
+/// hit). Not an access flag (`access::classify` refuses it), so `try_hit` sets it in the
+/// request's flags to test both at once.
+const REFUSE_ALL: u32 = 1 << 31;
+
+/// The flags `try_hit` refuses: remote access unless remote keys are kept, and everything
+/// when the registrar verifies each hit (which the lock-free path cannot do).
+fn refusal(remote: RemoteMode, verifies: bool) -> u32 {
+    let remote = if remote == RemoteMode::Keep {
+        0
+    } else {
+        access::REMOTE
+    };
+    remote | if verifies { REFUSE_ALL } else { 0 }
+}
 
 pub struct Cache<R: Registrar> {
     registrar: R,
@@ -55,6 +70,8 @@ pub struct Cache<R: Registrar> {
     queue: &'static InvalidationQueue,
     /// Set once by `stop_caching`: why the cache no longer caches.
     stopped: std::sync::OnceLock<String>,
+    /// What `try_hit` refuses, in the one word it reads for it (`refusal`).
+    refuse: AtomicU32,
     remote: RemoteMode,
     /// `MRCACHE_ADMIT`.
     admit: Admit,
@@ -104,11 +121,11 @@ impl<R: Registrar> Cache<R> {
     pub fn with_queue(registrar: R, limits: Limits, queue: &'static InvalidationQueue) -> Cache<R> {
         queue.activate();
         Cache {
-            registrar,
             limits,
             state: Mutex::new(State::new()),
             queue,
             stopped: std::sync::OnceLock::new(),
+            refuse: AtomicU32::new(refusal(RemoteMode::Keep, registrar.verifies())),
             remote: RemoteMode::Keep,
             admit: Admit::Always,
             outer_rounds: false,
@@ -121,12 +138,15 @@ impl<R: Registrar> Cache<R> {
             stranded: AtomicBool::new(false),
             stats: Counters::new(),
             hits: Striped::default(),
+            registrar,
         }
     }
 
     /// What happens to remote keys (`MRCACHE_REMOTE`); `Keep` unless set.
     pub fn with_remote(mut self, mode: RemoteMode) -> Cache<R> {
         self.remote = mode;
+        let stopped = self.refuse.load(Relaxed) & REFUSE_ALL;
+        self.refuse = AtomicU32::new(refusal(mode, self.registrar.verifies()) | stopped);
         self
     }
 
@@ -584,6 +604,8 @@ mod class_flip;
 mod class_lists;
 #[cfg(test)]
 mod recent_hits;
+#[cfg(test)]
+mod refusal_word;
 #[cfg(test)]
 mod stale_words;
 #[cfg(test)]

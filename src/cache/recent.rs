@@ -1,6 +1,7 @@
 //! Where the release of a lock-free hit finds its slot without probing the MR-pointer
 //! table: the hit writes the slot id into a small array of cache lines, one line chosen
-//! by the caller's stack (so, as a rule, by thread) and the word in it by the MR pointer;
+//! by the caller's stack (so, as a rule, by thread) and the word in it by a few bits of the
+//! MR pointer (shifts and xors, not the tables' multiply: the release's lookup waits on it);
 //! the release reads that word back. A reg+dereg pair then touches the key table's word and
 //! the slot, and the release reads only lines the hit just had in cache: one random
 //! memory access fewer per pair in a cache too large for the CPU's caches.
@@ -49,40 +50,42 @@ fn line_index() -> usize {
     ((sp >> STACK_SHIFT) as u64).wrapping_mul(MUL) as usize >> (usize::BITS - LINES.ilog2())
 }
 
+/// Providers allocate MRs from malloc (16-byte aligned, 64 bytes and up apart): bits from
+/// 4 up, folded.
 #[inline(always)]
-fn way(mr_hash: u64) -> usize {
-    mr_hash as usize & (WAYS - 1)
+fn way(mr: usize) -> usize {
+    ((mr >> 4) ^ (mr >> 8) ^ (mr >> 12)) & (WAYS - 1)
 }
 
 impl RecentHits {
     #[inline(always)]
-    fn word(&self, mr_hash: u64) -> &AtomicU32 {
-        &self.lines[line_index()].0[way(mr_hash)]
+    fn word(&self, mr: usize) -> &AtomicU32 {
+        &self.lines[line_index()].0[way(mr)]
     }
 
-    /// After a lock-free hit handed out the MR pointer of hash `mr_hash` from slot `id`.
+    /// After a lock-free hit handed out the MR pointer `mr` from slot `id`.
     /// Written only when it changes, so a line two threads share is not written back and
     /// forth by hits on the same entries.
     #[inline]
-    pub fn remember(&self, mr_hash: u64, id: u32) {
-        let w = self.word(mr_hash);
+    pub fn remember(&self, mr: usize, id: u32) {
+        let w = self.word(mr);
         let v = id.wrapping_add(1);
         if w.load(Relaxed) != v {
             w.store(v, Relaxed);
         }
     }
 
-    /// The slot a recent hit on this thread handed the MR pointer of hash `mr_hash` out
-    /// of, maybe: unvalidated.
+    /// The slot a recent hit on this thread handed the MR pointer `mr` out of, maybe:
+    /// unvalidated.
     #[inline]
-    pub fn candidate(&self, mr_hash: u64) -> Option<u32> {
-        self.word(mr_hash).load(Relaxed).checked_sub(1)
+    pub fn candidate(&self, mr: usize) -> Option<u32> {
+        self.word(mr).load(Relaxed).checked_sub(1)
     }
 
-    /// Plant `id` under `mr_hash` for the calling thread (tests: a stale or foreign word).
+    /// Plant `id` under `mr` for the calling thread (tests: a stale or foreign word).
     #[cfg(test)]
-    pub fn plant(&self, mr_hash: u64, id: u32) {
-        self.word(mr_hash).store(id.wrapping_add(1), Relaxed);
+    pub fn plant(&self, mr: usize, id: u32) {
+        self.word(mr).store(id.wrapping_add(1), Relaxed);
     }
 
     pub fn bytes(&self) -> usize {

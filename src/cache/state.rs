@@ -6,7 +6,7 @@
 //! (containing-range lookups and invalidation), the handles that are not the provider's own
 //! pointer, and the bookkeeping of what was deregistered.
 
-use super::hash::hash_of;
+use super::hash::{hash_of, words_hash};
 use super::recent::RecentHits;
 use super::slots::{self, Slot, Slots};
 use super::table::Table;
@@ -22,16 +22,16 @@ const RECENT: usize = 1024;
 /// How many deregistered MR pointers are remembered to catch double deregistrations.
 const TOMBSTONES: usize = 4096;
 
-pub type Key = (usize, usize, usize, u32, u64);
-
-pub fn key(r: &Request) -> Key {
-    (r.pd, r.addr, r.len, r.access, r.iova)
-}
-
 /// The hash of a request's exact key.
 #[inline]
 pub fn key_hash(r: &Request) -> u64 {
-    hash_of(&key(r))
+    words_hash([
+        r.pd as u64,
+        r.addr as u64,
+        r.len as u64,
+        r.access as u64,
+        r.iova,
+    ])
 }
 
 /// The hash of a provider MR pointer.
