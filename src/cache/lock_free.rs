@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// In `Cache::refuse`: every request (caching stopped, or the registrar verifies each
+/// hit). Not an access flag (`access::classify` refuses it), so `try_hit` sets it in the
+/// request's flags to test both at once.
+pub(super) const REFUSE_ALL: u32 = 1 << 31;
+
+/// The flags `try_hit` refuses: remote access unless remote keys are kept, and everything
+/// when the registrar verifies each hit (which the lock-free path cannot do).
+pub(super) fn refusal(remote: RemoteMode, verifies: bool) -> u32 {
+    let remote = if remote == RemoteMode::Keep {
+        0
+    } else {
+        access::REMOTE
+    };
+    remote | if verifies { REFUSE_ALL } else { 0 }
+}
+
 impl<R: Registrar> Cache<R> {
     /// Whether no invalidation began since the last complete drain (the hit path may skip
     /// the lock). An unmap hook counts itself begun before the memory changes, so a lookup

@@ -31,6 +31,7 @@ use crate::admission::{self, Access, Classes, Decision, Figures, Verdict};
 use crate::config::{Admit, RemoteMode};
 use crate::invalidation::InvalidationQueue;
 use crate::stats::{Counter, Counters};
+use lock_free::{REFUSE_ALL, refusal};
 use state::{Claim, Fast, Handle, State, key_hash};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -43,21 +44,6 @@ const EAGAIN: i32 = 11;
 const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `clean` before any drain: never equal to the count of invalidations begun.
 const NEVER_DRAINED: u64 = u64::MAX;
-/// In `Cache::refuse`: every request (caching stopped, or the registrar verifies each
-/// hit). Not an access flag (`access::classify` refuses it), so `try_hit` sets it in the
-/// request's flags to test both at once.
-const REFUSE_ALL: u32 = 1 << 31;
-
-/// The flags `try_hit` refuses: remote access unless remote keys are kept, and everything
-/// when the registrar verifies each hit (which the lock-free path cannot do).
-fn refusal(remote: RemoteMode, verifies: bool) -> u32 {
-    let remote = if remote == RemoteMode::Keep {
-        0
-    } else {
-        access::REMOTE
-    };
-    remote | if verifies { REFUSE_ALL } else { 0 }
-}
 
 pub struct Cache<R: Registrar> {
     registrar: R,
