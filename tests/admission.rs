@@ -9,7 +9,9 @@
 //!
 //! Run with `--nocapture` to see the table.
 
-use mrcache::admission::{Access, PROBE_EVERY};
+use mrcache::access::Bypass;
+use mrcache::admission::{Access, PROBE_BURST, PROBE_EVERY};
+use mrcache::cache::AcquireError;
 use mrcache::cache::{Cache, Limits, Mr, Outcome, Registrar, Request};
 use mrcache::config::{Admit, RemoteMode};
 use mrcache::stats::Counter;
@@ -270,10 +272,10 @@ fn remote_class_passes_through_and_comes_back() {
         "dear registrations: {passed} passed, {cached} cached; {:?}",
         cache.admission().report()
     );
-    // At most one probe (a cached remote class passes a hit through now and then to
-    // re-measure its misses); none passed through for cost.
+    // At most one probe burst (a cached remote class passes a few hits through now and
+    // then to re-measure its misses); none passed through for cost.
     assert!(
-        passed <= 1,
+        passed <= PROBE_BURST as u64,
         "still passed through: {:?}",
         cache.admission().report()
     );
@@ -283,9 +285,65 @@ fn remote_class_passes_through_and_comes_back() {
         "{:?}",
         cache.admission().report()
     );
-    assert!(cached >= PROBE_EVERY - 1);
+    assert!(cached >= PROBE_EVERY - PROBE_BURST as u64);
     let f = *cache.admission().get(Access::Remote, LEN);
     assert!(f.trials >= 1);
+}
+
+/// A cached remote class's probe is a burst of PROBE_BURST pass-throughs in a row, and the
+/// first, cold after a long run of hits (2-4x a back-to-back miss in the aarch64 guest),
+/// is not a sample: a miss figure from it alone kept remote 64 KiB cached at 0.41x there.
+#[test]
+fn a_probe_burst_does_not_count_its_cold_first_call() {
+    let fake = Costly::default();
+    fake.reg_ns.store(1_000, SeqCst);
+    let cache = Cache::new(&fake, small_limits())
+        .with_remote(RemoteMode::Revoke)
+        .with_admit(Admit::Auto);
+    let r = req(0, 1 | 4);
+    let mut probes = vec![];
+    for i in 0..200u64 {
+        match cache.acquire(&r) {
+            Ok((h, _)) => {
+                cache.release(h);
+            }
+            Err(AcquireError::Bypass(Bypass::Probe)) => {
+                probes.push(i);
+                // The burst's first is cold: 50 ms; the others 100 us.
+                let first = probes.len() % PROBE_BURST as usize == 1;
+                let mr = 0x7000_0000 + i as usize;
+                cache.note_passthrough(&r, mr, if first { 50_000_000 } else { 100_000 });
+                cache.note_passthrough_dereg(mr, if first { 50_000_000 } else { 50_000 }, true);
+            }
+            Err(e) => panic!("call {i}: {e:?}"),
+        }
+    }
+    let burst = PROBE_BURST as u64;
+    assert!(probes.len() >= 2 * burst as usize, "probes at {probes:?}");
+    for b in probes.chunks(burst as usize) {
+        assert_eq!(b.len() as u64, burst, "probes at {probes:?}");
+        assert_eq!(
+            b[burst as usize - 1] - b[0],
+            burst - 1,
+            "not in a row: {probes:?}"
+        );
+    }
+    let f = *cache.admission().get(Access::Remote, LEN);
+    assert_eq!(f.pass_reg.value, 100_000.0, "{f:?}");
+    assert_eq!(f.pass_dereg.value, 50_000.0, "{f:?}");
+    assert_eq!(
+        f.pass_reg.samples,
+        probes.len() as u64 / burst * (burst - 1)
+    );
+}
+
+fn small_limits() -> Limits {
+    Limits {
+        max_entries: 64,
+        max_bytes: u64::MAX,
+        shadow: true,
+        remote_superset: false,
+    }
 }
 
 /// Local: a registration dearer than a lock-free round caches (every call after the first

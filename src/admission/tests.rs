@@ -250,14 +250,18 @@ fn mean_follows_a_change_and_resists_spikes() {
     assert!(m.value < 20.0, "{}", m.value);
 }
 
-/// A remote class that caches passes one hit through after 32, then 64 more...
+/// A remote class that caches passes a burst of PROBE_BURST hits through after 32, then
+/// after 64 more...; the burst's first marks its sample cold.
 #[test]
 fn cached_remote_class_is_probed() {
     let mut k = Classes::default();
     let at: Vec<u64> = (1..=200u64)
         .filter(|_| k.probe_hit(Access::Remote, 1 << 20, true))
         .collect();
-    assert_eq!(at, vec![32, 96]);
+    assert_eq!(at, vec![32, 33, 34, 35, 99, 100, 101, 102]);
+    let f = k.get(Access::Remote, 1 << 20);
+    assert_eq!(f.probes, 8);
+    assert!(f.probe_cold, "not consumed: no pass-through was noted");
     assert!(!(0..100).any(|_| k.probe_hit(Access::Local, 1 << 20, true)));
     assert!(!(0..100).any(|_| k.probe_hit(Access::Remote, 4096, false)));
 }

@@ -87,7 +87,13 @@ impl<R: Registrar> Cache<R> {
     /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
     pub fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
         let kind = self.kind_of(req);
+        let mut cold = false;
         self.figures(kind, req.len, |f| {
+            // A probe burst's first call: not a sample, nor is its deregistration.
+            if kind == Access::Remote && std::mem::take(&mut f.probe_cold) {
+                cold = true;
+                return;
+            }
             let before = f.pass_reg.value;
             f.pass_reg.add(ns as f64);
             // The sample against the figure, not the figure's own 1/8 step: a doubled
@@ -95,7 +101,7 @@ impl<R: Registrar> Cache<R> {
             let x = ns as f64;
             f.pass_moving = before > 0.0 && (x > 1.5 * before || 1.5 * x < before);
         });
-        if kind == Access::Remote && mr != 0 {
+        if kind == Access::Remote && mr != 0 && !cold {
             self.passed_mrs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
