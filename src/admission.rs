@@ -299,9 +299,35 @@ pub struct Figures {
     /// Hits left in the current trial: a passed-through class's cached entries serve this
     /// many hits after a trial (timing its cached round), then are evicted at the next.
     pub trial_hits: u32,
+    /// A trial's first hit and first release are not samples (`COLD_HIT`, `COLD_RELEASE`
+    /// while still to come): after a run of pass-throughs they are the cold ones, as a
+    /// probe burst's first pass-through is after a run of hits (`probe_cold`).
+    pub trial_cold: u8,
 }
 
+/// In `Figures::trial_cold`.
+pub const COLD_HIT: u8 = 1;
+pub const COLD_RELEASE: u8 = 2;
+
 impl Figures {
+    /// A sample of a cached hit (a trial's first is skipped: `trial_cold`).
+    pub fn add_hit(&mut self, ns: f64) {
+        if self.trial_cold & COLD_HIT != 0 {
+            self.trial_cold &= !COLD_HIT;
+        } else {
+            self.hit.add(ns);
+        }
+    }
+
+    /// A sample of a cached release (a trial's first is skipped: `trial_cold`).
+    pub fn add_release(&mut self, ns: f64) {
+        if self.trial_cold & COLD_RELEASE != 0 {
+            self.trial_cold &= !COLD_RELEASE;
+        } else {
+            self.release.add(ns);
+        }
+    }
+
     /// After new samples (`before`: the costs until then): a move of more than a quarter in
     /// the miss or the cached round brings trials back to every `PROBE_EVERY` misses, so
     /// a change of cost is followed quickly while steady figures are re-probed rarely.
@@ -447,6 +473,7 @@ impl Classes {
             f.probe_every = (2 * f.probe_every).min(PROBE_MAX);
             f.trials += 1;
             f.trial_hits = TRIAL_HITS;
+            f.trial_cold = COLD_HIT | COLD_RELEASE;
             Decision::Trial
         } else {
             f.passed += 1;

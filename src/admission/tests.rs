@@ -266,6 +266,41 @@ fn cached_remote_class_is_probed() {
     assert!(!(0..100).any(|_| k.probe_hit(Access::Remote, 4096, false)));
 }
 
+/// A trial's first hit and first release, cold after a run of pass-throughs, are not
+/// samples; the rest are, and outside a trial every sample counts.
+#[test]
+fn a_trial_does_not_count_its_cold_first_round() {
+    let mut k = Classes::default();
+    let len = 64 << 10;
+    let f = k.get_mut(Access::Remote, len);
+    // Dear rounds (every sample counted outside a trial): passed through, a trial after
+    // PROBE_EVERY misses.
+    f.reg.add(1_000.0);
+    f.dereg.add(1_000.0);
+    for _ in 0..MIN_ROUNDS {
+        f.add_hit(50_000.0);
+        f.add_release(50_000.0);
+    }
+    assert_eq!((f.hit.samples, f.release.samples), (MIN_ROUNDS, MIN_ROUNDS));
+    let trial = (0..PROBE_EVERY)
+        .map(|_| k.decide(Access::Remote, len, true))
+        .last();
+    assert_eq!(trial, Some(Decision::Trial));
+    let f = k.get_mut(Access::Remote, len);
+    let (hits, releases) = (f.hit, f.release);
+    f.add_hit(1e9);
+    f.add_release(1e9);
+    assert_eq!(
+        (f.hit, f.release),
+        (hits, releases),
+        "a cold first round counted"
+    );
+    f.add_hit(200.0);
+    f.add_release(200.0);
+    assert_eq!(f.hit.samples, hits.samples + 1);
+    assert_eq!(f.release.samples, releases.samples + 1);
+}
+
 #[test]
 fn sketch_counts_fades_and_ties_keep() {
     let mut s = Sketch::new(10, 64);

@@ -300,7 +300,7 @@ impl<R: Registrar> Cache<R> {
                     }
                     if let Some(t) = t_start {
                         let ns = t.elapsed().as_nanos() as f64;
-                        self.figures(kind, req.len, |f| f.hit.add(ns));
+                        self.figures(kind, req.len, |f| f.add_hit(ns));
                     }
                     return Ok((h, outcome));
                 }

@@ -115,7 +115,7 @@ impl<R: Registrar> Cache<R> {
                     && let Some(t) = t_start
                 {
                     let ns = t.elapsed().as_nanos() as f64;
-                    self.figures(Access::Remote, len, |f| f.release.add(ns));
+                    self.figures(Access::Remote, len, |f| f.add_release(ns));
                 }
                 st = self.lock();
                 gone

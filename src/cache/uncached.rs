@@ -172,7 +172,7 @@ impl<R: Registrar> Cache<R> {
     /// completion, the shadow copy, the hook's own checks): a sample of the cached round.
     pub fn note_remote_hit(&self, req: &Request, ns: u64) {
         if self.kind_of(req) == Access::Remote {
-            self.figures(Access::Remote, req.len, |f| f.hit.add(ns as f64));
+            self.figures(Access::Remote, req.len, |f| f.add_hit(ns as f64));
         }
     }
 
