@@ -220,10 +220,24 @@ fn probe_interval_backs_off_and_resets_on_a_change() {
     f.reg.add(1_050.0);
     f.settle(Access::Remote, &before);
     assert_eq!(f.probe_every, PROBE_MAX, "a small move keeps the interval");
+    // A big move far from caching (rounds 10 us, misses now 3 us: 3.4x) keeps it too.
     let before = f.costs(Access::Remote);
     f.reg.add(40_000.0);
     f.settle(Access::Remote, &before);
-    assert_eq!(f.probe_every, PROBE_EVERY);
+    assert!(f.costs(Access::Remote).miss_ns > 2_500.0);
+    assert_eq!(f.probe_every, PROBE_MAX, "far from the tie");
+    // Registrations stay dear: once the figures near caching, a move brings trials back.
+    for _ in 0..30 {
+        let before = f.costs(Access::Remote);
+        f.reg.add(40_000.0);
+        f.settle(Access::Remote, &before);
+        if f.probe_every == PROBE_EVERY {
+            break;
+        }
+    }
+    let c = f.costs(Access::Remote);
+    assert_eq!(f.probe_every, PROBE_EVERY, "{c:?}");
+    assert!(c.cached_ns <= DOUBT * BAND_IN * c.miss_ns, "{c:?}");
 }
 
 #[test]
