@@ -220,34 +220,6 @@ pub const MIN_ROUNDS: u64 = 3;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
-/// A decaying mean (a new sample weighs 1/8: about the last 8 to 16 count, so a change
-/// of cost is followed and the heavy tail of a loaded machine's timings counts for what it
-/// costs); a sample counts at most 8 times the mean (a rare stall), and the first sample is
-/// dropped when the second is under half of it (a first call's set-up: a device queue,
-/// page faults). 0 until the first sample.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Mean {
-    pub value: f64,
-    pub samples: u64,
-}
-
-impl Mean {
-    pub fn add(&mut self, ns: f64) {
-        // A sample floors at 1 ns (a coarse clock reads 0): the 8x cap of a stall is
-        // relative, so a mean at 0 would never rise again.
-        let ns = if ns.is_nan() { 1.0 } else { ns.max(1.0) };
-        self.value = if self.samples == 0
-            || !known(self.value)
-            || (self.samples == 1 && ns < self.value / 2.0)
-        {
-            ns
-        } else {
-            self.value + (ns.min(8.0 * self.value) - self.value) / 8.0
-        };
-        self.samples += 1;
-    }
-}
-
 /// The running figures of one class.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Figures {
@@ -604,7 +576,9 @@ impl Classes {
     }
 }
 
+mod mean;
 mod sketch;
+pub use mean::Mean;
 pub use sketch::Sketch;
 
 #[cfg(test)]
