@@ -167,9 +167,6 @@ pub fn verdict_at(_access: Access, costs: &Costs, hit_ratio: f64) -> Verdict {
 /// (figures near a tie would otherwise flip the verdict with every sample).
 pub const BAND_OUT: f64 = 1.25;
 pub const BAND_IN: f64 = 0.8;
-/// A passed-through class whose cached round costs more than this many times `BAND_IN` x
-/// its miss is far from caching (`Figures::settle`).
-pub const DOUBT: f64 = 2.0;
 
 /// `verdict` with the band: the verdict that follows `held` at these costs.
 pub fn verdict_banded(costs: &Costs, held: Verdict) -> Verdict {
@@ -217,6 +214,13 @@ pub const PROBE_HITS_MAX: u64 = 8192;
 pub const PROBE_BURST: u32 = 4;
 /// A cached class passes through only on at least this many cached rounds (`Figures::complete`).
 pub const MIN_ROUNDS: u64 = 3;
+/// A cached remote class passes through only on at least this many cached rounds, and
+/// `MIN_MISSES` misses measured whole: its first rounds are slow (the first binds, cold
+/// paths) and the mean forgets them only over a dozen samples; with `MIN_ROUNDS` a probe
+/// burst's first warm miss against those rounds flipped remote 256 KiB, which pays 1.5x
+/// in the x86 guest (`reg_loop_default`: 32 of 10000 registrations on the first MR).
+pub const SETTLED_ROUNDS: u64 = 16;
+pub const MIN_MISSES: u64 = 3;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
@@ -305,20 +309,24 @@ impl Figures {
 
     /// After new samples (`before`: the costs until then): a move of more than a quarter in
     /// the miss or the cached round brings trials back to every `PROBE_EVERY` misses, so
-    /// a change of cost is followed quickly while steady figures are re-probed rarely;
-    /// unless the figures are far from caching (a cached round over `DOUBT` times the
-    /// band's way back in): there a move cannot change the verdict, and on a noisy machine
-    /// (the aarch64 guest: 64-89 trials in 8,000 calls of remote 4 KiB to 256 KiB, whose
-    /// rounds cost 2-4x a miss) it brought trials back all the time, each a cached
-    /// registration and 4 binds and unbinds. A real change still moves the figures there:
-    /// the misses are sampled as they pass through, the cached round at each trial.
+    /// a change of cost is followed quickly while steady figures are re-probed rarely. A
+    /// passed-through class counts only a move toward caching (its cached round over its
+    /// miss down by more than a quarter): a move away cannot change its verdict, and on a
+    /// noisy machine (the aarch64 guest: 64-89 trials in 8,000 calls of remote 4 KiB to
+    /// 256 KiB, whose rounds cost 2-4x a miss) any move brought trials back all the time,
+    /// each a cached registration and 4 binds and unbinds.
     pub fn settle(&mut self, access: Access, before: &Costs) {
         let now = self.costs(access);
         let moved = |a: f64, b: f64| known(a) && known(b) && ((a - b).abs() > 0.25 * a.min(b));
-        let far = known(now.miss_ns)
-            && known(now.cached_ns)
-            && now.cached_ns > DOUBT * BAND_IN * now.miss_ns;
-        if !far && (moved(before.miss_ns, now.miss_ns) || moved(before.cached_ns, now.cached_ns)) {
+        let ratio = |c: &Costs| c.cached_ns / c.miss_ns;
+        let measured = |c: &Costs| known(c.miss_ns) && known(c.cached_ns);
+        let reset = if self.held == Some(Verdict::PassThrough) && measured(before) && measured(&now)
+        {
+            ratio(&now) * 1.25 < ratio(before)
+        } else {
+            moved(before.miss_ns, now.miss_ns) || moved(before.cached_ns, now.cached_ns)
+        };
+        if reset {
             self.probe_every = PROBE_EVERY;
         }
     }
@@ -344,7 +352,7 @@ impl Figures {
 
     /// Whether the figures are complete enough to stop caching the class on: a miss
     /// measured whole (registration and deregistration) and at least `MIN_ROUNDS` cached
-    /// rounds. A class's first rounds carry its set-up (the first window bind, page
+    /// rounds (remote: `MIN_MISSES` misses and `SETTLED_ROUNDS` rounds). A class's first rounds carry its set-up (the first window bind, page
     /// faults, a stall of a loaded machine); one such sample must not pass a class through
     /// that pays many times over (CI saw a 5x class flip on its first hit and release).
     pub fn complete(&self, access: Access) -> bool {
@@ -353,6 +361,11 @@ impl Figures {
         } else {
             self.hit.samples.min(self.release.samples)
         };
+        if access == Access::Remote {
+            return self.miss_reg().samples >= MIN_MISSES
+                && self.miss_dereg().samples >= MIN_MISSES
+                && rounds >= SETTLED_ROUNDS;
+        }
         self.miss_reg().samples > 0 && self.miss_dereg().samples > 0 && rounds >= MIN_ROUNDS
     }
 

@@ -263,8 +263,7 @@ fn remote_class_passes_through_and_comes_back() {
     assert_eq!(stats[Counter::AdmissionPassedCost] + probes, passed);
     assert!(stats[Counter::AdmissionTrials] >= 1);
     // Now registrations are dear and binds cheap: after a few trials, cached for good (a
-    // trial's first round is not a sample, and a class far from caching keeps its trial
-    // interval until its figures near the tie: 16 x PROBE_EVERY calls to come back).
+    // trial's first round is not a sample: 3 samples a trial; 16 x PROBE_EVERY calls).
     fake.reg_ns.store(300_000, SeqCst);
     fake.bind_ns.store(0, SeqCst);
     let _ = round(16 * PROBE_EVERY as usize);

@@ -152,15 +152,23 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// Whether a cached round of this class is to be timed whatever the sampling: while
-    /// it has fewer than 4 hit or release figures, and while the class is passed through
-    /// (its hits are a trial's, the figures that can bring it back).
+    /// it has fewer than 4 hit or release figures (remote: `SETTLED_ROUNDS`, the figures a
+    /// flip to pass-through waits for), and while the class is passed through (its hits
+    /// are a trial's, the figures that can bring it back).
     pub(super) fn needs_round_sample(&self, kind: Access, len: usize) -> bool {
         if self.sample_every <= 1 {
             return false; // every call is timed already
         }
         let c = self.classes();
         let f = c.get(kind, len);
-        f.hit.samples < 4 || f.release.samples < 4 || f.verdict_shown(kind) == Verdict::PassThrough
+        let first = if kind == Access::Remote {
+            admission::SETTLED_ROUNDS
+        } else {
+            4
+        };
+        f.hit.samples < first
+            || f.release.samples < first
+            || f.verdict_shown(kind) == Verdict::PassThrough
     }
 
     /// Whether this call is to be timed for the admission figures (`with_sampling`).
