@@ -221,6 +221,11 @@ pub const MIN_ROUNDS: u64 = 3;
 /// in the x86 guest (`reg_loop_default`: 32 of 10000 registrations on the first MR).
 pub const SETTLED_ROUNDS: u64 = 16;
 pub const MIN_MISSES: u64 = 3;
+/// A cached remote class passes through only once its figures have said so for this many
+/// more samples (whole rounds and misses): a single stall sample (counted up to 8x the mean) can lift a cached round
+/// by 87%, past the band of a class that pays 1.3x (remote 256 KiB in the x86 guest, miss
+/// 72 us, round 55 us: `reg_loop_default` flipped after 3111 and 6073 of 10000 hits).
+pub const FLIP_SAMPLES: u64 = 8;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
 
@@ -275,6 +280,9 @@ pub struct Figures {
     pub pass_moving: bool,
     /// The banded verdict (`verdict_banded`) as of the last update (`None`: cache).
     pub held: Option<Verdict>,
+    /// A cached remote class: the count of samples (`samples`) when its figures first said
+    /// pass-through, in a run of updates that all said so (`FLIP_SAMPLES`).
+    pub pass_since: Option<u64>,
     /// Hits left in the current trial: a passed-through class's cached entries serve this
     /// many hits after a trial (timing its cached round), then are evicted at the next.
     pub trial_hits: u32,
@@ -382,13 +390,42 @@ impl Figures {
     /// The class's verdict now, with the band: updated from the held one.
     pub fn verdict_now(&mut self, access: Access) -> Verdict {
         let v = self.verdict_from_held(access);
+        let unconfirmed = self.unconfirmed(access, v);
+        if v == Verdict::PassThrough && self.held != Some(Verdict::PassThrough) {
+            self.pass_since.get_or_insert(self.samples());
+        } else {
+            self.pass_since = None;
+        }
+        let v = if unconfirmed { Verdict::Cache } else { v };
         self.held = Some(v);
         v
     }
 
     /// The verdict the reports show (the held one, or what the next update would hold).
     pub fn verdict_shown(&self, access: Access) -> Verdict {
-        self.verdict_from_held(access)
+        let v = self.verdict_from_held(access);
+        if self.unconfirmed(access, v) {
+            Verdict::Cache
+        } else {
+            v
+        }
+    }
+
+    /// A cached remote class's turn to pass-through `v` that its figures have not yet
+    /// held for `FLIP_SAMPLES` samples.
+    fn unconfirmed(&self, access: Access, v: Verdict) -> bool {
+        access == Access::Remote
+            && v == Verdict::PassThrough
+            && self.held != Some(Verdict::PassThrough)
+            && self
+                .pass_since
+                .is_none_or(|since| self.samples() < since + FLIP_SAMPLES)
+    }
+
+    /// Samples of the figures the verdict is made of, in whole rounds and misses.
+    fn samples(&self) -> u64 {
+        self.hit.samples.min(self.release.samples)
+            + self.miss_reg().samples.min(self.miss_dereg().samples)
     }
 
     /// The model's costs from these figures.
