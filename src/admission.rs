@@ -358,76 +358,6 @@ impl Figures {
         }
     }
 
-    /// Whether the figures are complete enough to stop caching the class on: a miss
-    /// measured whole (registration and deregistration) and at least `MIN_ROUNDS` cached
-    /// rounds (remote: `MIN_MISSES` misses and `SETTLED_ROUNDS` rounds). A class's first rounds carry its set-up (the first window bind, page
-    /// faults, a stall of a loaded machine); one such sample must not pass a class through
-    /// that pays many times over (CI saw a 5x class flip on its first hit and release).
-    pub fn complete(&self, access: Access) -> bool {
-        let rounds = if access == Access::Local && self.round.samples > 0 {
-            self.round.samples
-        } else {
-            self.hit.samples.min(self.release.samples)
-        };
-        if access == Access::Remote {
-            return self.miss_reg().samples >= MIN_MISSES
-                && self.miss_dereg().samples >= MIN_MISSES
-                && rounds >= SETTLED_ROUNDS;
-        }
-        self.miss_reg().samples > 0 && self.miss_dereg().samples > 0 && rounds >= MIN_ROUNDS
-    }
-
-    /// The banded verdict from the held one; a cached class stays cached until its
-    /// figures are `complete`.
-    fn verdict_from_held(&self, access: Access) -> Verdict {
-        let held = self.held.unwrap_or(Verdict::Cache);
-        if held == Verdict::Cache && !self.complete(access) {
-            return Verdict::Cache;
-        }
-        verdict_banded(&self.costs(access), held)
-    }
-
-    /// The class's verdict now, with the band: updated from the held one.
-    pub fn verdict_now(&mut self, access: Access) -> Verdict {
-        let v = self.verdict_from_held(access);
-        let unconfirmed = self.unconfirmed(access, v);
-        if v == Verdict::PassThrough && self.held != Some(Verdict::PassThrough) {
-            self.pass_since.get_or_insert(self.samples());
-        } else {
-            self.pass_since = None;
-        }
-        let v = if unconfirmed { Verdict::Cache } else { v };
-        self.held = Some(v);
-        v
-    }
-
-    /// The verdict the reports show (the held one, or what the next update would hold).
-    pub fn verdict_shown(&self, access: Access) -> Verdict {
-        let v = self.verdict_from_held(access);
-        if self.unconfirmed(access, v) {
-            Verdict::Cache
-        } else {
-            v
-        }
-    }
-
-    /// A cached remote class's turn to pass-through `v` that its figures have not yet
-    /// held for `FLIP_SAMPLES` samples.
-    fn unconfirmed(&self, access: Access, v: Verdict) -> bool {
-        access == Access::Remote
-            && v == Verdict::PassThrough
-            && self.held != Some(Verdict::PassThrough)
-            && self
-                .pass_since
-                .is_none_or(|since| self.samples() < since + FLIP_SAMPLES)
-    }
-
-    /// Samples of the figures the verdict is made of, in whole rounds and misses.
-    fn samples(&self) -> u64 {
-        self.hit.samples.min(self.release.samples)
-            + self.miss_reg().samples.min(self.miss_dereg().samples)
-    }
-
     /// The model's costs from these figures.
     pub fn costs(&self, access: Access) -> Costs {
         let miss_ns = self.miss_reg().value + self.miss_dereg().value;
@@ -628,6 +558,7 @@ impl Classes {
 
 mod mean;
 mod sketch;
+mod verdict;
 pub use mean::Mean;
 pub use sketch::Sketch;
 
