@@ -290,6 +290,9 @@ pub struct Figures {
     /// while still to come): after a run of pass-throughs they are the cold ones, as a
     /// probe burst's first pass-through is after a run of hits (`probe_cold`).
     pub trial_cold: u8,
+    /// A passed-through class's cached round over its miss at its last trial: a trial
+    /// that brings it down by a quarter resets the trial interval (`settle`).
+    pub trial_ratio: Option<f64>,
 }
 
 /// In `Figures::trial_cold`.
@@ -330,12 +333,16 @@ impl Figures {
         let measured = |c: &Costs| known(c.miss_ns) && known(c.cached_ns);
         let reset = if self.held == Some(Verdict::PassThrough) && measured(before) && measured(&now)
         {
-            ratio(&now) * 1.25 < ratio(before)
+            // Against the update before and the last trial's figures: one round sample
+            // moves its mean by 1/8 at most, a trial's 3 by a third.
+            let mark = self.trial_ratio.unwrap_or(0.0).max(ratio(before));
+            ratio(&now) * 1.25 < mark
         } else {
             moved(before.miss_ns, now.miss_ns) || moved(before.cached_ns, now.cached_ns)
         };
         if reset {
             self.probe_every = PROBE_EVERY;
+            self.trial_ratio = None;
         }
     }
 
@@ -438,6 +445,8 @@ impl Classes {
             f.trials += 1;
             f.trial_hits = TRIAL_HITS;
             f.trial_cold = COLD_HIT | COLD_RELEASE;
+            let c = f.costs(access);
+            f.trial_ratio = Some(c.cached_ns / c.miss_ns).filter(|r| r.is_finite());
             Decision::Trial
         } else {
             f.passed += 1;

@@ -400,3 +400,149 @@ fn sketch_counts_fades_and_ties_keep() {
     assert!(!Sketch::admits(3, 3));
     assert!(Sketch::admits(4, 3));
 }
+
+// ---- Session 11 review (rev11): the findings, as tests. ----
+
+/// As `Cache::figures`: the costs before, the update, `settle`, `verdict_now`.
+fn upd(f: &mut Figures, a: Access, g: impl FnOnce(&mut Figures)) -> Verdict {
+    let before = f.costs(a);
+    g(f);
+    f.settle(a, &before);
+    f.verdict_now(a)
+}
+
+/// `samples()` counts `miss_reg()`'s samples, which switch from the cache's own
+/// registrations (`reg`, every cached miss timed) to `pass_reg` at the first probe: a
+/// class that missed many times before it had 16 rounds loses those samples from the
+/// count. Sound: the switch leaves the figures incomplete (1 < MIN_MISSES), which resets
+/// `pass_since`, so confirmation still takes FLIP_SAMPLES (this test passes).
+#[test]
+fn confirmation_survives_the_miss_figure_switch() {
+    let a = Access::Remote;
+    let mut f = Figures::default();
+    // 1000 buffers of the class registered (cached misses), 16 rounds: a round costs 1.6
+    // misses (band 1.25): the figures say pass-through.
+    for _ in 0..1000 {
+        upd(&mut f, a, |f| f.reg.add(5_000.0));
+        upd(&mut f, a, |f| f.dereg.add(5_000.0));
+    }
+    for _ in 0..SETTLED_ROUNDS {
+        upd(&mut f, a, |f| f.add_hit(8_000.0));
+        upd(&mut f, a, |f| f.add_release(8_000.0));
+    }
+    assert!(
+        f.pass_since.is_some(),
+        "figures say pass-through: confirming"
+    );
+    // The first probe burst (3 warm samples, libibverbs' miss costs the same).
+    for _ in 0..3 {
+        upd(&mut f, a, |f| f.pass_reg.add(5_000.0));
+        upd(&mut f, a, |f| f.pass_dereg.add(5_000.0));
+    }
+    let mut rounds = 0u64;
+    while f.held != Some(Verdict::PassThrough) && rounds < 5_000 {
+        upd(&mut f, a, |f| f.add_hit(8_000.0));
+        upd(&mut f, a, |f| f.add_release(8_000.0));
+        rounds += 1;
+    }
+    eprintln!("confirmed after {rounds} more sampled rounds (FLIP_SAMPLES = {FLIP_SAMPLES})");
+    assert!(
+        rounds <= 2 * FLIP_SAMPLES,
+        "confirmation took {rounds} sampled rounds (x{} calls at 1/16 sampling)",
+        SAMPLE_EVERY
+    );
+}
+
+/// A probe burst's remaining calls (`probe_burst`) survive a flip to pass-through: the
+/// next trial's hits are passed through as probes instead of timing its cached round.
+#[test]
+fn a_leftover_probe_burst_does_not_eat_a_trials_hits() {
+    let a = Access::Remote;
+    let len = 64 << 10;
+    let mut k = Classes::default();
+    {
+        let f = k.get_mut(a, len);
+        for _ in 0..SETTLED_ROUNDS {
+            f.pass_reg.add(20_000.0);
+            f.pass_dereg.add(10_000.0);
+            f.add_hit(5_000.0);
+            f.add_release(5_000.0);
+        }
+    }
+    // Cached; its 32nd hit starts a burst, whose first warm sample says the miss is now
+    // cheap: the class flips (held long enough to be confirmed) mid-burst.
+    for _ in 0..PROBE_EVERY {
+        assert!(k.allow_hit(a, len, true));
+        if k.probe_hit(a, len, true) {
+            break;
+        }
+    }
+    assert_eq!(k.get(a, len).probe_burst, PROBE_BURST - 1);
+    {
+        let f = k.get_mut(a, len);
+        for _ in 0..40 {
+            upd(f, a, |f| f.pass_reg.add(1_000.0));
+            upd(f, a, |f| f.pass_dereg.add(1_000.0));
+        }
+        assert_eq!(f.held, Some(Verdict::PassThrough));
+    }
+    // Passed through until a trial.
+    let trial = (0..2 * PROBE_EVERY).find(|_| k.decide(a, len, true) == Decision::Trial);
+    assert!(trial.is_some());
+    // The trial's entry is hit TRIAL_HITS times: each should be a timed cached round.
+    let mut probes = 0;
+    for _ in 0..TRIAL_HITS {
+        if k.allow_hit(a, len, true) && k.probe_hit(a, len, true) {
+            probes += 1;
+        }
+    }
+    assert_eq!(
+        probes, 0,
+        "{probes} of the trial's {TRIAL_HITS} hits were passed through as probes"
+    );
+}
+
+/// `settle` resets a passed-through class's trial interval only when its round over its
+/// miss falls by more than a quarter in one update. One hit or release sample moves its
+/// mean down by at most 1/8: a cheaper cached round never resets it, and the class comes
+/// back only over trials PROBE_MAX misses apart.
+#[test]
+fn a_cheaper_round_resets_the_trial_interval() {
+    let a = Access::Remote;
+    let len = 64 << 10;
+    let mut k = Classes::default();
+    {
+        let f = k.get_mut(a, len);
+        for _ in 0..SETTLED_ROUNDS {
+            f.pass_reg.add(5_000.0);
+            f.pass_dereg.add(5_000.0);
+            f.add_hit(12_000.0);
+            f.add_release(12_000.0);
+        }
+        f.held = Some(Verdict::PassThrough);
+        f.verdict = Some(Verdict::PassThrough);
+        f.probe_every = PROBE_MAX; // steady: backed off
+    }
+    // The cached round becomes 100x cheaper (a warmed device, less contention).
+    let mut calls = 0u64;
+    let mut reset = false;
+    while k.decide(a, len, true) != Decision::Cache && calls < 100_000 {
+        calls += 1;
+        if k.get(a, len).trial_hits == TRIAL_HITS {
+            // A trial: its release, then its hits and their releases, all sampled.
+            let f = k.get_mut(a, len);
+            upd(f, a, |f| f.add_release(120.0));
+            for _ in 0..TRIAL_HITS {
+                upd(f, a, |f| f.add_hit(120.0));
+                upd(f, a, |f| f.add_release(120.0));
+                reset |= f.probe_every == PROBE_EVERY;
+            }
+            f.trial_hits = 0;
+        }
+    }
+    eprintln!("back to cache after {calls} calls passed through; interval reset: {reset}");
+    assert!(
+        reset,
+        "a move toward caching (round 100x cheaper) never reset the interval ({calls} calls)"
+    );
+}

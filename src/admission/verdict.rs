@@ -43,6 +43,11 @@ impl Figures {
             self.pass_since = None;
         }
         let v = if unconfirmed { Verdict::Cache } else { v };
+        if self.held.is_some_and(|h| h != v) {
+            // A probe burst left over from the cached verdict would take a trial's hits.
+            self.probe_burst = 0;
+            self.probe_cold = false;
+        }
         self.held = Some(v);
         v
     }

@@ -589,6 +589,8 @@ mod class_flip;
 #[cfg(test)]
 mod class_lists;
 #[cfg(test)]
+mod hash_review;
+#[cfg(test)]
 mod recent_hits;
 #[cfg(test)]
 mod refusal_word;
