@@ -4,7 +4,7 @@
 //! `verdict_banded` to the class's held verdict).
 
 pub use mrcache::admission::{Access, Costs, Verdict};
-use mrcache::admission::{BAND_OUT, Classes, Decision, MIN_ROUNDS, Mean};
+use mrcache::admission::{BAND_OUT, Classes, Decision, Mean, SETTLED_ROUNDS};
 
 /// The figures the default's model is given for a row: `miss_ns` = a registration and
 /// deregistration without the cache (libibverbs' own call, as the cache times the calls it
@@ -30,12 +30,13 @@ pub fn running_figure(rounds: &[f64]) -> f64 {
 }
 
 /// A figure as the library holds it once the class's figures are complete
-/// (`Figures::complete`: a fresh class stays cached for its first `MIN_ROUNDS` rounds; the
-/// bench's figures are medians of many rounds, what a class settles on).
+/// (`Figures::complete`: a fresh class stays cached for its first rounds, a remote one for
+/// `SETTLED_ROUNDS`; the bench's figures are medians of many rounds, what a class settles
+/// on).
 fn mean(ns: f64) -> Mean {
     Mean {
         value: ns,
-        samples: MIN_ROUNDS,
+        samples: SETTLED_ROUNDS,
     }
 }
 
@@ -56,6 +57,8 @@ pub fn classes_with(access: Access, len: usize, costs: &Costs) -> Classes {
         f.release = mean(0.0);
     }
     f.evict = mean(costs.evict_ns);
+    // Settled: figures that say pass-through have said so long enough (`FLIP_SAMPLES`).
+    f.pass_since = Some(0);
     classes
 }
 
