@@ -26,12 +26,13 @@ int main(int argc, char **argv) {
         CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr failed at iteration %d", i);
     }
     /* MRCACHE_TEST_EXPECT_HITS=0: the preload is loaded but the cache must be off; =most:
-     * at least 99% of the registrations reuse the cached MR (the default admission passes a
-     * cached remote class's hit through now and then, to time a miss). */
+     * at least 95% of the registrations reuse the cached MR (the default admission passes a
+     * cached remote class's hits through now and then, in bursts of 4, to time a miss: 16
+     * of 500 calls, 32 of 10000; a class that flipped to pass-through reuses far fewer). */
     const char *expect = getenv("MRCACHE_TEST_EXPECT_HITS");
     int want_hits = mrcache_loaded() && !(expect && !strcmp(expect, "0"));
     if (want_hits && expect && !strcmp(expect, "most"))
-        CHECK(same * 100 >= iters * 99, "only %d of %d registrations reused the cached MR (want 99%%)",
+        CHECK(same * 100 >= iters * 95, "only %d of %d registrations reused the cached MR (want 95%%)",
               same, iters);
     else if (want_hits)
         CHECK(same == iters, "only %d of %d registrations reused the cached MR", same, iters);
