@@ -302,20 +302,23 @@ pub const COLD_RELEASE: u8 = 2;
 impl Figures {
     /// A sample of a cached hit (a trial's first is skipped: `trial_cold`).
     pub fn add_hit(&mut self, ns: f64) {
-        if self.trial_cold & COLD_HIT != 0 {
-            self.trial_cold &= !COLD_HIT;
-        } else {
+        if !self.take_cold(COLD_HIT) {
             self.hit.add(ns);
         }
     }
 
     /// A sample of a cached release (a trial's first is skipped: `trial_cold`).
     pub fn add_release(&mut self, ns: f64) {
-        if self.trial_cold & COLD_RELEASE != 0 {
-            self.trial_cold &= !COLD_RELEASE;
-        } else {
+        if !self.take_cold(COLD_RELEASE) {
             self.release.add(ns);
         }
+    }
+
+    /// Whether `bit` of `trial_cold` was still set (it is cleared).
+    fn take_cold(&mut self, bit: u8) -> bool {
+        let cold = self.trial_cold & bit != 0;
+        self.trial_cold &= !bit;
+        cold
     }
 
     /// After new samples (`before`: the costs until then): a move of more than a quarter in

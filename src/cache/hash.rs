@@ -32,8 +32,7 @@ impl Hasher for WordHasher {
         self.write_u64(w as u64);
     }
     fn finish(&self) -> u64 {
-        let m = (self.0 as u128).wrapping_mul(MUL as u128 | 1);
-        (m as u64) ^ ((m >> 64) as u64)
+        fold(self.0)
     }
 }
 
@@ -55,6 +54,13 @@ pub fn words_hash<const N: usize>(w: [u64; N]) -> u64 {
     for i in 0..N {
         h ^= w[i].wrapping_mul(K[i % 5]).rotate_left(ROT[i % 5]);
     }
+    fold(h)
+}
+
+/// A 64x64->128 multiply, its halves xored: every bit of `h` reaches both the low bits (a
+/// table's home index) and the top ones (its tag).
+#[inline(always)]
+fn fold(h: u64) -> u64 {
     let m = (h as u128).wrapping_mul(MUL as u128 | 1);
     (m as u64) ^ ((m >> 64) as u64)
 }
