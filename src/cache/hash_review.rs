@@ -1,7 +1,21 @@
-//! Session 11's review: probe lengths of `words_hash` for realistic exact keys, against a
-//! random hash, in a linear-probing table at the cache's load (3/4 at growth).
+//! Session 11's review: probe lengths of the exact-key hash (`key_hash`) for realistic
+//! keys, against a random hash, in a linear-probing table at the cache's load (3/4 at
+//! growth).
 
-use super::hash::words_hash;
+use super::state::key_hash;
+use super::types::Request;
+
+/// `[pd, addr, len, access, iova]`
+fn hash(k: [u64; 5]) -> u64 {
+    key_hash(&Request {
+        pd: k[0] as usize,
+        context: 0,
+        addr: k[1] as usize,
+        len: k[2] as usize,
+        access: k[3] as u32,
+        iova: k[4],
+    })
+}
 
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -49,7 +63,7 @@ fn probe(hashes: &[u64]) -> (f64, usize, f64) {
 }
 
 fn report(name: &str, keys: &[[u64; 5]]) -> (f64, usize) {
-    let h: Vec<u64> = keys.iter().map(|k| words_hash(*k)).collect();
+    let h: Vec<u64> = keys.iter().map(|k| hash(*k)).collect();
     let mut uniq = h.clone();
     uniq.sort();
     uniq.dedup();
@@ -69,7 +83,7 @@ fn report(name: &str, keys: &[[u64; 5]]) -> (f64, usize) {
 
 #[test]
 #[allow(clippy::vec_init_then_push)] // one set per push, each with its name
-fn words_hash_probe_lengths_for_realistic_keys() {
+fn key_hash_probe_lengths_for_realistic_keys() {
     let pd = 0x5555_5555_a000u64;
     let base = 0x7f12_3400_0000u64;
     let n = 200_000u64;
@@ -151,6 +165,14 @@ fn words_hash_probe_lengths_for_realistic_keys() {
         }
     }
     sets.push(("4096 PDs 0x40 apart x 48 1M bufs", pds));
+    // The same buffers at many iovas (the PD and the iova share a word of the hash).
+    let mut iovas = Vec::new();
+    for j in 0..64u64 {
+        for i in 0..3125u64 {
+            iovas.push([pd, base + i * 4096, 4096, 1, (j << 30) + i * 4096]);
+        }
+    }
+    sets.push(("3125 bufs x 64 iovas", iovas));
     let mut worst = 0.0f64;
     for (name, keys) in &sets {
         let (ratio, _) = report(name, keys);

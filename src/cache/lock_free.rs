@@ -82,11 +82,12 @@ impl<R: Registrar> Cache<R> {
         let share = !self.limits.shadow;
         let hash = key_hash(req);
         self.fast.exact_candidates(hash, |id, slot| {
-            // Another key's entry (a tag collision, or a slot reused since the word was
+            // Another range's entry (a tag collision, or a slot reused since the word was
             // read) is passed over untouched: a claim on it, however brief, would set its
             // clock bit and refuse a concurrent hit on it the provider's pointer. This
-            // read holds no reference, so it only filters.
-            if !slot.has_key(req) {
+            // read holds no reference, so it only filters; the range alone does (the same
+            // range under another PD, access or iova is claimed and given back).
+            if !slot.may_have_key(req) {
                 return None;
             }
             #[cfg(test)]
@@ -94,8 +95,10 @@ impl<R: Registrar> Cache<R> {
             // Claimed, then compared again: while we hold a reference the slot cannot be
             // reused, so the key compared next is the one of the entry we claimed.
             let flushed = slot.claim_hit(share)?;
+            // Striped by slot, as `unclaim` takes it back: the hash is dead by here, one
+            // register fewer in the loop.
             if flushed != 0 {
-                self.hits.add(hash as usize, flushed);
+                self.hits.add(id as usize, flushed);
             }
             if slot.has_key(req) {
                 let mr = slot.mr_ptr();

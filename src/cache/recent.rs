@@ -31,13 +31,15 @@ struct Line([AtomicU32; WAYS]);
 
 /// A slot id plus one per word (0: none), written by hits, read by releases.
 pub struct RecentHits {
-    lines: Box<[Line]>,
+    /// A fixed-size array: `line_index` is below `LINES` by construction, no bounds check.
+    lines: Box<[Line; LINES]>,
 }
 
 impl Default for RecentHits {
     fn default() -> Self {
+        let lines: Box<[Line]> = (0..LINES).map(|_| Line::default()).collect();
         RecentHits {
-            lines: (0..LINES).map(|_| Line::default()).collect(),
+            lines: lines.try_into().unwrap_or_else(|_| unreachable!()),
         }
     }
 }
@@ -66,7 +68,7 @@ impl RecentHits {
     /// After a lock-free hit handed out the MR pointer `mr` from slot `id`.
     /// Written only when it changes, so a line two threads share is not written back and
     /// forth by hits on the same entries.
-    #[inline]
+    #[inline(always)]
     pub fn remember(&self, mr: usize, id: u32) {
         let w = self.word(mr);
         let v = id.wrapping_add(1);
@@ -77,7 +79,7 @@ impl RecentHits {
 
     /// The slot a recent hit on this thread handed the MR pointer `mr` out of, maybe:
     /// unvalidated.
-    #[inline]
+    #[inline(always)]
     pub fn candidate(&self, mr: usize) -> Option<u32> {
         self.word(mr).load(Relaxed).checked_sub(1)
     }

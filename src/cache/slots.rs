@@ -130,19 +130,26 @@ impl Slot {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn mr_ptr(&self) -> usize {
         self.mr.load(Relaxed)
     }
 
     /// Whether the slot was reset for exactly this key (everything but the context).
-    #[inline]
+    #[inline(always)]
     pub fn has_key(&self, r: &Request) -> bool {
         self.addr.load(Relaxed) == r.addr
             && self.len.load(Relaxed) == r.len
             && self.pd.load(Relaxed) == r.pd
             && self.access.load(Relaxed) == r.access
             && self.iova.load(Relaxed) == r.iova
+    }
+
+    /// Whether the slot may hold this key: its range only, the filter before a lock-free
+    /// claim (the full compare follows the claim, which is what makes a hit right).
+    #[inline(always)]
+    pub fn may_have_key(&self, r: &Request) -> bool {
+        self.addr.load(Relaxed) == r.addr && self.len.load(Relaxed) == r.len
     }
 
     pub fn present(&self) -> bool {
@@ -178,7 +185,7 @@ impl Slot {
 
     /// `claim_primary` for the lock-free hit path, counting the hit in the slot: the hits
     /// to add to the cache's counter (0, or `HITS_FLUSHED` when the field was full).
-    #[inline]
+    #[inline(always)]
     pub fn claim_hit(&self, share: bool) -> Option<u64> {
         let mut s = self.state.load(Relaxed);
         loop {
@@ -223,7 +230,7 @@ impl Slot {
 
     /// The lock-free release: give back one holding of the provider's pointer if this slot
     /// holds `ptr` and this is not the last reference of a dead entry.
-    #[inline]
+    #[inline(always)]
     pub fn release_if_mr(&self, ptr: usize) -> bool {
         let mut s = self.state.load(Acquire);
         loop {
@@ -320,20 +327,24 @@ impl Slot {
     }
 }
 
+/// Fixed-size arrays: the hit path's bounds checks compare with constants, not loaded
+/// lengths.
 pub struct Slots {
-    chunks: Box<[OnceLock<Box<[Slot]>>]>,
+    chunks: Box<[OnceLock<Box<[Slot; CHUNK]>>; CHUNKS]>,
 }
 
 impl Default for Slots {
     fn default() -> Self {
+        let chunks: Box<[OnceLock<Box<[Slot; CHUNK]>>]> =
+            (0..CHUNKS).map(|_| OnceLock::new()).collect();
         Slots {
-            chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+            chunks: chunks.try_into().unwrap_or_else(|_| unreachable!()),
         }
     }
 }
 
 impl Slots {
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, id: u32) -> Option<&Slot> {
         let id = id as usize;
         self.chunks
@@ -347,7 +358,10 @@ impl Slots {
         let id = id as usize;
         let chunk = self.chunks.get(id >> CHUNK_BITS)?;
         chunk
-            .get_or_init(|| (0..CHUNK).map(|_| Slot::default()).collect())
+            .get_or_init(|| {
+                let c: Box<[Slot]> = (0..CHUNK).map(|_| Slot::default()).collect();
+                c.try_into().unwrap_or_else(|_| unreachable!())
+            })
             .get(id & (CHUNK - 1))
     }
 

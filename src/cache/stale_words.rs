@@ -51,6 +51,50 @@ fn a_hit_through_another_keys_word_hands_nothing_out() {
     );
 }
 
+/// The lock-free lookup filters candidates on their range only before it claims one; a
+/// slot of the same range under another PD, access or iova is claimed, compared in full,
+/// and given back, never handed out.
+#[test]
+fn a_hit_through_a_word_of_the_same_range_under_another_key_hands_nothing_out() {
+    let fake = Fake::default();
+    let cache = Cache::new(&fake, LIMITS);
+    let a = req(0x10_0000);
+    let others = [
+        Request { pd: 0x11, ..a },
+        Request { access: 3, ..a },
+        Request { iova: 0x4000, ..a },
+    ];
+    for b_req in others {
+        let (b_ptr, o) = cache.acquire(&b_req).unwrap();
+        assert_eq!(o, Outcome::Miss);
+        assert_eq!(cache.release(b_ptr), Released::Kept);
+        let b = cache.fast.by_mr(b_ptr).unwrap();
+        // A word under A's hash naming B's slot, as a tag collision would leave.
+        cache
+            .fast
+            .exact
+            .insert(key_hash(&a), b, |i| cache.fast.slot_key_hash(i));
+        let hits = cache.snapshot().counts[Counter::Hits];
+        assert_eq!(cache.try_hit(&a), None, "A was served {b_req:?}");
+        let s = cache.fast.slots.get(b).unwrap().load();
+        assert_eq!(slots::refs(s), 0, "B kept a reference from the claim");
+        assert_eq!(
+            cache.snapshot().counts[Counter::Hits],
+            hits,
+            "the claim given back counted a hit"
+        );
+        // B itself still hits.
+        assert_eq!(cache.try_hit(&b_req), Some(b_ptr));
+        assert_eq!(cache.release(b_ptr), Released::Kept);
+        assert!(
+            cache
+                .fast
+                .exact
+                .remove(key_hash(&a), b, |i| cache.fast.slot_key_hash(i))
+        );
+    }
+}
+
 #[test]
 fn a_release_through_another_pointers_word_releases_nothing() {
     let fake = Fake::default();

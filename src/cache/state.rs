@@ -22,15 +22,17 @@ const RECENT: usize = 1024;
 /// How many deregistered MR pointers are remembered to catch double deregistrations.
 const TOMBSTONES: usize = 4096;
 
-/// The hash of a request's exact key.
+/// The hash of a request's exact key: three words, three multiplies. The flags go above
+/// any length a process can map (2^48), and the PD (a heap pointer, the same for most
+/// keys) shares a word with the iova (most often the address, rotated so it does not
+/// cancel the first word's); keys that differ only there share a probe run, which the
+/// slot's full compare sorts out.
 #[inline]
 pub fn key_hash(r: &Request) -> u64 {
     words_hash([
-        r.pd as u64,
         r.addr as u64,
-        r.len as u64,
-        r.access as u64,
-        r.iova,
+        r.len as u64 ^ ((r.access as u64) << 48),
+        r.pd as u64 ^ r.iova.rotate_left(23),
     ])
 }
 
@@ -59,7 +61,7 @@ pub struct Fast {
 
 impl Fast {
     /// Lock-free: call `f` on each slot that may hold `req`'s key (unvalidated).
-    #[inline]
+    #[inline(always)]
     pub fn exact_candidates<R>(
         &self,
         hash: u64,
@@ -69,7 +71,7 @@ impl Fast {
     }
 
     /// Lock-free: call `f` on each slot that may hold MR pointer `ptr` (unvalidated).
-    #[inline]
+    #[inline(always)]
     pub fn mr_candidates<R>(
         &self,
         ptr: usize,
