@@ -52,11 +52,11 @@ fn line_index() -> usize {
     ((sp >> STACK_SHIFT) as u64).wrapping_mul(MUL) as usize >> (usize::BITS - LINES.ilog2())
 }
 
-/// Providers allocate MRs from malloc (16-byte aligned, 64 bytes and up apart): bits from
-/// 4 up, folded.
+/// Providers allocate MRs from malloc (16-byte aligned, 64 bytes and up apart): bits 4-7
+/// folded with bits 10-13.
 #[inline(always)]
 fn way(mr: usize) -> usize {
-    ((mr >> 4) ^ (mr >> 8) ^ (mr >> 12)) & (WAYS - 1)
+    ((mr >> 4) ^ (mr >> 10)) & (WAYS - 1)
 }
 
 impl RecentHits {

@@ -32,14 +32,16 @@ pub const DEAD: u64 = 1 << 28;
 const USED: u64 = 1 << 29;
 /// Registered without remote rights: every holder needs a grant (the locked path).
 pub const REVOCABLE: u64 = 1 << 30;
+/// The generation: 19 bits, bumped at each reuse of the slot.
+const GEN: u64 = 1 << 31;
+const GENS: u64 = ((1 << 19) - 1) * GEN;
 /// Lock-free hits counted in the slot itself (the claim's own compare-and-swap counts
-/// them, no shared counter is written); when the field is full the claim empties it and
-/// its caller adds `HITS_FLUSHED` to the cache's counter.
-const HIT: u64 = 1 << 31;
-const HITS: u64 = ((1 << 14) - 1) * HIT;
+/// them, no shared counter is written): the top 14 bits, so that the claim that finds the
+/// field full carries out of the word, which empties it, and its caller adds
+/// `HITS_FLUSHED` to the cache's counter (one add and its carry, no compare).
+const HIT: u64 = 1 << 50;
+const HITS: u64 = !0 << 50;
 pub const HITS_FLUSHED: u64 = 1 << 14;
-/// The generation: the bits above, bumped at each reuse of the slot.
-const GEN: u64 = 1 << 45;
 
 /// `Slot::flags`: the slot holds an entry (live or dead).
 const PRESENT: u32 = 1;
@@ -62,7 +64,7 @@ pub fn dead(s: u64) -> bool {
 
 /// Hits counted in the slot and not yet flushed to the cache's counter.
 pub fn hits(s: u64) -> u64 {
-    (s & HITS) / HIT
+    s >> HITS.trailing_zeros()
 }
 
 #[derive(Default)]
@@ -99,7 +101,7 @@ impl Slot {
         self.flags.store(PRESENT | INDEXED | wrapper, Relaxed);
         // The hits counted here stay (`Cache::snapshot` adds every slot's).
         let old = self.state.load(Relaxed);
-        let generation = (old & !(GEN - 1)).wrapping_add(GEN) | (old & HITS);
+        let generation = ((old & GENS).wrapping_add(GEN) & GENS) | (old & HITS);
         let s = if revocable {
             REF | REVOCABLE
         } else {
@@ -196,11 +198,8 @@ impl Slot {
             if !ok {
                 return None;
             }
-            let (counted, flushed) = if s & HITS == HITS {
-                (s & !HITS, HITS_FLUSHED)
-            } else {
-                (s + HIT, 0)
-            };
+            let (counted, full) = s.overflowing_add(HIT);
+            let flushed = if full { HITS_FLUSHED } else { 0 };
             match self
                 .state
                 .compare_exchange_weak(s, counted + REF + HOLDER, AcqRel, Relaxed)
@@ -424,8 +423,8 @@ mod tests {
         let before = s.load();
         s.reset(&r, mr(0x80), true);
         assert_ne!(
-            s.load() & !(GEN - 1),
-            before & !(GEN - 1),
+            s.load() & GENS,
+            before & GENS,
             "a reuse bumps the generation"
         );
         assert!(!s.claim_primary(true), "revocable");
@@ -466,12 +465,18 @@ mod tests {
         };
         s.reset(&r, mr, false);
         assert!(s.release_if_mr(0x40));
+        let generation = s.load() & GENS;
         let mut flushed = 0;
         for _ in 0..HITS_FLUSHED + 5 {
             flushed += s.claim_hit(false).unwrap();
             assert!(s.release_if_mr(0x40));
         }
         assert_eq!(flushed, HITS_FLUSHED);
+        assert_eq!(
+            s.load() & GENS,
+            generation,
+            "the flush touched the generation"
+        );
         assert_eq!(hits(s.load()), 5);
         assert_eq!(refs(s.load()), 0);
         assert!(s.claim_hit(false).is_some());
