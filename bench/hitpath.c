@@ -7,10 +7,12 @@
  * (or sequential) order; each figure is the median over 201 batches of 1,000
  * registration+deregistration pairs, in ns per pair, after every buffer was registered once.
  *
- *   hitpath [-t THREADS] [-o random|seq] [-s] [-r ROUNDS] N...      (ci/bench runs it)
+ *   hitpath [-t THREADS] [-o random|seq] [-s] [-i] [-r ROUNDS] N...      (ci/bench runs it)
  * -s: the threads share one set of buffers (contention on the same entries); else each has
  * its own. -r: measure UCX then mrcache ROUNDS times, alternating, and print the medians
- * (default 1). Prints one line per N: regions, order, threads, buffers, mrcache ns, ucx ns,
+ * (default 1). -i: in each measurement, a UCX batch and an mrcache batch in turn (their
+ * order alternating), both caches filled first: the two sides see the same machine state
+ * within microseconds (ci/bench-hitpath default uses it). Prints one line per N: regions, order, threads, buffers, mrcache ns, ucx ns,
  * ratio. Not a test: figures depend on the machine; compare the ratio.
  * Builds against UCX 1.13 (Debian 12) and 1.18 (Debian 13, ci/aarch64 hitpath).
  * Built with -DCALLGRIND and run under `valgrind --tool=callgrind --collect-atstart=no`,
@@ -108,8 +110,9 @@ struct run {
     char *base;      /* this thread's buffers */
     size_t n;
     uint32_t *order; /* visiting order, cycled */
-    int use_ucx;
-    double median;   /* ns per pair */
+    int use_ucx;     /* -1: both, batch by batch (-i) */
+    double median;   /* ns per pair (mrcache's with -i) */
+    double median_ucx; /* with -i */
     pthread_barrier_t *start;
 };
 
@@ -138,8 +141,35 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* -i: one UCX batch and one mrcache batch in turn (which goes first alternates), on the
+ * same buffers and the same visiting order: both sides see the same machine state, where
+ * whole measurements apart may not (this machine's speed changes from second to second). */
+static void *run_interleaved(struct run *r) {
+    for (size_t i = 0; i < r->n; i++) {
+        r->use_ucx = 1, pair(r, i);
+        r->use_ucx = 0, pair(r, i);
+    }
+    pthread_barrier_wait(r->start);
+    static __thread double t[2][BATCHES];
+    size_t k[2] = {0, 0};
+    for (int b = 0; b < BATCHES; b++)
+        for (int j = 0; j < 2; j++) {
+            int side = (b + j) % 2; /* 1: UCX */
+            r->use_ucx = side;
+            double t0 = now_ns();
+            for (int i = 0; i < BATCH; i++) pair(r, k[side]++);
+            t[side][b] = (now_ns() - t0) / BATCH;
+        }
+    qsort(t[0], BATCHES, sizeof t[0][0], cmp);
+    qsort(t[1], BATCHES, sizeof t[1][0], cmp);
+    r->median = t[0][BATCHES / 2];
+    r->median_ucx = t[1][BATCHES / 2];
+    return NULL;
+}
+
 static void *run(void *arg) {
     struct run *r = arg;
+    if (r->use_ucx < 0) return run_interleaved(r);
     for (size_t i = 0; i < r->n; i++) pair(r, i); /* every buffer registered once */
     pthread_barrier_wait(r->start);
     static __thread double t[BATCHES];
@@ -162,8 +192,9 @@ static uint32_t next_rand(void) {
     return (uint32_t)rng;
 }
 
-/* Median ns per pair on `threads` threads with private buffers (the slowest thread's). */
-static double measure(size_t n, int threads, int random, int shared, int use_ucx) {
+/* Median ns per pair on `threads` threads with private buffers (the slowest thread's);
+ * use_ucx -1: both in turn, mrcache's returned and UCX's in *ucx. */
+static double measure(size_t n, int threads, int random, int shared, int use_ucx, double *ucx) {
     struct run runs[16];
     pthread_t tid[16];
     pthread_barrier_t start;
@@ -188,23 +219,29 @@ static double measure(size_t n, int threads, int random, int shared, int use_ucx
             }
         pthread_create(&tid[t], NULL, run, r);
     }
-    double worst = 0;
+    double worst = 0, worst_ucx = 0;
     for (int t = 0; t < threads; t++) {
         pthread_join(tid[t], NULL);
         if (runs[t].median > worst) worst = runs[t].median;
+        if (runs[t].median_ucx > worst_ucx) worst_ucx = runs[t].median_ucx;
         /* Unmapping invalidates what mrcache holds for the next round. */
         if (!shared || t == 0) munmap(runs[t].base, n * STRIDE);
         free(runs[t].order);
     }
     pthread_barrier_destroy(&start);
+    if (ucx) *ucx = worst_ucx;
     return worst;
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, random = 1, shared = 0, rounds = 1, i = 1;
+    int threads = 1, random = 1, shared = 0, rounds = 1, interleave = 0, i = 1;
     for (; i < argc && argv[i][0] == '-'; i += 2) {
         if (!strcmp(argv[i], "-s")) {
             shared = 1, i--;
+            continue;
+        }
+        if (!strcmp(argv[i], "-i")) {
+            interleave = 1, i--;
             continue;
         }
         if (i + 1 >= argc) break;
@@ -213,7 +250,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-r")) rounds = atoi(argv[i + 1]);
     }
     if (threads < 1 || threads > 16 || rounds < 1 || rounds > 99 || i >= argc) {
-        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] [-s] [-r ROUNDS(1-99)] N...\n");
+        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] [-s] [-i] [-r ROUNDS(1-99)] N...\n");
         return 2;
     }
     fake_ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
@@ -235,10 +272,14 @@ int main(int argc, char **argv) {
         double ucxs[99], mrcs[99];
         char name[64];
         for (int k = 0; k < rounds; k++) {
-            ucxs[k] = measure(n, threads, random, shared, 1);
+            if (interleave) {
+                mrcs[k] = measure(n, threads, random, shared, -1, &ucxs[k]);
+                continue;
+            }
+            ucxs[k] = measure(n, threads, random, shared, 1, NULL);
             snprintf(name, sizeof name, "ucx %zu", n);
             CALLGRIND_DUMP_STATS_AT(name);
-            mrcs[k] = measure(n, threads, random, shared, 0);
+            mrcs[k] = measure(n, threads, random, shared, 0, NULL);
             snprintf(name, sizeof name, "mrcache %zu", n);
             CALLGRIND_DUMP_STATS_AT(name);
         }

@@ -31,16 +31,20 @@ impl<R: Registrar> Cache<R> {
 
     /// The fast attempt at an exact hit, for a caller that cannot afford more (the preload
     /// shell calls it before its re-entrancy guard and panic shield). It does what
-    /// `acquire` does before taking its lock: the request must be cacheable, caching on,
-    /// remote keys kept, verification off; then an exact hit on the provider's own pointer,
-    /// counted. Promises: never takes the cache lock, never allocates, never calls the
-    /// registrar, never panics. `None`: nothing was changed; take `acquire`.
+    /// `acquire` does before taking its lock: caching on, remote keys kept, verification
+    /// off; then an exact hit on the provider's own pointer, counted. Promises: never
+    /// takes the cache lock, never allocates, never calls the registrar, never panics.
+    /// `None`: nothing was changed; take `acquire`.
+    ///
+    /// No `classify`: an exact hit is on an entry whose key is the request's own (address,
+    /// length, access, PD, iova), and every entry was inserted by `acquire` after its
+    /// request passed `classify`, which reads nothing but those fields; a request it
+    /// refuses (bad range, unknown or on-demand flags) so matches no entry. The request's
+    /// `context` is not read either (not part of the key).
     #[inline]
     pub fn try_hit(&self, req: &Request) -> Option<usize> {
         // One word for caching stopped, remote keys not kept, and verification on.
-        if access::classify(req.addr, req.len, req.access).is_err()
-            || (req.access | REFUSE_ALL) & self.refuse.load(Acquire) != 0
-        {
+        if (req.access | REFUSE_ALL) & self.refuse.load(Acquire) != 0 {
             return None;
         }
         self.hit_unlocked(req)
@@ -67,6 +71,13 @@ impl<R: Registrar> Cache<R> {
         {
             return Some(Released::Kept);
         }
+        self.release_by_table(ptr)
+    }
+
+    /// `try_release` through the MR-pointer table: apart, so that the release through the
+    /// recent-hit word saves and restores no registers.
+    #[inline(never)]
+    fn release_by_table(&self, ptr: usize) -> Option<Released> {
         self.fast.mr_candidates(ptr, |_, slot| {
             slot.release_if_mr(ptr).then_some(Released::Kept)
         })

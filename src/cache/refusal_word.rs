@@ -45,3 +45,38 @@ fn try_hit_obeys_the_refusal_word() {
     cache.refuse.store(access::REMOTE, SeqCst);
     assert_eq!(cache.try_hit(&remote), None, "a remote request");
 }
+
+/// `try_hit` does not call `classify`: a request it would refuse must still never be
+/// served, because it matches no entry's key (session 12).
+#[test]
+fn try_hit_serves_no_request_classify_refuses() {
+    let fake = Fake::default();
+    let cache = Cache::new(&fake, LIMITS);
+    let (_, ptr) = idle_entry(&cache, 0x10_0000);
+    let a = req(0x10_0000);
+    let refused = [
+        Request {
+            access: a.access | access::ON_DEMAND,
+            ..a
+        },
+        Request {
+            access: a.access | access::ZERO_BASED,
+            ..a
+        },
+        Request {
+            access: a.access | 1 << 15,
+            ..a
+        },
+        Request { len: 0, ..a },
+        Request {
+            addr: usize::MAX - 0x10,
+            ..a
+        },
+    ];
+    for r in refused {
+        assert!(access::classify(r.addr, r.len, r.access).is_err(), "{r:?}");
+        assert_eq!(cache.try_hit(&r), None, "served {r:?}");
+    }
+    assert_eq!(cache.try_hit(&a), Some(ptr));
+    assert_eq!(cache.try_release(ptr), Some(Released::Kept));
+}

@@ -80,7 +80,9 @@ impl Table {
         let mask = t.len() - 1;
         let want = tag(hash);
         let mut i = hash as usize & mask;
-        for _ in 0..=mask {
+        // At most every word once (a full table cannot be, but a reader must not spin).
+        let mut left = mask;
+        loop {
             let w = t[i].load(Acquire);
             if w == 0 {
                 return None;
@@ -90,9 +92,12 @@ impl Table {
             {
                 return Some(r);
             }
+            if left == 0 {
+                return None;
+            }
+            left -= 1;
             i = (i + 1) & mask;
         }
-        None
     }
 
     /// Add `id` under `hash` (cache lock held). `hash_of(id)`: the hash of an id already in

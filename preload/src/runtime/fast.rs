@@ -88,13 +88,14 @@ pub fn hit(
     let (cache, check_patches) = open()?;
     // The watch word first: while no watched page changed since the last full check, no
     // site can have changed either (docs/design.md, "A cheaper patch check").
-    if pd.is_null() || (check_patches && !patch::watch_clean() && patch::overwritten().is_some()) {
+    if check_patches && !patch::watch_clean() && patch::overwritten().is_some() {
         return None;
     }
+    // The PD is not dereferenced: `try_hit` reads no context, and a null or foreign PD
+    // matches no entry's key (the full path checks it).
     let req = Request {
         pd: pd as usize,
-        // SAFETY: pd is the app's non-null PD (as on the full path).
-        context: unsafe { (*pd).context } as usize,
+        context: 0,
         addr: addr as usize,
         len,
         iova,
