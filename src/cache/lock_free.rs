@@ -41,7 +41,7 @@ impl<R: Registrar> Cache<R> {
     /// request passed `classify`, which reads nothing but those fields; a request it
     /// refuses (bad range, unknown or on-demand flags) so matches no entry. The request's
     /// `context` is not read either (not part of the key).
-    #[inline]
+    #[inline(always)]
     pub fn try_hit(&self, req: &Request) -> Option<usize> {
         // One word for caching stopped, remote keys not kept, and verification on.
         if (req.access | REFUSE_ALL) & self.refuse.load(Acquire) != 0 {
@@ -85,56 +85,34 @@ impl<R: Registrar> Cache<R> {
 
     /// An exact hit on the provider's own pointer without the cache lock, when no
     /// invalidation began since the last drain; None: take the locked path.
-    #[inline]
+    #[inline(always)]
     pub(super) fn hit_unlocked(&self, req: &Request) -> Option<usize> {
         if !self.clean() {
             return None;
         }
         let share = !self.limits.shadow;
         let hash = key_hash(req);
-        self.fast.exact_candidates(hash, |id, slot| {
-            // Another range's entry (a tag collision, or a slot reused since the word was
-            // read) is passed over untouched: a claim on it, however brief, would set its
-            // clock bit and refuse a concurrent hit on it the provider's pointer. This
-            // read holds no reference, so it only filters; the range alone does (the same
-            // range under another PD, access or iova is claimed and given back).
-            if !slot.may_have_key(req) {
-                return None;
-            }
-            #[cfg(test)]
-            super::stale_words::before_claim(id);
-            // Claimed, then compared again: while we hold a reference the slot cannot be
-            // reused, so the key compared next is the one of the entry we claimed.
-            let flushed = slot.claim_hit(share)?;
-            // Striped by slot, as `unclaim` takes it back: the hash is dead by here, one
-            // register fewer in the loop.
-            if flushed != 0 {
-                self.hits.add(id as usize, flushed);
-            }
-            if slot.has_key(req) {
+        self.fast.exact_candidates(
+            hash,
+            #[inline(always)]
+            |id, slot| {
+                // Another key's entry (a tag collision, or a slot reused since the word was
+                // read) is passed over untouched: a claim on it, however brief, would set its
+                // clock bit and refuse a concurrent hit on it the provider's pointer.
+                let seen = slot.look(req)?;
+                #[cfg(test)]
+                super::stale_words::before_claim(id);
+                // Only from a word of the generation `look` saw: the entry whose key matched
+                // (a reuse in between changed the generation for good; `slots`).
+                let flushed = slot.claim_seen(seen, share)?;
+                // Striped by slot: the hash is dead by here, one register fewer in the loop.
+                if flushed != 0 {
+                    self.hits.add(id as usize, flushed);
+                }
                 let mr = slot.mr_ptr();
                 self.fast.recent.remember(mr, id);
-                return Some(mr);
-            }
-            // Another entry (the slot was reused between the look and the claim): give it
-            // back.
-            self.unclaim(id, slot);
-            None
-        })
-    }
-
-    /// Undo a lock-free claim on the wrong entry, and the hit it counted. Without the lock
-    /// (`try_hit`'s promises): when this was the last reference of an entry that died
-    /// meanwhile, its removal falls to the next drain, which this forces.
-    #[cold]
-    pub(super) fn unclaim(&self, id: u32, slot: &slots::Slot) {
-        self.hits.add(id as usize, 1u64.wrapping_neg());
-        if let Ok(prev) = slot.release_primary(true)
-            && slots::refs(prev) == 1
-            && slots::dead(prev)
-        {
-            self.stranded.store(true, SeqCst);
-            self.clean.store(NEVER_DRAINED, SeqCst);
-        }
+                Some(mr)
+            },
+        )
     }
 }

@@ -34,7 +34,7 @@ use crate::stats::{Counter, Counters};
 use lock_free::{REFUSE_ALL, refusal};
 use state::{Claim, Fast, Handle, State, key_hash};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -82,9 +82,6 @@ pub struct Cache<R: Registrar> {
     /// (all of them drained): while the queue's count still equals it, nothing needs
     /// draining and a hit may skip the lock.
     clean: AtomicU64,
-    /// A dead entry lost its last reference on the lock-free path (`unclaim`): the next
-    /// drain removes it.
-    stranded: AtomicBool,
     pub stats: Counters,
     /// Hits, counted apart: those of the lock-free path in their slots' state words and
     /// flushed here in bulk, the others here, in stripes picked by the key's hash, so
@@ -121,7 +118,6 @@ impl<R: Registrar> Cache<R> {
             classes: Mutex::new(Classes::default()),
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),
-            stranded: AtomicBool::new(false),
             stats: Counters::new(),
             hits: Striped::default(),
             registrar,
@@ -168,16 +164,6 @@ impl<R: Registrar> Cache<R> {
         }
         if let Some(started) = quiet {
             self.clean.store(started, SeqCst);
-        }
-        // After `clean`: an entry stranded after this swap leaves `clean` unset.
-        if self.stranded.swap(false, SeqCst) {
-            let f = &self.fast;
-            for id in st.ids(f) {
-                let s = f.slots.get(id).map_or(0, |s| s.load());
-                if slots::dead(s) && slots::refs(s) == 0 {
-                    to_dereg.extend(st.remove(f, id));
-                }
-            }
         }
         to_dereg
     }

@@ -5,10 +5,11 @@
 //!
 //! Slots live in chunks that are allocated once and never freed, so a slot id from a table
 //! stays a valid address. A slot is reused only once dead and unreferenced, and every reuse
-//! bumps its generation: a hit claims first and compares the key after (the key cannot
-//! change while it holds a reference), a release checks the MR pointer and then swaps the
-//! exact state word it checked (any reuse in between changed the generation).
-//! The request fields and flags are written under the cache lock only.
+//! bumps its generation, which never wraps: a slot that reached its last generation is
+//! retired (never reused). So a state word, once replaced by a reuse, never comes back, and
+//! a lock-free hit or release that swaps exactly the state word it read before checking the
+//! slot's key or MR pointer acts on the entry it checked (no compare after the claim).
+//! The request fields and flags are written under the cache lock only, by `reset`.
 
 use super::types::{Mr, Request};
 use std::sync::OnceLock;
@@ -20,21 +21,24 @@ const CHUNKS: usize = 4096;
 /// The most entries a cache holds at once (4,096 chunks of 1,024 slots).
 pub const MAX_SLOTS: usize = CHUNKS * CHUNK;
 
-/// One reference (any holder: the provider's pointer, a shadow, a granted key).
+/// One reference (any holder: the provider's pointer, a shadow, a granted key): 12 bits,
+/// 4,095 at once (a claim beyond that fails and the call is served as a miss).
 const REF: u64 = 1;
-const REFS: u64 = (1 << 14) - 1;
+const REFS: u64 = (1 << 12) - 1;
 /// One holder of the provider's own pointer (also counted in the references).
-const HOLDER: u64 = 1 << 14;
-const HOLDERS: u64 = REFS << 14;
+const HOLDER: u64 = 1 << 12;
+const HOLDERS: u64 = REFS << 12;
 /// Out of the lookup tables: never claimed again; deregistered at the last release.
-pub const DEAD: u64 = 1 << 28;
+pub const DEAD: u64 = 1 << 24;
 /// The clock bit of the approximate LRU: released since the eviction hand last passed.
-const USED: u64 = 1 << 29;
+const USED: u64 = 1 << 25;
 /// Registered without remote rights: every holder needs a grant (the locked path).
-pub const REVOCABLE: u64 = 1 << 30;
-/// The generation: 19 bits, bumped at each reuse of the slot.
-const GEN: u64 = 1 << 31;
-const GENS: u64 = ((1 << 19) - 1) * GEN;
+pub const REVOCABLE: u64 = 1 << 26;
+/// The generation: 23 bits, bumped at each reuse of the slot; a slot whose generation is
+/// the last (`GENS`) is retired when its entry goes (after 8,388,607 reuses).
+const GEN: u64 = 1 << 27;
+pub const LAST_GENERATION: u64 = (1 << 23) - 1;
+const GENS: u64 = LAST_GENERATION * GEN;
 /// Lock-free hits counted in the slot itself (the claim's own compare-and-swap counts
 /// them, no shared counter is written): the top 14 bits, so that the claim that finds the
 /// field full carries out of the word, which empties it, and its caller adds
@@ -55,7 +59,7 @@ pub fn refs(s: u64) -> u64 {
 }
 
 pub fn holders(s: u64) -> u64 {
-    (s & HOLDERS) >> 14
+    (s & HOLDERS) >> HOLDERS.trailing_zeros()
 }
 
 pub fn dead(s: u64) -> bool {
@@ -99,9 +103,12 @@ impl Slot {
         self.access.store(req.access, Relaxed);
         let wrapper = if mr.via_wrapper { VIA_WRAPPER } else { 0 };
         self.flags.store(PRESENT | INDEXED | wrapper, Relaxed);
-        // The hits counted here stay (`Cache::snapshot` adds every slot's).
+        // The hits counted here stay (`Cache::snapshot` adds every slot's). A retired slot
+        // is never reset (`State::remove` keeps it off the free list): the generation only
+        // grows, so no state word of an earlier entry comes back.
         let old = self.state.load(Relaxed);
-        let generation = ((old & GENS).wrapping_add(GEN) & GENS) | (old & HITS);
+        debug_assert!(old & GENS != GENS, "a retired slot was reset");
+        let generation = (old & GENS) + GEN | (old & HITS);
         let s = if revocable {
             REF | REVOCABLE
         } else {
@@ -147,11 +154,27 @@ impl Slot {
             && self.iova.load(Relaxed) == r.iova
     }
 
-    /// Whether the slot may hold this key: its range only, the filter before a lock-free
-    /// claim (the full compare follows the claim, which is what makes a hit right).
+    /// At its last generation: once its entry is gone the slot is never reused.
+    pub fn retired(&self) -> bool {
+        self.state.load(Relaxed) & GENS == GENS
+    }
+
+    /// The lock-free hit's look: the state word, if the slot holds exactly this key. The
+    /// fields are read after the state word (Acquire: they are at least those `reset`
+    /// published with it); they may also be those of a reset under way since, which
+    /// `claim_seen` then refuses (a reset follows a kill, which changed the word).
     #[inline(always)]
-    pub fn may_have_key(&self, r: &Request) -> bool {
-        self.addr.load(Relaxed) == r.addr && self.len.load(Relaxed) == r.len
+    pub fn look(&self, r: &Request) -> Option<u64> {
+        let s = self.state.load(Acquire);
+        self.has_key(r).then_some(s)
+    }
+
+    /// Tests: stand for reuses the test does not make one by one.
+    #[cfg(test)]
+    pub fn set_generation(&self, generation: u64) {
+        let s = self.state.load(Relaxed);
+        self.state
+            .store(s & !GENS | (generation * GEN) & GENS, Relaxed);
     }
 
     pub fn present(&self) -> bool {
@@ -185,16 +208,19 @@ impl Slot {
         .is_ok()
     }
 
-    /// `claim_primary` for the lock-free hit path, counting the hit in the slot: the hits
-    /// to add to the cache's counter (0, or `HITS_FLUSHED` when the field was full).
+    /// `claim_primary` for the lock-free hit path, on the entry `look` saw (`seen`),
+    /// counting the hit in the slot: the hits to add to the cache's counter (0, or
+    /// `HITS_FLUSHED` when the field was full). The swap succeeds only from a word of the
+    /// same generation, so on the entry whose key `look` compared (a reuse changes the
+    /// generation for good); None when the slot was reused since, or cannot be claimed.
+    /// The swap releases what this thread read of the slot to whoever changes the word
+    /// next, so no later reset's field writes can have been what `look` read.
     #[inline(always)]
-    pub fn claim_hit(&self, share: bool) -> Option<u64> {
-        let mut s = self.state.load(Relaxed);
+    pub fn claim_seen(&self, seen: u64, share: bool) -> Option<u64> {
+        let mut s = seen;
         loop {
-            let ok = s & (DEAD | REVOCABLE) == 0
-                && refs(s) < REFS
-                && holders(s) < REFS
-                && (holders(s) == 0 || share);
+            // `holders <= refs`, so the references' bound covers the holders'.
+            let ok = s & (DEAD | REVOCABLE) == 0 && refs(s) < REFS && (share || holders(s) == 0);
             if !ok {
                 return None;
             }
@@ -205,7 +231,8 @@ impl Slot {
                 .compare_exchange_weak(s, counted + REF + HOLDER, AcqRel, Relaxed)
             {
                 Ok(_) => return Some(flushed),
-                Err(now) => s = now,
+                Err(now) if now & GENS == seen & GENS => s = now,
+                Err(_) => return None,
             }
         }
     }
@@ -384,6 +411,10 @@ impl Slots {
 mod tests {
     use super::*;
 
+    fn claim_hit(s: &Slot, r: &Request, share: bool) -> Option<u64> {
+        s.look(r).and_then(|seen| s.claim_seen(seen, share))
+    }
+
     fn request() -> Request {
         Request {
             pd: 1,
@@ -468,7 +499,7 @@ mod tests {
         let generation = s.load() & GENS;
         let mut flushed = 0;
         for _ in 0..HITS_FLUSHED + 5 {
-            flushed += s.claim_hit(false).unwrap();
+            flushed += claim_hit(&s, &r, false).unwrap();
             assert!(s.release_if_mr(0x40));
         }
         assert_eq!(flushed, HITS_FLUSHED);
@@ -479,10 +510,10 @@ mod tests {
         );
         assert_eq!(hits(s.load()), 5);
         assert_eq!(refs(s.load()), 0);
-        assert!(s.claim_hit(false).is_some());
-        assert!(s.claim_hit(false).is_none(), "held, not shared");
+        assert!(claim_hit(&s, &r, false).is_some());
+        assert!(claim_hit(&s, &r, false).is_none(), "held, not shared");
         s.kill();
-        assert!(s.claim_hit(true).is_none(), "dead");
+        assert!(claim_hit(&s, &r, true).is_none(), "dead");
         assert!(s.release_primary(true).is_ok());
         s.reset(&r, mr, false);
         assert_eq!(hits(s.load()), 6, "a reuse keeps the slot's count");

@@ -51,9 +51,9 @@ fn a_hit_through_another_keys_word_hands_nothing_out() {
     );
 }
 
-/// The lock-free lookup filters candidates on their range only before it claims one; a
-/// slot of the same range under another PD, access or iova is claimed, compared in full,
-/// and given back, never handed out.
+/// The lock-free lookup compares the whole key before it claims: a slot of the same range
+/// under another PD, access or iova is neither handed out nor claimed (its state word is
+/// left as it was).
 #[test]
 fn a_hit_through_a_word_of_the_same_range_under_another_key_hands_nothing_out() {
     let fake = Fake::default();
@@ -75,13 +75,17 @@ fn a_hit_through_a_word_of_the_same_range_under_another_key_hands_nothing_out() 
             .exact
             .insert(key_hash(&a), b, |i| cache.fast.slot_key_hash(i));
         let hits = cache.snapshot().counts[Counter::Hits];
+        let before = cache.fast.slots.get(b).unwrap().load();
         assert_eq!(cache.try_hit(&a), None, "A was served {b_req:?}");
         let s = cache.fast.slots.get(b).unwrap().load();
-        assert_eq!(slots::refs(s), 0, "B kept a reference from the claim");
+        assert_eq!(
+            s, before,
+            "B's state word was touched: claimed for {b_req:?}"
+        );
         assert_eq!(
             cache.snapshot().counts[Counter::Hits],
             hits,
-            "the claim given back counted a hit"
+            "the lookup counted a hit"
         );
         // B itself still hits.
         assert_eq!(cache.try_hit(&b_req), Some(b_ptr));
@@ -115,31 +119,6 @@ fn a_release_through_another_pointers_word_releases_nothing() {
         "B's holding was released by another pointer"
     );
     assert_eq!(cache.release(h), Released::Kept);
-}
-
-/// A lock-free claim on the wrong entry is given back after that entry died (invalidated
-/// meanwhile): the give-back is its last reference. It takes no lock (`try_hit` promises
-/// that), so the next drain removes and deregisters the entry.
-#[test]
-fn giving_back_a_claim_on_an_entry_that_died_meanwhile_deregisters_it() {
-    let fake = Fake::default();
-    let cache = Cache::new(&fake, LIMITS);
-    let (b, b_ptr) = idle_entry(&cache, 0x20_0000);
-    let slot = cache.fast.slots.get(b).unwrap();
-    assert!(slot.claim_primary(false));
-    cache.invalidate(0x20_0000, 0x20_1000);
-    assert!(
-        fake.deregistered.lock().unwrap().is_empty(),
-        "claimed: kept"
-    );
-    cache.unclaim(b, slot);
-    assert!(
-        fake.deregistered.lock().unwrap().is_empty(),
-        "without the lock"
-    );
-    cache.drain_pending();
-    assert_eq!(*fake.deregistered.lock().unwrap(), vec![b_ptr]);
-    assert_eq!(cache.snapshot().entries, 0);
 }
 
 /// A lookup of A meeting B's slot (a tag collision, or a word of a slot reused since) must
@@ -200,4 +179,61 @@ fn a_slot_reused_between_the_first_look_and_the_claim_hands_nothing_out() {
         0,
         "B kept a reference from the failed claim"
     );
+}
+
+/// A slot's generation must never repeat: a lock-free hit swaps exactly the state word it
+/// read before comparing the key, so a slot reused until its generation wrapped back to the
+/// one seen, its new entry idle as the old one was, would hand that entry out for the old
+/// key. The slot is retired at its last generation instead. Reuses that do not reach the
+/// last generation are stood for by `set_generation`.
+#[test]
+fn a_slot_is_retired_at_its_last_generation_so_no_state_word_comes_back() {
+    let fake: &'static Fake = Box::leak(Box::new(Fake::default()));
+    let cache: &'static Cache<&'static Fake> = Box::leak(Box::new(Cache::new(fake, LIMITS)));
+    let a = req(0x10_0000);
+    let (x, _) = idle_entry(cache, a.addr);
+    let slot = cache.fast.slots.get(x).unwrap();
+    // A is the entry after 2^23 - 3 reuses of its slot.
+    slot.set_generation(slots::LAST_GENERATION - 1);
+    let evict_all = || {
+        let gone = cache.lock().evict_idle(&cache.fast, |_| true);
+        cache.deregister_all(&gone);
+    };
+    let served = std::rc::Rc::new(std::cell::Cell::new(0));
+    let reused_after_last = served.clone();
+    BEFORE_CLAIM.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |id| {
+            assert_eq!(id, x);
+            // Another thread, while this one is between its look at A and its claim.
+            evict_all();
+            let (b, _) = idle_entry(cache, 0x20_0000);
+            assert_eq!(b, x, "B reuses A's slot, at its last generation");
+            evict_all();
+            let (c, _) = idle_entry(cache, 0x30_0000);
+            if c == x {
+                // Reused past its last generation: the generation wrapped. 2^23 - 2 more
+                // reuses bring it back to A's, the entry in it idle as A was.
+                reused_after_last.set(1);
+                slot.set_generation(slots::LAST_GENERATION - 2);
+                evict_all();
+                let (d, d_ptr) = idle_entry(cache, 0x40_0000);
+                assert_eq!(d, x);
+                reused_after_last.set(d_ptr);
+            }
+        }))
+    });
+    let got = cache.try_hit(&a);
+    assert_eq!(got, None, "A was served another key's registration");
+    assert_eq!(
+        served.get(),
+        0,
+        "a slot was reused past its last generation"
+    );
+    assert!(slot.retired());
+    // Its entry is gone and it stays out of use.
+    evict_all();
+    for k in 0..4 {
+        let (id, _) = idle_entry(cache, 0x50_0000 + k * 0x10_0000);
+        assert_ne!(id, x, "a retired slot was reused");
+    }
 }

@@ -67,7 +67,11 @@ impl Fast {
         hash: u64,
         mut f: impl FnMut(u32, &Slot) -> Option<R>,
     ) -> Option<R> {
-        self.exact.find(hash, |id| f(id, self.slots.get(id)?))
+        self.exact.find(
+            hash,
+            #[inline(always)]
+            |id| f(id, self.slots.get(id)?),
+        )
     }
 
     /// Lock-free: call `f` on each slot that may hold MR pointer `ptr` (unvalidated).
@@ -537,7 +541,11 @@ impl State {
             .entry(e.mr.ptr)
             .or_default()
             .push((e.req.pd, e.req.context));
-        self.free_ids.push(id);
+        // A slot at its last generation is retired: a reuse would wrap the generation, and
+        // a lock-free hit or release that read this entry's state word could then swap it.
+        if !f.slots.get(id).is_some_and(slots::Slot::retired) {
+            self.free_ids.push(id);
+        }
         self.count -= 1;
         self.bytes -= e.req.len as u64;
         Some(e.mr)

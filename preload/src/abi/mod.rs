@@ -109,7 +109,7 @@ const fn hooked(
 }
 
 extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: c_int) -> *mut IbvMr {
-    crate::calls::register(Call::RegMr, pd, addr, len, addr as u64, access as u32)
+    crate::calls::register(pd, addr, len, addr as u64, access as u32, Call::RegMr)
 }
 
 extern "C" fn reg_mr_iova(
@@ -119,7 +119,7 @@ extern "C" fn reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut IbvMr {
-    crate::calls::register(Call::RegMrIova, pd, addr, len, iova, access as u32)
+    crate::calls::register(pd, addr, len, iova, access as u32, Call::RegMrIova)
 }
 
 extern "C" fn reg_mr_iova2(
@@ -129,7 +129,7 @@ extern "C" fn reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut IbvMr {
-    crate::calls::register(Call::RegMrIova2, pd, addr, len, iova, access)
+    crate::calls::register(pd, addr, len, iova, access, Call::RegMrIova2)
 }
 
 extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {

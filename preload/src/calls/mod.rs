@@ -23,16 +23,18 @@ mod rereg;
 
 pub use rereg::rereg_mr;
 
-/// Every registration entry point lands here. Small enough to inline into each hook: the
-/// fast hit, else the full path, each traced apart.
-#[inline(always)]
-pub fn register(
-    call: Call,
+/// Every registration entry point lands here: the fast hit, else the full path, each
+/// traced apart. One frame for all of it, the fast hit inlined into it: `extern "C"` (it
+/// cannot unwind: an unwind aborts here, and the full path catches panics itself), so the
+/// hook's call is a jump, and `call` last, so that the hook moves no other argument.
+#[inline(never)]
+pub extern "C" fn register(
     pd: *mut IbvPd,
     addr: *mut c_void,
     len: usize,
     iova: u64,
     access: u32,
+    call: Call,
 ) -> *mut IbvMr {
     if trace::enabled() {
         return register_traced(call, pd, addr, len, iova, access);
@@ -230,9 +232,10 @@ fn note_foreign(mr: *mut IbvMr, nested: bool) {
     }
 }
 
-/// As `register`: inlined into the hook, the trace apart.
-#[inline(always)]
-pub fn dereg_mr(mr: *mut IbvMr) -> i32 {
+/// `extern "C"` and apart, as `register`: the hook jumps here, one frame for the fast
+/// release and the full path.
+#[inline(never)]
+pub extern "C" fn dereg_mr(mr: *mut IbvMr) -> i32 {
     if trace::enabled() {
         return dereg_traced(mr);
     }
@@ -253,6 +256,7 @@ fn dereg_traced(mr: *mut IbvMr) -> i32 {
     rc
 }
 
+#[inline(always)]
 fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
     if mr.is_null() {
         return (libc::EINVAL, Outcome::Failed);

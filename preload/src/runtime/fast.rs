@@ -77,7 +77,7 @@ fn open() -> Option<(&'static Cache<Provider>, bool)> {
 }
 
 /// An exact hit on the fast path; None: take the full path (nothing was changed).
-#[inline]
+#[inline(always)]
 pub fn hit(
     pd: *mut IbvPd,
     addr: *mut c_void,
