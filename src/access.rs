@@ -48,6 +48,9 @@ pub enum Bypass {
     /// Remote access under `MRCACHE_REMOTE=revoke`, a class that caches: one hit now and
     /// then is passed through so that what a miss costs is measured again (`admission`).
     Probe,
+    /// The key's cache entry is held as often as a slot counts at once (4,095): this
+    /// registration is made as without the cache.
+    Saturated,
 }
 
 /// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).

@@ -111,6 +111,8 @@ named_enum! {
         Scan = "scan",
         /// A cached remote class's hit passed through to re-measure a miss's cost.
         Probe = "admission-probe",
+        /// The key's entry already held 4,095 times at once.
+        Saturated = "references-full",
     }
 }
 
@@ -129,6 +131,7 @@ impl From<crate::access::Bypass> for Bypassed {
             Bypass::NotWorthCaching => Bypassed::NotWorthCaching,
             Bypass::Scan => Bypassed::Scan,
             Bypass::Probe => Bypassed::Probe,
+            Bypass::Saturated => Bypassed::Saturated,
         }
     }
 }

@@ -274,8 +274,16 @@ impl<R: Registrar> Cache<R> {
         let t_start = t_start.or_else(|| {
             (found.is_some() && self.needs_round_sample(kind, req.len)).then(Instant::now)
         });
+        let claim = found.map(|(id, _)| st.claim(&self.fast, id, req, self.limits.shadow));
+        if let Some((_, Outcome::Hit)) = found
+            && let Some(None) = claim
+        {
+            // Its key's entry holds all the references it can (`slots`): as without the
+            // cache, with no eviction and no registration made only to be handed out uncached.
+            return Err(AcquireError::Bypass(Bypass::Saturated));
+        }
         if let Some((id, outcome)) = found
-            && let Some(claim) = st.claim(&self.fast, id, req, self.limits.shadow)
+            && let Some(Some(claim)) = claim
         {
             drop(st);
             if let Some(h) = self.finish_claim(claim, req) {
@@ -580,6 +588,8 @@ mod hash_review;
 mod recent_hits;
 #[cfg(test)]
 mod refusal_word;
+#[cfg(test)]
+mod saturated;
 #[cfg(test)]
 mod stale_words;
 #[cfg(test)]

@@ -22,7 +22,8 @@ const CHUNKS: usize = 4096;
 pub const MAX_SLOTS: usize = CHUNKS * CHUNK;
 
 /// One reference (any holder: the provider's pointer, a shadow, a granted key): 12 bits,
-/// 4,095 at once (a claim beyond that fails and the call is served as a miss).
+/// 4,095 at once (a claim beyond that fails: the lock-free hit takes the locked path, which
+/// passes the call through, `Bypass::Saturated`).
 const REF: u64 = 1;
 const REFS: u64 = (1 << 12) - 1;
 /// One holder of the provider's own pointer (also counted in the references).
@@ -108,7 +109,7 @@ impl Slot {
         // grows, so no state word of an earlier entry comes back.
         let old = self.state.load(Relaxed);
         debug_assert!(old & GENS != GENS, "a retired slot was reset");
-        let generation = (old & GENS) + GEN | (old & HITS);
+        let generation = ((old & GENS) + GEN) | (old & HITS);
         let s = if revocable {
             REF | REVOCABLE
         } else {

@@ -438,7 +438,9 @@ impl State {
             Some(&id) => id,
             None => self.next_id,
         };
-        let Some(slot) = f.slots.ensure(id) else {
+        // Never a retired slot (`remove` keeps them off the free list): a reset would wrap
+        // its generation. Checked here too, as release builds have no debug assertions.
+        let Some(slot) = f.slots.ensure(id).filter(|s| !s.retired()) else {
             return false;
         };
         slot.reset(&req, mr, grant.is_some());
