@@ -200,8 +200,9 @@ pub fn break_even(costs: &Costs) -> Option<f64> {
 }
 
 /// A passed-through class gets one cached trial after this many of its misses; the
-/// interval doubles after each trial, up to `PROBE_MAX`, and comes back to this when a
-/// figure moves by more than a quarter (`Figures::settle`).
+/// interval doubles after each trial, up to `PROBE_MAX`, and comes back to this when its
+/// round comes down by more than a quarter or a dearer miss brings the round within the
+/// band (`Figures::settle`).
 pub const PROBE_EVERY: u64 = 32;
 pub const PROBE_MAX: u64 = 1024;
 /// The longest interval between a cached remote class's probes, in hits.
@@ -325,9 +326,9 @@ impl Figures {
     /// the miss or the cached round brings trials back to every `PROBE_EVERY` misses, so
     /// a change of cost is followed quickly while steady figures are re-probed rarely. A
     /// passed-through class counts only its cached round coming down by more than a
-    /// quarter, which only a trial can show: a move away cannot change its verdict, and
-    /// a dearer miss needs no trial (the pass-throughs measure it, and the verdict follows
-    /// it by itself). On a noisy machine any move brought trials back all the time (the
+    /// quarter, which only a trial can show, and a dearer miss that brings the round
+    /// within the band (`BAND_OUT`) of it: a move away cannot change its verdict, and a
+    /// dearer miss with the round well above it needs no trial. On a noisy machine any move brought trials back all the time (the
     /// aarch64 guest: 64-91 trials in 8,000 calls of remote 4 KiB to 256 KiB, whose rounds
     /// cost 2-4x a miss, each trial a cached registration and 4 binds and unbinds): a
     /// stall in one pass-through's timing (counted up to 8x) lifts the miss figure by up
@@ -339,9 +340,12 @@ impl Figures {
         let reset = if self.held == Some(Verdict::PassThrough) && measured(before) && measured(&now)
         {
             // Against the update before and the last trial's round: one round sample
-            // moves its mean by 1/8 at most, a trial's 3 by a third.
+            // moves its mean by 1/8 at most, a trial's 3 by a third. And a dearer miss
+            // that brings the round within the band of it: a trial may then bring the
+            // class back (its round may have come down too, which only a trial shows).
             let mark = self.trial_round.unwrap_or(0.0).max(before.cached_ns);
-            now.cached_ns * 1.25 < mark
+            let ratio = |c: &Costs| c.cached_ns / c.miss_ns;
+            now.cached_ns * 1.25 < mark || (ratio(&now) < BAND_OUT && ratio(before) >= BAND_OUT)
         } else {
             moved(before.miss_ns, now.miss_ns) || moved(before.cached_ns, now.cached_ns)
         };

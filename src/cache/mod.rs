@@ -275,11 +275,13 @@ impl<R: Registrar> Cache<R> {
             (found.is_some() && self.needs_round_sample(kind, req.len)).then(Instant::now)
         });
         let claim = found.map(|(id, _)| st.claim(&self.fast, id, req, self.limits.shadow));
-        if let Some((_, Outcome::Hit)) = found
+        if let Some((id, Outcome::Hit)) = found
             && let Some(None) = claim
+            && self.fast.slots.get(id).is_some_and(slots::Slot::saturated)
         {
-            // Its key's entry holds all the references it can (`slots`): as without the
-            // cache, with no eviction and no registration made only to be handed out uncached.
+            // Its key's entry holds all the references it can: as without the cache, with
+            // no eviction and no registration made only to be handed out uncached. (A dead
+            // entry still indexed, a rereg's reserved one, takes the miss path as before.)
             return Err(AcquireError::Bypass(Bypass::Saturated));
         }
         if let Some((id, outcome)) = found

@@ -155,6 +155,13 @@ impl Slot {
             && self.iova.load(Relaxed) == r.iova
     }
 
+    /// Live and held as often as it can count (`REFS`): the one reason a claim on a live
+    /// entry fails.
+    pub fn saturated(&self) -> bool {
+        let s = self.state.load(Acquire);
+        s & DEAD == 0 && refs(s) == REFS
+    }
+
     /// At its last generation: once its entry is gone the slot is never reused.
     pub fn retired(&self) -> bool {
         self.state.load(Relaxed) & GENS == GENS
