@@ -14,11 +14,10 @@
 //! of the time pays `h * cached + (1 - h) * (miss + evict)` per call against `miss`
 //! without it; [`verdict`] is `verdict_at(.., 1.0)`.
 //!
-//! [`Figures`] keeps the running figures of one class (a decaying mean, so a change in
-//! cost is followed) and [`Classes`] all of them, with the decision and its re-probe: a
-//! class passed through still gets one cached trial in [`PROBE_EVERY`] of its misses, so
-//! its figures stay current and a change of cost brings it back. Both are plain data (the
-//! cache keeps them under a lock of their own, never on the lock-free hit path).
+//! [`Figures`] keeps the running figures of one class (decaying means) and [`Classes`] all
+//! of them, with the decision and its re-probe: a class passed through still gets cached
+//! trials ([`PROBE_EVERY`]), so a change of cost brings it back. Both are plain data, under
+//! a lock of their own (never on the lock-free hit path).
 //!
 //! Neither branch weakens the remote-key guarantee: a cached remote registration is always
 //! revocable (revoke), a passed-through one is libibverbs' own; nothing is ever kept.
@@ -167,6 +166,9 @@ pub fn verdict_at(_access: Access, costs: &Costs, hit_ratio: f64) -> Verdict {
 /// (figures near a tie would otherwise flip the verdict with every sample).
 pub const BAND_OUT: f64 = 1.25;
 pub const BAND_IN: f64 = 0.8;
+/// Updates in a row within the band before a passed-through class's dearer miss resets its
+/// trial interval (`Figures::settle`): one stall lifts the miss figure for a few only.
+pub const BAND_UPDATES: u32 = 16;
 
 /// `verdict` with the band: the verdict that follows `held` at these costs.
 pub fn verdict_banded(costs: &Costs, held: Verdict) -> Verdict {
@@ -223,9 +225,9 @@ pub const MIN_ROUNDS: u64 = 3;
 pub const SETTLED_ROUNDS: u64 = 16;
 pub const MIN_MISSES: u64 = 3;
 /// A cached remote class passes through only once its figures have said so for this many
-/// more samples (whole rounds and misses): a single stall sample (counted up to 8x the mean) can lift a cached round
-/// by 87%, past the band of a class that pays 1.3x (remote 256 KiB in the x86 guest, miss
-/// 72 us, round 55 us: `reg_loop_default` flipped after 3111 and 6073 of 10000 hits).
+/// more samples (whole rounds and misses): a single stall sample (counted up to 8x the
+/// mean) can lift a cached round by 87%, past the band of a class that pays 1.3x (remote
+/// 256 KiB in the x86 guest: `reg_loop_default` flipped after 3111 and 6073 of 10000 hits).
 pub const FLIP_SAMPLES: u64 = 8;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
 pub const TRIAL_HITS: u32 = 4;
@@ -294,6 +296,11 @@ pub struct Figures {
     /// A passed-through class's cached round at its last trial: a trial that brings it
     /// down by a quarter resets the trial interval (`settle`).
     pub trial_round: Option<f64>,
+    /// A passed-through class: updates in a row with its round within the band of its miss,
+    /// and whether that may reset the trial interval (armed at the flip to pass-through and
+    /// at a trial made outside the band, spent when it fires: `settle`).
+    pub band_run: u32,
+    pub band_armed: bool,
 }
 
 /// In `Figures::trial_cold`.
@@ -323,16 +330,12 @@ impl Figures {
     }
 
     /// After new samples (`before`: the costs until then): a move of more than a quarter in
-    /// the miss or the cached round brings trials back to every `PROBE_EVERY` misses, so
-    /// a change of cost is followed quickly while steady figures are re-probed rarely. A
-    /// passed-through class counts only its cached round coming down by more than a
-    /// quarter, which only a trial can show, and a dearer miss that brings the round
-    /// within the band (`BAND_OUT`) of it: a move away cannot change its verdict, and a
-    /// dearer miss with the round well above it needs no trial. On a noisy machine any move brought trials back all the time (the
-    /// aarch64 guest: 64-91 trials in 8,000 calls of remote 4 KiB to 256 KiB, whose rounds
-    /// cost 2-4x a miss, each trial a cached registration and 4 binds and unbinds): a
-    /// stall in one pass-through's timing (counted up to 8x) lifts the miss figure by up
-    /// to 87%, and the round over the miss fell by more than a quarter (`noisy`).
+    /// the miss or the cached round brings trials back to every `PROBE_EVERY` misses. A
+    /// passed-through class counts only its round coming down by a quarter (which only a
+    /// trial shows) and a dearer miss that keeps the round within the band of it for
+    /// `BAND_UPDATES` updates, once a flip or trial: a stall in one pass-through's timing
+    /// lifts the miss figure for a few updates (`noisy`: on the aarch64 guest any move
+    /// brought trials back 64-91 times in 8,000 calls).
     pub fn settle(&mut self, access: Access, before: &Costs) {
         let now = self.costs(access);
         let moved = |a: f64, b: f64| known(a) && known(b) && ((a - b).abs() > 0.25 * a.min(b));
@@ -344,8 +347,17 @@ impl Figures {
             // that brings the round within the band of it: a trial may then bring the
             // class back (its round may have come down too, which only a trial shows).
             let mark = self.trial_round.unwrap_or(0.0).max(before.cached_ns);
-            let ratio = |c: &Costs| c.cached_ns / c.miss_ns;
-            now.cached_ns * 1.25 < mark || (ratio(&now) < BAND_OUT && ratio(before) >= BAND_OUT)
+            let in_band = now.cached_ns < BAND_OUT * now.miss_ns;
+            self.band_run = if in_band {
+                self.band_run.saturating_add(1)
+            } else {
+                0
+            };
+            let band = self.band_armed && self.band_run >= BAND_UPDATES;
+            if band {
+                self.band_armed = false;
+            }
+            now.cached_ns * 1.25 < mark || band
         } else {
             moved(before.miss_ns, now.miss_ns) || moved(before.cached_ns, now.cached_ns)
         };
@@ -439,6 +451,7 @@ impl Classes {
             f.probe_every = PROBE_EVERY;
             f.probe_hits_every = PROBE_EVERY;
             f.misses = 0;
+            f.band_armed = v == Verdict::PassThrough;
         }
         f.verdict = Some(v);
         if !auto || v == Verdict::Cache {
@@ -456,6 +469,7 @@ impl Classes {
             f.trial_cold = COLD_HIT | COLD_RELEASE;
             let c = f.costs(access);
             f.trial_round = Some(c.cached_ns).filter(|r| r.is_finite());
+            f.band_armed |= c.cached_ns >= BAND_OUT * c.miss_ns;
             Decision::Trial
         } else {
             f.passed += 1;

@@ -74,7 +74,11 @@ fn trials(miss: f64, round: f64, calls: u64) -> u64 {
                 }
             }
             Decision::Cache => {
-                panic!("a class whose round is {round} against a miss of {miss} came back")
+                // Back to caching (stalls in a row can bring the miss figure that high): its
+                // hits are timed rounds until its figures pass it through again.
+                let f = k.get_mut(a, len);
+                upd(f, |f| f.add_hit(noisy(&mut z, round / 2.0)));
+                upd(f, |f| f.add_release(noisy(&mut z, round / 2.0)));
             }
         }
     }
@@ -83,15 +87,19 @@ fn trials(miss: f64, round: f64, calls: u64) -> u64 {
 
 #[test]
 fn stalls_in_the_pass_throughs_timings_do_not_bring_trials_back() {
-    // 32 + 64 + ... + 1024 = 2,016 calls for the first 6 trials, then one in 1,024. Stalls
-    // in a row that bring the round within the band of the miss (`BAND_OUT`) reset the
-    // interval, as a dearer miss there should: 18 trials here.
+    // 32 + 64 + ... + 1024 = 2,016 calls for the first 6 trials, then one in 1,024. At 2x
+    // a stall brings the round within the band of the miss (`BAND_OUT`) for a few updates:
+    // a reset at each crossing made 66 trials there (review 3 of session 14); with
+    // `BAND_UPDATES` in a row, once a trial, 20 (stalls in a row that flip the class back to
+    // caching for a while also bring the interval back: `decide`, at a verdict change).
     let ideal = 6 + (8_000 - 2_016) / PROBE_MAX;
-    let made = trials(118_000.0, 319_000.0, 8_000);
-    assert!(
-        made <= 2 * ideal,
-        "{made} trials in 8,000 calls of a class whose round is 2.7x its miss (the interval alone: {ideal})"
-    );
+    for ratio in [2.7, 2.0] {
+        let made = trials(118_000.0, ratio * 118_000.0, 8_000);
+        assert!(
+            made <= 2 * ideal,
+            "{made} trials in 8,000 calls of a class whose round is {ratio}x its miss (the interval alone: {ideal})"
+        );
+    }
 }
 
 /// Calls after the costs change from (`miss0`, `round0`) to (`miss1`, `round1`) until the
