@@ -127,13 +127,18 @@ fn req(access: u32) -> Request {
     }
 }
 
-#[test]
-fn revoke_kills_the_key_at_release_and_a_hit_gets_a_fresh_one() {
+/// A cache under `MRCACHE_REMOTE=revoke` on an HCA with memory windows.
+fn revoking() -> Cache<Hca> {
     let hca = Hca {
         windows: true,
         ..Hca::default()
     };
-    let cache = Cache::new(hca, LIMITS).with_remote(RemoteMode::Revoke);
+    Cache::new(hca, LIMITS).with_remote(RemoteMode::Revoke)
+}
+
+#[test]
+fn revoke_kills_the_key_at_release_and_a_hit_gets_a_fresh_one() {
+    let cache = revoking();
     let r = req(LOCAL_WRITE | REMOTE_WRITE);
     let (h1, o) = cache.acquire(&r).unwrap();
     assert_eq!(o, Outcome::Miss);
@@ -214,11 +219,7 @@ fn bypass_and_devices_without_windows_pass_remote_requests_through() {
 /// recycles the handle, and the revoke is counted.
 #[test]
 fn a_reserved_sole_handle_is_as_it_was_after_a_refused_rereg() {
-    let hca = Hca {
-        windows: true,
-        ..Hca::default()
-    };
-    let cache = Cache::new(hca, LIMITS).with_remote(RemoteMode::Revoke);
+    let cache = revoking();
     let r = req(LOCAL_WRITE | REMOTE_WRITE);
     let (h, _) = cache.acquire(&r).unwrap();
     let k = cache.registrar().rkey(h);
@@ -288,11 +289,7 @@ fn a_reserved_sole_handle_is_as_it_was_after_a_refused_rereg() {
 /// both were reported so when every failed claim on an exact hit was taken for a full one).
 #[test]
 fn a_registration_while_its_entry_is_reserved_for_a_rereg_takes_the_miss_path() {
-    let hca = Hca {
-        windows: true,
-        ..Hca::default()
-    };
-    let cache = Cache::new(hca, LIMITS).with_remote(RemoteMode::Revoke);
+    let cache = revoking();
     let r = req(LOCAL_WRITE | REMOTE_WRITE);
     let (h, _) = cache.acquire(&r).unwrap();
     let g = cache.reserve_sole(h, r.addr, r.len).unwrap();

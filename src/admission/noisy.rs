@@ -34,23 +34,27 @@ fn upd(f: &mut Figures, g: impl FnOnce(&mut Figures)) {
     f.verdict_now(Access::Remote);
 }
 
+/// A class passed through on settled figures: its miss `miss`, its cached round `round`.
+fn passed_through(a: Access, len: usize, miss: f64, round: f64) -> Classes {
+    let mut k = Classes::default();
+    let f = k.get_mut(a, len);
+    for _ in 0..SETTLED_ROUNDS {
+        f.pass_reg.add(miss / 2.0);
+        f.pass_dereg.add(miss / 2.0);
+        f.add_hit(round / 2.0);
+        f.add_release(round / 2.0);
+    }
+    f.held = Some(Verdict::PassThrough);
+    f.verdict = Some(Verdict::PassThrough);
+    k
+}
+
 /// `calls` registrations of one remote class whose miss costs `miss` (reg and dereg each
 /// half) and whose cached round costs `round` (hit and release each half), every call
 /// sampled; the trials made.
 fn trials(miss: f64, round: f64, calls: u64) -> u64 {
     let (a, len) = (Access::Remote, 4096);
-    let mut k = Classes::default();
-    {
-        let f = k.get_mut(a, len);
-        for _ in 0..SETTLED_ROUNDS {
-            f.pass_reg.add(miss / 2.0);
-            f.pass_dereg.add(miss / 2.0);
-            f.add_hit(round / 2.0);
-            f.add_release(round / 2.0);
-        }
-        f.held = Some(Verdict::PassThrough);
-        f.verdict = Some(Verdict::PassThrough);
-    }
+    let mut k = passed_through(a, len, miss, round);
     let mut z = 1;
     for _ in 0..calls {
         match k.decide(a, len, true) {
@@ -107,18 +111,7 @@ fn stalls_in_the_pass_throughs_timings_do_not_bring_trials_back() {
 /// every call timed); None: not within 30,000.
 fn calls_to_come_back(miss0: f64, round0: f64, miss1: f64, round1: f64) -> Option<u64> {
     let (a, len) = (Access::Remote, 4096);
-    let mut k = Classes::default();
-    {
-        let f = k.get_mut(a, len);
-        for _ in 0..SETTLED_ROUNDS {
-            f.pass_reg.add(miss0 / 2.0);
-            f.pass_dereg.add(miss0 / 2.0);
-            f.add_hit(round0 / 2.0);
-            f.add_release(round0 / 2.0);
-        }
-        f.held = Some(Verdict::PassThrough);
-        f.verdict = Some(Verdict::PassThrough);
-    }
+    let mut k = passed_through(a, len, miss0, round0);
     for call in 0..35_000u64 {
         let (miss, round) = if call < 5_000 {
             (miss0, round0)
