@@ -12,6 +12,7 @@
  *                 IBV_WR_LOCAL_INV, both on a QP of our own connected to itself
  *         mw1     the same with a type-1 window: ibv_bind_mw (new rkey) and a zero-length
  *                 bind to revoke, on the same QP
+ *         mw1split  mw1, timing the post and the wait for its completion apart
  *         check   key semantics of each mechanism, proven with RDMA WRITEs from a second
  *                 QP pair on the same PD (the "peer"): does the key reach memory while
  *                 granted, is it refused after revoke, is a key from before a re-grant
@@ -82,9 +83,16 @@ static int own_open(struct own *o, struct ibv_context *ctx, struct ibv_pd *pd) {
                : 0;
 }
 
+/* Empty polls before each completion, and (mode mw1split) the time in the post and in the
+ * wait: where a window round's time goes on a device. */
+static long empty_polls, waits;
+static double post_s, wait_s;
+static int split;
+
 static int own_wait(struct own *o) {
     struct ibv_wc wc;
-    for (long spins = 0;; spins++) {
+    waits++;
+    for (long spins = 0;; spins++, empty_polls++) {
         int n = ibv_poll_cq(o->cq, 1, &wc);
         if (n < 0)
             return EIO;
@@ -132,8 +140,15 @@ static int mw1_bind(struct own *o, struct ibv_mw *mw, struct ibv_mr *mr, void *a
     b.bind_info.addr = (uintptr_t)addr;
     b.bind_info.length = len;
     b.bind_info.mw_access_flags = len ? IBV_ACCESS_REMOTE_WRITE : 0;
+    double t0 = split ? now() : 0;
     int rc = ibv_bind_mw(o->qp, mw, &b);
-    return rc ? rc : own_wait(o);
+    double t1 = split ? now() : 0;
+    rc = rc ? rc : own_wait(o);
+    if (split) {
+        post_s += t1 - t0;
+        wait_s += now() - t1;
+    }
+    return rc;
 }
 
 /* A write from a fresh peer pair (the peer's QP pair is in error after a refusal). */
@@ -234,6 +249,10 @@ static void check(struct loopback *lb, char *buf) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "plain";
     double seconds = argc > 2 ? atof(argv[2]) : 2.0;
+    if (!strcmp(mode, "mw1split")) {
+        split = 1;
+        mode = "mw1";
+    }
     struct loopback lb;
     CHECK(lb_open(&lb, NULL) == 0, "open");
     char *buf = aligned_alloc(4096, LEN);
@@ -281,6 +300,12 @@ int main(int argc, char **argv) {
     double ns = (t - t0) * 1e9 / iters;
     printf("BENCH mode=%s size=%u iters=%ld ns_per_pair=%.0f pairs_per_s=%.0f\n", mode, LEN, iters,
            ns, 1e9 / ns);
+    if (waits)
+        printf("BENCH waits=%ld empty_polls_per_wait=%.1f", waits, (double)empty_polls / waits);
+    if (split)
+        printf(" post_ns=%.0f wait_ns=%.0f", post_s * 1e9 / waits, wait_s * 1e9 / waits);
+    if (waits)
+        printf("\n");
     if (mw)
         ibv_dealloc_mw(mw);
     if (mr)
