@@ -10,7 +10,7 @@
 //! Run with `--nocapture` to see the table.
 
 use mrcache::access::Bypass;
-use mrcache::admission::{Access, PROBE_BURST, PROBE_EVERY};
+use mrcache::admission::{Access, FLIP_SAMPLES, PROBE_BURST, PROBE_EVERY, SAMPLE_EVERY};
 use mrcache::cache::AcquireError;
 use mrcache::cache::{Cache, Limits, Mr, Outcome, Registrar, Request};
 use mrcache::config::{Admit, RemoteMode};
@@ -534,4 +534,57 @@ fn verdict_has_a_band_around_the_tie() {
     assert_eq!(v, Some(Verdict::Cache), "0.7x a miss");
     let (v, _) = verdict_after(&mut c, 1100.0, 64);
     assert_eq!(v, Some(Verdict::Cache), "1.1x a miss: inside the band");
+}
+
+/// A remote class whose cached round costs 3x its miss, under the preload's sampling (one
+/// call in `SAMPLE_EVERY` timed): once its figures say pass-through, the `FLIP_SAMPLES` of
+/// confirmation are every call's, so it flips within a few calls of its first probe burst
+/// (40 cached rounds here). Timing one call in 16 there took 95 cached rounds here (seen
+/// failing), 118-146 in the aarch64 guest's 1 s processes, at 3x a miss each.
+#[test]
+fn a_dear_remote_class_confirms_its_flip_within_a_few_calls() {
+    let fake = Costly::default();
+    fake.reg_ns.store(20_000, SeqCst);
+    fake.bind_ns.store(60_000, SeqCst);
+    let cache = Cache::new(&fake, small_limits())
+        .with_remote(RemoteMode::Revoke)
+        .with_admit(Admit::Auto)
+        .with_sampling(SAMPLE_EVERY);
+    let r = req(0, 1 | 4);
+    let mut hits = 0u64;
+    let mut flipped_at = None;
+    for i in 0..400usize {
+        match cache.acquire(&r) {
+            Ok((h, _)) => {
+                hits += 1;
+                cache.release(h);
+            }
+            Err(AcquireError::Bypass(why)) => {
+                // As the preload does: libibverbs registers it, timed whole when asked.
+                let timed = why == Bypass::Probe || cache.wants_passthrough_sample(&r);
+                let t = Instant::now();
+                spin(fake.reg_ns.load(SeqCst));
+                let mr = 0x7000_0000 + i;
+                if timed {
+                    cache.note_passthrough(&r, mr, t.elapsed().as_nanos() as u64);
+                    cache.note_passthrough_dereg(mr, 20_000, true);
+                }
+                if why == Bypass::NotWorthCaching {
+                    flipped_at = Some(i);
+                    break;
+                }
+            }
+            Err(e) => panic!("call {i}: {e:?}"),
+        }
+    }
+    let f = *cache.admission().get(Access::Remote, LEN);
+    println!("flipped at call {flipped_at:?} after {hits} cached rounds: {f:?}");
+    assert!(flipped_at.is_some(), "never passed through: {f:?}");
+    // PROBE_EVERY hits (the first SETTLED_ROUNDS timed), a burst of PROBE_BURST, then
+    // FLIP_SAMPLES timed rounds, with slack for the miss path's own first call.
+    let bound = PROBE_EVERY + PROBE_BURST as u64 + FLIP_SAMPLES + 4;
+    assert!(
+        hits <= bound,
+        "{hits} cached rounds before passing through (bound {bound}): {f:?}"
+    );
 }

@@ -73,12 +73,13 @@ impl<R: Registrar> Cache<R> {
     /// Whether the preload should time this pass-through of `req` (`note_passthrough`):
     /// while its class has fewer than 4 such samples or its last one was more than half
     /// off the figure (`Figures::pass_moving`: a change of cost is followed at every
-    /// call), else one call in about `admission::SAMPLE_EVERY` (each timing costs two
-    /// clock reads, and one more at its deregistration for a remote class).
+    /// call) or a flip to pass-through awaits confirmation (`Figures::confirming`), else
+    /// one call in about `admission::SAMPLE_EVERY` (each timing costs two clock reads,
+    /// and one more at its deregistration for a remote class).
     pub fn wants_passthrough_sample(&self, req: &Request) -> bool {
         let kind = self.kind_of(req);
         let f = *self.classes().get(kind, req.len);
-        f.pass_reg.samples < 4 || f.pass_moving || self.sampled()
+        f.pass_reg.samples < 4 || f.pass_moving || f.confirming(kind) || self.sampled()
     }
 
     /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
@@ -153,8 +154,9 @@ impl<R: Registrar> Cache<R> {
 
     /// Whether a cached round of this class is to be timed whatever the sampling: while
     /// it has fewer than 4 hit or release figures (remote: `SETTLED_ROUNDS`, the figures a
-    /// flip to pass-through waits for), and while the class is passed through (its hits
-    /// are a trial's, the figures that can bring it back).
+    /// flip to pass-through waits for), while a flip awaits its confirmation
+    /// (`Figures::confirming`), and while the class is passed through (its hits are a
+    /// trial's, the figures that can bring it back).
     pub(super) fn needs_round_sample(&self, kind: Access, len: usize) -> bool {
         if self.sample_every <= 1 {
             return false; // every call is timed already
@@ -168,6 +170,7 @@ impl<R: Registrar> Cache<R> {
         };
         f.hit.samples < first
             || f.release.samples < first
+            || f.confirming(kind)
             || f.verdict_shown(kind) == Verdict::PassThrough
     }
 
