@@ -39,10 +39,27 @@ pub extern "C" fn register(
     if trace::enabled() {
         return register_traced(call, pd, addr, len, iova, access);
     }
+    if crate::runtime::CACHING_OFF.load(Relaxed) {
+        return register_off(pd, addr, len, iova, access);
+    }
     match crate::runtime::fast::hit(pd, addr, len, iova, access) {
         Some(mr) => mr,
         None => register_inner(pd, addr, len, iova, access).0,
     }
+}
+
+/// Caching is off for good (`CACHING_OFF`): libibverbs' registration, counted as the full
+/// path counts it (`Bypassed::Disabled`). Nothing can be cached, so nothing needs a lookup.
+#[inline(never)]
+fn register_off(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    note_bypass(Bypassed::Disabled);
+    real::reg_mr_iova2(pd, addr, len, iova, access)
 }
 
 #[inline(never)]
@@ -260,6 +277,10 @@ fn dereg_traced(mr: *mut IbvMr) -> i32 {
 fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
     if mr.is_null() {
         return (libc::EINVAL, Outcome::Failed);
+    }
+    // Caching off for good: every MR is libibverbs' own (`register_off`).
+    if crate::runtime::CACHING_OFF.load(Relaxed) {
+        return (real::dereg_mr(mr), Outcome::Passthrough);
     }
     if crate::runtime::fast::release(mr) {
         return (0, Outcome::Kept);

@@ -132,6 +132,9 @@ pub fn set_up() -> Runtime {
             &format!("mrcache[{pid}]: fork policy: {}", d.why),
         );
     }
+    if cache.is_none() {
+        crate::runtime::CACHING_OFF.store(true, Relaxed);
+    }
     Runtime {
         cache,
         monitor: config.monitor,
