@@ -12,6 +12,7 @@
 
 mod admin;
 mod hash;
+pub use hash::{WordMap, WordSet};
 mod lock_free;
 mod passed;
 mod recent;
@@ -33,7 +34,6 @@ use crate::invalidation::InvalidationQueue;
 use crate::stats::{Counter, Counters};
 use lock_free::{REFUSE_ALL, refusal};
 use state::{Claim, Fast, Handle, State, key_hash};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -70,7 +70,7 @@ pub struct Cache<R: Registrar> {
     sample_every: u64,
     /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
     /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
-    passed_mrs: Mutex<HashMap<usize, usize>>,
+    passed_mrs: Mutex<WordMap<usize, usize>>,
     /// Every registration passed through, lock-free: its dereg skips the cache.
     passed: passed::PassedSet,
     /// The admission figures of each size class and access kind (never taken on the
@@ -113,7 +113,7 @@ impl<R: Registrar> Cache<R> {
             admit: Admit::Always,
             outer_rounds: false,
             sample_every: 1,
-            passed_mrs: Mutex::new(HashMap::new()),
+            passed_mrs: Mutex::new(WordMap::default()),
             passed: passed::PassedSet::default(),
             classes: Mutex::new(Classes::default()),
             fast: Fast::default(),

@@ -6,14 +6,14 @@
 //! (containing-range lookups and invalidation), the handles that are not the provider's own
 //! pointer, and the bookkeeping of what was deregistered.
 
-use super::hash::{hash_of, words_hash};
+use super::hash::{WordMap, WordSet, hash_of, words_hash};
 use super::recent::RecentHits;
 use super::slots::{self, Slot, Slots};
 use super::table::Table;
 use super::types::{Limits, Mr, Request};
 use crate::access;
 use crate::index::RangeIndex;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
 mod room;
 
@@ -164,29 +164,29 @@ pub struct State {
     free_ids: Vec<u32>,
     pub index: RangeIndex,
     /// Handles other than the provider's own pointer (those are counted in the slots).
-    pub handles: HashMap<usize, Handle>,
-    pub spare_shadows: HashSet<usize>,
+    pub handles: WordMap<usize, Handle>,
+    pub spare_shadows: WordSet<usize>,
     /// Spare shadows a hit took out of `spare_shadows` and is filling without the lock:
     /// neither spare nor handed out yet, and still released as far as the app's old
     /// handle is concerned (review-3 W4).
-    pub refilling: HashSet<usize>,
+    pub refilling: WordSet<usize>,
     /// Granted handles the app released (the registrar reuses them): a second release of
     /// one is a double deregistration.
-    pub released_grants: HashSet<usize>,
+    pub released_grants: WordSet<usize>,
     pub count: usize,
     pub bytes: u64,
     /// Pointers of MRs the cache deregistered after the app had released them, newest last
     /// (bounded): a later `ibv_dereg_mr` of one is a double deregistration, and must not
     /// reach libibverbs with freed memory.
     tombstones: VecDeque<usize>,
-    pub tombstone_set: HashSet<usize>,
+    pub tombstone_set: WordSet<usize>,
     /// Recently drained invalidations (number, start, end), newest last: a registration
     /// checks the ones that began while it was pinning pages.
     recent: VecDeque<(u64, usize, usize)>,
     /// MRs taken out of the cache and not yet deregistered, with their (pd, context): a
     /// flush before `ibv_dealloc_pd` waits for those of that PD, or the PD would still be
     /// busy. An entry leaves when its deregistration returns or unwinds.
-    pub in_flight: HashMap<usize, Vec<(usize, usize)>>,
+    pub in_flight: WordMap<usize, Vec<(usize, usize)>>,
     /// Where the eviction clock hand stands.
     hand: usize,
     /// `MRCACHE_ADMIT=auto`: how often each key was seen lately (misses and locked hits,
@@ -194,7 +194,7 @@ pub struct State {
     pub sketch: Option<crate::admission::Sketch>,
     /// MRs on their way to deregistration (as `in_flight`): their length and whether they
     /// were revocable, for the admission figures.
-    landing: HashMap<usize, (usize, bool)>,
+    landing: WordMap<usize, (usize, bool)>,
     /// Per slot id: its lock-free hit count when the hand last passed (or at insert).
     seen_hits: Vec<u16>,
     /// Per slot id: the previous and next entry of its admission class (`ClassKey`), a
@@ -202,7 +202,7 @@ pub struct State {
     /// visits that class's entries only (`evict_idle_class`).
     class_links: Vec<[u32; 2]>,
     /// Each admission class's first entry.
-    class_heads: HashMap<ClassKey, u32>,
+    class_heads: WordMap<ClassKey, u32>,
     /// Entries looked at by `evict_idle` and `evict_idle_class` so far (a test figure).
     pub examined: usize,
 }

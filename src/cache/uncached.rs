@@ -168,10 +168,15 @@ impl<R: Registrar> Cache<R> {
         } else {
             4
         };
+        // The held verdict, not `verdict_shown` (which recomputes the band and the
+        // confirmation, 100-odd instructions on every remote round): held is updated at
+        // every decision and figure update, and lags only a deregistration's figure
+        // (`deregister_all`) until the next one, which decides no more than whether one
+        // round is timed.
         f.hit.samples < first
             || f.release.samples < first
             || f.confirming(kind)
-            || f.verdict_shown(kind) == Verdict::PassThrough
+            || f.held == Some(Verdict::PassThrough)
     }
 
     /// Whether this call is to be timed for the admission figures (`with_sampling`).

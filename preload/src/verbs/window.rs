@@ -25,7 +25,7 @@
 use crate::ffi::{self, IbvContext, IbvCq, IbvMr, IbvMw, IbvMwBind, IbvPd, IbvQp, IbvWc};
 use crate::sys::symbol::Symbol;
 use mrcache::access::REMOTE;
-use std::collections::{HashMap, HashSet};
+use mrcache::cache::{WordMap, WordSet};
 use std::ffi::c_void;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -105,10 +105,10 @@ const KEY_BINDS: u32 = 250;
 
 #[derive(Default)]
 struct State {
-    pds: HashMap<usize, PdWindows>,
+    pds: WordMap<usize, PdWindows>,
     /// Contexts whose device cannot bind type-1 windows.
-    unsupported: HashSet<usize>,
-    grants: HashMap<usize, Grant>,
+    unsupported: WordSet<usize>,
+    grants: WordMap<usize, Grant>,
 }
 
 // SAFETY: the raw pointers are verbs objects of this process, only used under the lock.
