@@ -38,8 +38,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-const ENOMEM: i32 = 12;
-const EAGAIN: i32 = 11;
 /// The longest a flush waits for other threads' deregistrations of the same PD or context.
 const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `clean` before any drain: never equal to the count of invalidations begun.
@@ -61,9 +59,8 @@ pub struct Cache<R: Registrar> {
     remote: RemoteMode,
     /// `MRCACHE_ADMIT`.
     admit: Admit,
-    /// The caller times a remote round whole (from its hook's entry to its return) and
-    /// reports it (`note_remote_hit`, `release_at`): the cache does not add its own,
-    /// shorter, timing of a remote hit (`with_rounds_timed_by_caller`).
+    /// The caller times a remote round whole (hook entry to return) and reports it
+    /// (`with_rounds_timed_by_caller`): the cache adds no shorter timing of its own.
     outer_rounds: bool,
     /// Time one call in about this many for the admission figures (`sampled`); 1 (every
     /// call) unless the caller says (`with_sampling`).
@@ -222,10 +219,14 @@ impl<R: Registrar> Cache<R> {
             Access::Local
         };
         let auto = self.admit == Admit::Auto;
+        // A passed-through class's miss needs no lookup: its entries serve no hit.
+        if auto && self.classes().pass_early(kind, req.len, auto) {
+            self.stats.add(Counter::AdmissionPassedCost, 1);
+            return Err(AcquireError::Bypass(Bypass::NotWorthCaching));
+        }
         // The locked path: timed, a hit's round for the admission figures (the lock-free
-        // hits above are not: timing them would cost every hit).
-        // Sampled (`admission::sampled`): a clock read is dear in some places, and this
-        // path also takes every miss and pass-through, which do not use it.
+        // hits above are not: timing them would cost every hit). Sampled: a clock read is
+        // dear in some places, and misses and pass-throughs do not use it.
         let t_start =
             (!(self.outer_rounds && kind == Access::Remote) && self.sampled()).then(Instant::now);
         let mut st = self.lock();
@@ -269,10 +270,11 @@ impl<R: Registrar> Cache<R> {
             // (the preload times it: `note_passthrough`).
             return Err(AcquireError::Bypass(Bypass::Probe));
         }
-        // A hit the sampling did not time, of a class whose round needs figures (a trial's
-        // hits, the first few): timed from here (the claim, the shadow copy, the bind).
+        // An untimed hit of a class whose round needs figures, timed here; not one a caller
+        // times whole (`wants_hit_sample`: a shorter span, and counted twice).
+        let own = !(self.outer_rounds && kind == Access::Remote);
         let t_start = t_start.or_else(|| {
-            (found.is_some() && self.needs_round_sample(kind, req.len)).then(Instant::now)
+            (found.is_some() && own && self.needs_round_sample(kind, req.len)).then(Instant::now)
         });
         let claim = found.map(|(id, _)| st.claim(&self.fast, id, req, self.limits.shadow));
         if let Some((id, Outcome::Hit)) = found
@@ -368,7 +370,7 @@ impl<R: Registrar> Cache<R> {
             }
         };
         let mut result = register();
-        if let Err(ENOMEM | EAGAIN) = result
+        if let Err(libc::ENOMEM | libc::EAGAIN) = result
             && self.give_back_idle() > 0
         {
             result = register(); // out of pinnable memory: once more, the idle ones given back

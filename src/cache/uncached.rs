@@ -179,6 +179,28 @@ impl<R: Registrar> Cache<R> {
             || f.held == Some(Verdict::PassThrough)
     }
 
+    /// For a caller that times remote rounds whole (`with_rounds_timed_by_caller`), at its
+    /// entry: whether a hit of `req` would be a round the class needs figures of whatever the
+    /// sampling (`needs_round_sample`), so that the caller times it from its entry, as it
+    /// times its sampled ones. A class passed through hits only on a trial's hits; its
+    /// other calls pass through, which must not pay a clock read for nothing (in the TCG
+    /// guest a read is a system call). Review of session 15: the cache timed these rounds
+    /// from its lookup, a shorter span than the hook's, and confirmation samples 10% short
+    /// kept a class that costs 1.3x a miss from ever passing through (simulated).
+    pub fn wants_hit_sample(&self, req: &Request) -> bool {
+        let kind = self.kind_of(req);
+        if kind != Access::Remote || self.sample_every <= 1 {
+            return false;
+        }
+        let c = self.classes();
+        let f = c.get(kind, req.len);
+        if f.held == Some(Verdict::PassThrough) {
+            return f.trial_hits > 0;
+        }
+        drop(c);
+        self.needs_round_sample(kind, req.len)
+    }
+
     /// Whether this call is to be timed for the admission figures (`with_sampling`).
     pub fn sampled(&self) -> bool {
         admission::sampled(self.sample_every)

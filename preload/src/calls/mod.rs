@@ -48,8 +48,8 @@ pub extern "C" fn register(
     }
 }
 
-/// Caching is off for good (`CACHING_OFF`): libibverbs' registration, counted as the full
-/// path counts it (`Bypassed::Disabled`). Nothing can be cached, so nothing needs a lookup.
+/// Caching is off for good (`CACHING_OFF`): libibverbs' registration. Nothing can be
+/// cached, so nothing needs a lookup.
 #[inline(never)]
 fn register_off(
     pd: *mut IbvPd,
@@ -58,7 +58,7 @@ fn register_off(
     iova: u64,
     access: u32,
 ) -> *mut IbvMr {
-    note_bypass(Bypassed::Disabled);
+    // Not counted (`Bypassed::Disabled`): a process without a cache reports nothing.
     real::reg_mr_iova2(pd, addr, len, iova, access)
 }
 
@@ -158,6 +158,12 @@ fn register_inner(
                 iova,
                 access,
             };
+            // A remote round the class needs figures of (its first ones, a confirmation,
+            // a trial's hits): timed whole from here, like the sampled ones above.
+            let t_hook = t_hook.or_else(|| {
+                (access & mrcache::access::REMOTE != 0 && cache.wants_hit_sample(&req))
+                    .then(std::time::Instant::now)
+            });
             let result = cache.acquire(&req);
             // After the registration: a new thread's start-up unmaps (arena set-up) would
             // otherwise race this very registration and leave it uncached.
