@@ -62,8 +62,7 @@ pub struct Cache<R: Registrar> {
     /// The caller times a remote round whole (hook entry to return) and reports it
     /// (`with_rounds_timed_by_caller`): the cache adds no shorter timing of its own.
     outer_rounds: bool,
-    /// Time one call in about this many for the admission figures (`sampled`); 1 (every
-    /// call) unless the caller says (`with_sampling`).
+    /// Time one call in about this many for the admission figures (1: every call).
     sample_every: u64,
     /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
     /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
@@ -219,14 +218,15 @@ impl<R: Registrar> Cache<R> {
             Access::Local
         };
         let auto = self.admit == Admit::Auto;
-        // A passed-through class's miss needs no lookup: its entries serve no hit.
-        if auto && self.classes().pass_early(kind, req.len, auto) {
+        // A passed-through class's miss needs no lookup (its entries serve no hit), but
+        // for its key's own entry, which the locked path evicts if idle (an unlocked hint).
+        let early = || self.classes().pass_early(kind, req.len, auto);
+        if auto && self.fast.exact(req).is_none() && early() {
             self.stats.add(Counter::AdmissionPassedCost, 1);
             return Err(AcquireError::Bypass(Bypass::NotWorthCaching));
         }
         // The locked path: timed, a hit's round for the admission figures (the lock-free
-        // hits above are not: timing them would cost every hit). Sampled: a clock read is
-        // dear in some places, and misses and pass-throughs do not use it.
+        // hits above are not). Sampled: a clock read is dear in some places.
         let t_start =
             (!(self.outer_rounds && kind == Access::Remote) && self.sampled()).then(Instant::now);
         let mut st = self.lock();
