@@ -161,22 +161,7 @@ impl<R: Registrar> Cache<R> {
         if self.sample_every <= 1 {
             return false; // every call is timed already
         }
-        let c = self.classes();
-        let f = c.get(kind, len);
-        let first = if kind == Access::Remote {
-            admission::SETTLED_ROUNDS
-        } else {
-            4
-        };
-        // The held verdict, not `verdict_shown` (which recomputes the band and the
-        // confirmation, 100-odd instructions on every remote round): held is updated at
-        // every decision and figure update, and lags only a deregistration's figure
-        // (`deregister_all`) until the next one, which decides no more than whether one
-        // round is timed.
-        f.hit.samples < first
-            || f.release.samples < first
-            || f.confirming(kind)
-            || f.held == Some(Verdict::PassThrough)
+        needs_round(self.classes().get(kind, len), kind)
     }
 
     /// For a caller that times remote rounds whole (`with_rounds_timed_by_caller`), at its
@@ -197,8 +182,7 @@ impl<R: Registrar> Cache<R> {
         if f.held == Some(Verdict::PassThrough) {
             return f.trial_hits > 0;
         }
-        drop(c);
-        self.needs_round_sample(kind, req.len)
+        needs_round(f, kind)
     }
 
     /// Whether this call is to be timed for the admission figures (`with_sampling`).
@@ -305,4 +289,22 @@ impl<R: Registrar> Cache<R> {
         self.release(handle);
         false
     }
+}
+
+/// `Cache::needs_round_sample`'s rule on a class's figures (one lock visit for its callers).
+fn needs_round(f: &admission::Figures, kind: Access) -> bool {
+    let first = if kind == Access::Remote {
+        admission::SETTLED_ROUNDS
+    } else {
+        4
+    };
+    // The held verdict, not `verdict_shown` (which recomputes the band and the
+    // confirmation, 100-odd instructions on every remote round): held is updated at
+    // every decision and figure update, and lags only a deregistration's figure
+    // (`deregister_all`) until the next one, which decides no more than whether one
+    // round is timed.
+    f.hit.samples < first
+        || f.release.samples < first
+        || f.confirming(kind)
+        || f.held == Some(Verdict::PassThrough)
 }

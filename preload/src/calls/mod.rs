@@ -39,27 +39,16 @@ pub extern "C" fn register(
     if trace::enabled() {
         return register_traced(call, pd, addr, len, iova, access);
     }
+    // Caching off for good (`CACHING_OFF`): nothing can be cached, so nothing needs a
+    // lookup; libibverbs' registration (not counted: a process without a cache reports
+    // nothing).
     if crate::runtime::CACHING_OFF.load(Relaxed) {
-        return register_off(pd, addr, len, iova, access);
+        return real::reg_mr_iova2(pd, addr, len, iova, access);
     }
     match crate::runtime::fast::hit(pd, addr, len, iova, access) {
         Some(mr) => mr,
         None => register_inner(pd, addr, len, iova, access).0,
     }
-}
-
-/// Caching is off for good (`CACHING_OFF`): libibverbs' registration. Nothing can be
-/// cached, so nothing needs a lookup.
-#[inline(never)]
-fn register_off(
-    pd: *mut IbvPd,
-    addr: *mut c_void,
-    len: usize,
-    iova: u64,
-    access: u32,
-) -> *mut IbvMr {
-    // Not counted (`Bypassed::Disabled`): a process without a cache reports nothing.
-    real::reg_mr_iova2(pd, addr, len, iova, access)
 }
 
 #[inline(never)]
@@ -284,7 +273,7 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
     if mr.is_null() {
         return (libc::EINVAL, Outcome::Failed);
     }
-    // Caching off for good: every MR is libibverbs' own (`register_off`).
+    // Caching off for good: every MR is libibverbs' own (`register`).
     if crate::runtime::CACHING_OFF.load(Relaxed) {
         return (real::dereg_mr(mr), Outcome::Passthrough);
     }
