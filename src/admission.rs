@@ -482,7 +482,7 @@ impl Classes {
     /// the `TRIAL_HITS` hits after a trial.
     pub fn allow_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
         let f = self.get_mut(access, len);
-        if !auto || f.verdict_now(access) == Verdict::Cache {
+        if !auto || f.held_verdict(access) == Verdict::Cache {
             return true;
         }
         if f.trial_hits > 0 {

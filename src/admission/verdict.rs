@@ -52,6 +52,21 @@ impl Figures {
         v
     }
 
+    /// The verdict as of the last update of the figures, without recomputing it (100-odd
+    /// instructions, on every remote hit and every early pass-through): every update runs
+    /// `verdict_now` (`Cache::figures`, `Cache::deregister_all`), which gives the same
+    /// answer again until the next update (its band holds the verdict it made, and the
+    /// confirmation counts samples).
+    pub fn held_verdict(&self, access: Access) -> Verdict {
+        let v = self.held.unwrap_or(Verdict::Cache);
+        debug_assert_eq!(
+            v,
+            self.verdict_shown(access),
+            "held verdict stale: {self:?}"
+        );
+        v
+    }
+
     /// The verdict the reports show (the held one, or what the next update would hold).
     pub fn verdict_shown(&self, access: Access) -> Verdict {
         let v = self.verdict_from_held(access);
@@ -108,7 +123,7 @@ impl Classes {
         if f.trial_hits > 0 || f.held != Some(Verdict::PassThrough) {
             return false;
         }
-        let v = f.verdict_now(access);
+        let v = f.held_verdict(access);
         if v != Verdict::PassThrough || f.verdict != Some(v) {
             return false; // a change of verdict: `decide` resets the intervals
         }

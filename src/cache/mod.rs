@@ -11,6 +11,7 @@
 //! hook began can hit an entry overlapping the unmapped range.
 
 mod admin;
+mod claim;
 mod hash;
 pub use hash::{WordMap, WordSet};
 mod lock_free;
@@ -246,8 +247,18 @@ impl<R: Registrar> Cache<R> {
         });
         // A passed-through class's entry (cached before its costs changed, or a trial's
         // whose hits are spent): evicted if idle, and the call takes the miss path.
+        // A hit allowed: whether it is a remote class's probe, in the same classes visit.
+        let mut probe = None;
         let found = match found {
-            Some((id, _)) if auto && !self.classes().allow_hit(kind, req.len, auto) => {
+            Some((id, _))
+                if auto && {
+                    let mut c = self.classes();
+                    let allowed = c.allow_hit(kind, req.len, auto);
+                    probe =
+                        allowed.then(|| kind == Access::Remote && c.probe_hit(kind, req.len, auto));
+                    !allowed
+                } =>
+            {
                 let idle = self.fast.slots.get(id).is_some_and(|s| s.kill_if_idle());
                 if idle {
                     let gone: Vec<Mr> = st.remove(&self.fast, id).into_iter().collect();
@@ -264,7 +275,8 @@ impl<R: Registrar> Cache<R> {
         };
         if found.is_some()
             && kind == Access::Remote
-            && self.classes().probe_hit(kind, req.len, auto)
+            && auto
+            && probe.unwrap_or_else(|| self.classes().probe_hit(kind, req.len, auto))
         {
             // Re-measure what a miss of this class costs: libibverbs registers this one
             // (the preload times it: `note_passthrough`).
@@ -442,81 +454,6 @@ impl<R: Registrar> Cache<R> {
         }
     }
 
-    fn finish_claim(&self, claim: Claim, req: &Request) -> Option<usize> {
-        match claim {
-            Claim::Ready(h) => Some(h),
-            Claim::NeedGrant { id, mr } => {
-                let granted = self.registrar.grant(mr, req).map(|h| self.mine(h));
-                let mut st = self.lock();
-                match granted {
-                    Ok(h) => {
-                        st.released_grants.remove(&h);
-                        st.handles.insert(
-                            h,
-                            Handle::Granted {
-                                id,
-                                access: req.access,
-                            },
-                        );
-                        self.stats.add(Counter::RemoteGrants, 1);
-                        Some(h)
-                    }
-                    Err(_) => {
-                        // Give the reference back; the caller registers afresh instead.
-                        if let Some(mr) = st.unref(&self.fast, id) {
-                            drop(st);
-                            self.deregister_all(&[mr]);
-                        }
-                        None
-                    }
-                }
-            }
-            Claim::NeedShadow { id, mr } => {
-                let spare = {
-                    let mut st = self.lock();
-                    let s = st.spare_shadows.iter().next().copied();
-                    if let Some(s) = s {
-                        st.spare_shadows.remove(&s);
-                        // Neither spare nor handed out while it is filled without the
-                        // lock: a release or rereg of the app's old handle meanwhile is
-                        // still a double release (review-3 W4).
-                        st.refilling.insert(s);
-                    }
-                    s
-                };
-                let slot = spare.or_else(|| self.registrar.alloc_shadow().map(|s| self.mine(s)));
-                let filled = slot.filter(|&s| self.registrar.fill_shadow(s, mr, req.addr, req.len));
-                let mut st = self.lock();
-                if let Some(s) = spare {
-                    st.refilling.remove(&s);
-                }
-                match filled {
-                    Some(s) => {
-                        st.handles.insert(
-                            s,
-                            Handle::Shadow {
-                                id,
-                                access: req.access,
-                            },
-                        );
-                        Some(s)
-                    }
-                    None => {
-                        if let Some(s) = slot {
-                            st.spare_shadows.insert(s);
-                        }
-                        // Give the reference back; the caller registers afresh instead.
-                        if let Some(mr) = st.unref(&self.fast, id) {
-                            drop(st);
-                            self.deregister_all(&[mr]);
-                        }
-                        None
-                    }
-                }
-            }
-        }
-    }
-
     /// Memory in `[start, end)` is going away: no entry overlapping it may be hit again.
     /// Idle entries are deregistered now, entries in use at their last release.
     pub fn invalidate(&self, start: usize, end: usize) {
@@ -556,6 +493,7 @@ impl<R: Registrar> Cache<R> {
                     let before = f.costs(kind);
                     f.dereg.add(ns);
                     f.settle(kind, &before);
+                    f.verdict_now(kind); // held current (`Figures::held_verdict`)
                 }
             }
         }

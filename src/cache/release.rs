@@ -93,12 +93,13 @@ impl<R: Registrar> Cache<R> {
                 // released first, so a racing second ibv_dereg_mr of it is a double release,
                 // never passed to libibverbs.
                 st.released_grants.insert(ptr);
-                let len0 = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
+                // The entry lives on while this handle's reference does: its length is fixed.
+                let len = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
                 drop(st);
                 // Not a sampled call, but the class's round needs figures (a trial's
                 // release, the first few): timed from here (the unbind and its completion).
                 let t_start = t_start.or_else(|| {
-                    (len0 > 0 && self.needs_round_sample(Access::Remote, len0)).then(Instant::now)
+                    (len > 0 && self.needs_round_sample(Access::Remote, len)).then(Instant::now)
                 });
                 if let Err(e) = self.registrar.revoke(ptr) {
                     let mut st = self.lock();
@@ -107,22 +108,24 @@ impl<R: Registrar> Cache<R> {
                     return Released::Failed(e);
                 }
                 self.stats.add(Counter::RemoteRevokes, 1);
-                st = self.lock();
-                let len = st.entry(&self.fast, id).map_or(0, |e| e.req.len);
-                let gone = st.unref(&self.fast, id);
-                drop(st);
+                let gone = self.lock().unref(&self.fast, id);
                 if len > 0
                     && let Some(t) = t_start
                 {
                     let ns = t.elapsed().as_nanos() as f64;
                     self.figures(Access::Remote, len, |f| f.add_release(ns));
                 }
-                st = self.lock();
-                gone
+                return self.released_last(gone);
             }
         };
         drop(st);
-        match to_dereg {
+        self.released_last(to_dereg)
+    }
+
+    /// A release's end: `gone`, the entry's MR when that was the last reference of an
+    /// entry invalidated while in use, is deregistered.
+    fn released_last(&self, gone: Option<Mr>) -> Released {
+        match gone {
             None => Released::Kept,
             Some(mr) => {
                 // Invalidated while in use, now released: gone. A failure is counted (the
