@@ -299,10 +299,8 @@ fn needs_round(f: &admission::Figures, kind: Access) -> bool {
         4
     };
     // The held verdict, not `verdict_shown` (which recomputes the band and the
-    // confirmation, 100-odd instructions on every remote round): held is updated at
-    // every decision and figure update, and lags only a deregistration's figure
-    // (`deregister_all`) until the next one, which decides no more than whether one
-    // round is timed.
+    // confirmation, 100-odd instructions on every remote round): every figure update
+    // ends in `verdict_now` (`Figures::held_verdict`).
     f.hit.samples < first
         || f.release.samples < first
         || f.confirming(kind)
