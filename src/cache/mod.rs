@@ -245,20 +245,24 @@ impl<R: Registrar> Cache<R> {
             st.find_containing(&self.fast, req, self.limits)
                 .map(|id| (id, Outcome::HitContaining))
         });
+        // A found entry: may it serve the hit, and is a remote class's hit a probe instead
+        // (one classes visit). With `always` both are answered without asking.
+        let remote_auto = auto && kind == Access::Remote;
+        let (allowed, probe) = match found {
+            Some(_) if auto => {
+                let mut c = self.classes();
+                let allowed = c.allow_hit(kind, req.len, auto);
+                (
+                    allowed,
+                    allowed && remote_auto && c.probe_hit(kind, req.len, auto),
+                )
+            }
+            _ => (true, false),
+        };
         // A passed-through class's entry (cached before its costs changed, or a trial's
         // whose hits are spent): evicted if idle, and the call takes the miss path.
-        // A hit allowed: whether it is a remote class's probe, in the same classes visit.
-        let mut probe = None;
         let found = match found {
-            Some((id, _))
-                if auto && {
-                    let mut c = self.classes();
-                    let allowed = c.allow_hit(kind, req.len, auto);
-                    probe =
-                        allowed.then(|| kind == Access::Remote && c.probe_hit(kind, req.len, auto));
-                    !allowed
-                } =>
-            {
+            Some((id, _)) if !allowed => {
                 let idle = self.fast.slots.get(id).is_some_and(|s| s.kill_if_idle());
                 if idle {
                     let gone: Vec<Mr> = st.remove(&self.fast, id).into_iter().collect();
@@ -273,11 +277,13 @@ impl<R: Registrar> Cache<R> {
             }
             _ => found,
         };
-        if found.is_some()
-            && kind == Access::Remote
-            && auto
-            && probe.unwrap_or_else(|| self.classes().probe_hit(kind, req.len, auto))
-        {
+        // One refused but busy is still asked whether it is a probe, as every found one was.
+        let probe = probe
+            || (!allowed
+                && remote_auto
+                && found.is_some()
+                && self.classes().probe_hit(kind, req.len, auto));
+        if found.is_some() && probe {
             // Re-measure what a miss of this class costs: libibverbs registers this one
             // (the preload times it: `note_passthrough`).
             return Err(AcquireError::Bypass(Bypass::Probe));
