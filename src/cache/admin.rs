@@ -127,7 +127,7 @@ impl<R: Registrar> Cache<R> {
                 match st.remove(&self.fast, id) {
                     Some(mr) => {
                         // Handed to the app, not to a deregistration.
-                        st.unbury(mr.ptr);
+                        st.unbury(&self.fast, mr.ptr);
                         st.land(mr.ptr);
                         Detached::Sole(mr)
                     }
@@ -175,7 +175,7 @@ impl<R: Registrar> Cache<R> {
         let mut st = self.lock();
         if let Some(mr) = st.remove(&self.fast, h.id) {
             // Handed to the app, not to a deregistration.
-            st.unbury(mr.ptr);
+            st.unbury(&self.fast, mr.ptr);
             st.land(mr.ptr);
         }
         st.handles.insert(
@@ -228,8 +228,8 @@ impl<R: Registrar> Cache<R> {
     /// address: it is live, not a tombstone, and its deregistration may skip the cache
     /// (`take_passed`).
     pub fn note_foreign(&self, ptr: usize) {
-        if self.fast.buried_any.load(SeqCst) {
-            self.lock().unbury(ptr);
+        if self.fast.buried.maybe(ptr) {
+            self.lock().unbury(&self.fast, ptr);
         }
         self.note_passed(ptr, false);
     }

@@ -14,6 +14,7 @@ mod admin;
 mod claim;
 mod hash;
 pub use hash::{WordMap, WordSet};
+mod buried;
 mod lock_free;
 mod passed;
 mod recent;
@@ -451,7 +452,7 @@ impl<R: Registrar> Cache<R> {
             }
             Err(self.bypass_remote())
         } else {
-            st.unbury(mr.ptr);
+            st.unbury(&self.fast, mr.ptr);
             st.handles.insert(mr.ptr, Handle::uncached(mr, req));
             drop(st);
             self.deregister_all(&stale);

@@ -58,7 +58,7 @@ impl<R: Registrar> Cache<R> {
                     }
                     Err(e) => {
                         let mut st = self.lock();
-                        st.unbury(ptr);
+                        st.unbury(&self.fast, ptr);
                         st.handles
                             .insert(ptr, Handle::Uncached { mr, len, addr: 0 });
                         Released::Failed(e)

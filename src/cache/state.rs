@@ -54,9 +54,9 @@ pub struct Fast {
     /// The slots of recent lock-free hits by thread and MR pointer: where the release
     /// looks before `by_mr`.
     pub(super) recent: RecentHits,
-    /// Set (for good) before the first tombstone: until then a pass-through's
-    /// registration (`Cache::note_foreign`) has none to clear and skips the lock.
-    pub(super) buried_any: std::sync::atomic::AtomicBool,
+    /// The tombstones by bucket of their address: a pass-through's registration
+    /// (`Cache::note_foreign`) whose bucket holds none has none to clear and skips the lock.
+    pub(super) buried: super::buried::BuriedCounts,
 }
 
 impl Fast {
@@ -278,16 +278,16 @@ impl State {
     }
 
     pub fn bury(&mut self, f: &Fast, ptr: usize) {
-        // Before the address can be freed and reused: a registration that gets it from
-        // the allocator afterwards sees the flag.
-        f.buried_any
-            .store(true, std::sync::atomic::Ordering::SeqCst);
         if self.tombstone_set.insert(ptr) {
+            // Before the address can be freed and reused: a registration that gets it
+            // from the allocator afterwards sees the count.
+            f.buried.add(ptr);
             self.tombstones.push_back(ptr);
             if self.tombstones.len() > TOMBSTONES
                 && let Some(old) = self.tombstones.pop_front()
+                && self.tombstone_set.remove(&old)
             {
-                self.tombstone_set.remove(&old);
+                f.buried.remove(old);
             }
         }
     }
@@ -303,10 +303,11 @@ impl State {
     }
 
     /// A live MR now has this address (the allocator reused it).
-    pub fn unbury(&mut self, ptr: usize) {
+    pub fn unbury(&mut self, f: &Fast, ptr: usize) {
         // Every pass-through and every insert comes here: no hash while there is none.
         if !self.tombstone_set.is_empty() && self.tombstone_set.remove(&ptr) {
             self.tombstones.retain(|&p| p != ptr);
+            f.buried.remove(ptr);
         }
     }
 
@@ -455,7 +456,7 @@ impl State {
         if self.free_ids.pop().is_none() {
             self.next_id += 1;
         }
-        self.unbury(mr.ptr);
+        self.unbury(f, mr.ptr);
         self.link_class(id, &req);
         self.index.insert(req.addr, req.end(), id);
         f.exact.insert(key_hash(&req), id, |i| f.slot_key_hash(i));

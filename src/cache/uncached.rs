@@ -22,7 +22,7 @@ impl<R: Registrar> Cache<R> {
             self.figures(kind, req.len, |f| f.reg.add(ns as f64));
         }
         let mut st = self.lock();
-        st.unbury(mr.ptr);
+        st.unbury(&self.fast, mr.ptr);
         st.handles.insert(mr.ptr, Handle::uncached(mr, req));
         drop(st);
         self.stats.add(Counter::Uncached, 1);
