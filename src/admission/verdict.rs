@@ -119,7 +119,8 @@ impl Classes {
         if !auto {
             return false;
         }
-        let f = self.get_mut(access, len);
+        // Its counts only: `steady_pass` stays as it was.
+        let f = self.get_mut_counts(access, len);
         if f.trial_hits > 0 || f.held != Some(Verdict::PassThrough) {
             return false;
         }

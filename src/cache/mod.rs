@@ -21,6 +21,7 @@ mod recent;
 mod release;
 mod slots;
 mod state;
+mod steady;
 mod table;
 mod types;
 mod uncached;
@@ -73,7 +74,7 @@ pub struct Cache<R: Registrar> {
     passed: passed::PassedSet,
     /// The admission figures of each size class and access kind (never taken on the
     /// lock-free path; never held across a registrar call).
-    classes: Mutex<Classes>,
+    classes: steady::ClassLock,
     /// The lookup structures the hit path reads without the lock.
     fast: Fast,
     /// The count of invalidations begun as of the last drain that found none in flight
@@ -113,7 +114,7 @@ impl<R: Registrar> Cache<R> {
             sample_every: 1,
             passed_mrs: Mutex::new(WordMap::default()),
             passed: passed::PassedSet::default(),
-            classes: Mutex::new(Classes::default()),
+            classes: steady::ClassLock::new(),
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),
             stats: Counters::new(),
@@ -483,7 +484,7 @@ impl<R: Registrar> Cache<R> {
     fn deregister_all(&self, mrs: &[Mr]) {
         /// Takes the MR off the in-flight list when the provider call returns or unwinds.
         /// With the deregistration's time when it succeeded: an admission figure.
-        struct Landed<'a>(&'a Mutex<State>, usize, &'a Mutex<Classes>, Option<f64>);
+        struct Landed<'a>(&'a Mutex<State>, usize, &'a steady::ClassLock, Option<f64>);
         impl Drop for Landed<'_> {
             fn drop(&mut self) {
                 let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -495,7 +496,7 @@ impl<R: Registrar> Cache<R> {
                     } else {
                         Access::Local
                     };
-                    let mut c = self.2.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut c = self.2.lock();
                     let f = c.get_mut(kind, len);
                     let before = f.costs(kind);
                     f.dereg.add(ns);

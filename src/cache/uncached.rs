@@ -78,8 +78,16 @@ impl<R: Registrar> Cache<R> {
     /// and one more at its deregistration for a remote class).
     pub fn wants_passthrough_sample(&self, req: &Request) -> bool {
         let kind = self.kind_of(req);
-        let f = *self.classes().get(kind, req.len);
-        f.pass_reg.samples < 4 || f.pass_moving || f.confirming(kind) || self.sampled()
+        // A class passing through steadily: the sampling alone, without the lock.
+        if self.classes.steady(kind, req.len) {
+            return self.sampled();
+        }
+        let needs = {
+            let c = self.classes();
+            let f = c.get(kind, req.len);
+            f.pass_reg.samples < 4 || f.pass_moving || f.confirming(kind)
+        };
+        needs || self.sampled()
     }
 
     /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
@@ -174,8 +182,8 @@ impl<R: Registrar> Cache<R> {
     /// kept a class that costs 1.3x a miss from ever passing through (simulated).
     pub fn wants_hit_sample(&self, req: &Request) -> bool {
         let kind = self.kind_of(req);
-        if kind != Access::Remote || self.sample_every <= 1 {
-            return false;
+        if kind != Access::Remote || self.sample_every <= 1 || self.classes.steady(kind, req.len) {
+            return false; // a steady class's calls pass through untimed (`steady`)
         }
         let c = self.classes();
         let f = c.get(kind, req.len);
@@ -198,8 +206,8 @@ impl<R: Registrar> Cache<R> {
         }
     }
 
-    pub(super) fn classes(&self) -> MutexGuard<'_, Classes> {
-        self.classes.lock().unwrap_or_else(|e| e.into_inner())
+    pub(super) fn classes(&self) -> steady::ClassesGuard<'_> {
+        self.classes.lock()
     }
 
     /// Update one class's admission figures (never with the state lock held). When that
