@@ -84,9 +84,10 @@ fn register_inner(
     access: u32,
 ) -> (*mut IbvMr, Outcome) {
     // libibverbs' registration of the call (`nested`: made inside another one).
-    let register_through = |nested: bool| {
+    // `known`: the cache, when the caller has it already (one lookup less).
+    let register_through = |nested: bool, known: Option<&'static Cache<Provider>>| {
         let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
-        note_foreign(mr, nested);
+        note_foreign(mr, nested, known);
         (
             mr,
             if mr.is_null() {
@@ -98,7 +99,7 @@ fn register_inner(
     };
     let passthrough = |why: Bypassed| {
         note_bypass(why);
-        register_through(why == Bypassed::Nested)
+        register_through(why == Bypassed::Nested, None)
     };
     // A remote call's round is timed whole, from here to the return (what the app pays
     // for a hit: the hook's checks, the shadow copy, the window bind and its completion):
@@ -193,7 +194,9 @@ fn register_inner(
                         _ => false,
                     };
                     let t = timed.then(std::time::Instant::now);
-                    let (mut mr, mut o) = passthrough(Bypassed::from(b));
+                    let why = Bypassed::from(b);
+                    note_bypass(why);
+                    let (mut mr, mut o) = register_through(why == Bypassed::Nested, Some(cache));
                     // Out of pinnable memory, as the miss path: the cache's idle entries
                     // given back, libibverbs once more (a probe's range is still pinned by
                     // its cached entry; libibverbs alone would have pinned it once).
@@ -203,7 +206,7 @@ fn register_inner(
                         retried =
                             matches!(e, libc::ENOMEM | libc::EAGAIN) && cache.give_back_idle() > 0;
                         if retried {
-                            (mr, o) = register_through(false);
+                            (mr, o) = register_through(false, Some(cache));
                         } else {
                             real::set_errno(e); // the cache lock's futex wait may have set it
                         }
@@ -235,11 +238,11 @@ fn register_inner(
 /// live MR now, and its `ibv_dereg_mr` must reach libibverbs. A nested registration may
 /// come from inside the cache (its lock held on this thread): tell it only when this thread
 /// is not inside one of our calls.
-fn note_foreign(mr: *mut IbvMr, nested: bool) {
+fn note_foreign(mr: *mut IbvMr, nested: bool, known: Option<&'static Cache<Provider>>) {
     if mr.is_null() || nested {
         return;
     }
-    if let Some(cache) = cache() {
+    if let Some(cache) = known.or_else(cache) {
         shielded(|| cache.note_foreign(mr as usize), || ());
     }
 }
@@ -418,7 +421,7 @@ pub fn reg_dmabuf_mr(
     let t = if trace::enabled() { trace::now_ns() } else { 0 };
     let mr = real::reg_dmabuf_mr(pd, offset, len, iova, fd, access);
     if Guard::enter().is_some() {
-        note_foreign(mr, false);
+        note_foreign(mr, false, None);
     }
     if t != 0 {
         trace::emit(
