@@ -10,12 +10,14 @@
 //! before its address can be freed and handed out again by the allocator, whose
 //! free/malloc order any later registration that gets the address is behind; it is
 //! lowered only when a tombstone leaves (under the lock). A bucket shared by other
-//! tombstones only costs the lock, as every call did before. The counts never exceed the
-//! number of tombstones (`TOMBSTONES` and one more, for a moment): u16 holds them.
+//! tombstones only costs the lock, as every call did before: with the queue full (4,096
+//! tombstones) about one address in nine that has none shares a bucket with one (64 KiB of
+//! counts; with 8,192 buckets a review measured 33-46%). The counts never exceed the number
+//! of tombstones (`TOMBSTONES` and one more, for a moment): u16 holds them.
 
 use std::sync::atomic::{AtomicU16, Ordering::*};
 
-const BUCKETS: usize = 8192;
+const BUCKETS: usize = 32768;
 
 pub(super) struct BuriedCounts {
     counts: Box<[AtomicU16]>,
@@ -33,6 +35,11 @@ impl BuriedCounts {
     fn bucket(&self, ptr: usize) -> &AtomicU16 {
         let h = (ptr >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
         &self.counts[h & (BUCKETS - 1)]
+    }
+
+    /// The memory the counts take.
+    pub(super) fn bytes(&self) -> usize {
+        self.counts.len() * size_of::<AtomicU16>()
     }
 
     /// A tombstone for `ptr` was added (under the state lock, before the MR is freed).
@@ -60,12 +67,36 @@ mod tests {
     #[test]
     fn counts_follow_the_tombstones() {
         let b = BuriedCounts::default();
-        let ptrs: Vec<usize> = (0..4096).map(|i| 0x5555_0000 + i * 48).collect();
+        // Heap addresses (16-byte aligned, anywhere in 1 GiB), from a fixed sequence.
+        let mut z = 0x9e37_79b9_7f4a_7c15u64;
+        let mut heap = move || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            0x5555_0000_0000 + (z as usize % (1 << 26)) * 16
+        };
+        let mut ptrs: Vec<usize> = (0..4096).map(|_| heap()).collect();
+        ptrs.sort();
+        ptrs.dedup();
         for &p in &ptrs {
-            assert!(!b.maybe(p));
             b.add(p);
         }
         assert!(ptrs.iter().all(|&p| b.maybe(p)));
+        // Full (the queue's 4,096 tombstones): the share of other addresses read maybe.
+        let others: Vec<usize> = (0..20_000)
+            .map(|_| heap())
+            .filter(|p| ptrs.binary_search(p).is_err())
+            .collect();
+        let maybe = others.iter().filter(|&&p| b.maybe(p)).count();
+        println!(
+            "{maybe} of {} addresses without a tombstone read maybe",
+            others.len()
+        );
+        assert!(
+            maybe * 100 < others.len() * 15,
+            "{maybe} of {}",
+            others.len()
+        );
         for &p in &ptrs[..2048] {
             b.remove(p);
         }
@@ -78,7 +109,7 @@ mod tests {
             .filter(|&p| b.maybe(p))
             .count();
         assert!(
-            others < 5_000,
+            others < 1_500,
             "{others} of 10,000 other addresses read maybe"
         );
         for &p in &ptrs[2048..] {

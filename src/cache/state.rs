@@ -109,7 +109,11 @@ impl Fast {
 
     /// Bytes of the slots, both tables and the recent hits.
     pub fn bytes(&self) -> usize {
-        self.slots.bytes() + self.exact.bytes() + self.by_mr.bytes() + self.recent.bytes()
+        self.slots.bytes()
+            + self.exact.bytes()
+            + self.by_mr.bytes()
+            + self.recent.bytes()
+            + self.buried.bytes()
     }
 }
 

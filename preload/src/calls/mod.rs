@@ -237,7 +237,10 @@ fn register_inner(
 /// address as an MR it deregistered (a tombstone, to catch double deregistrations), it is a
 /// live MR now, and its `ibv_dereg_mr` must reach libibverbs. A nested registration may
 /// come from inside the cache (its lock held on this thread): tell it only when this thread
-/// is not inside one of our calls.
+/// is not inside one of our calls. `known`: the cache the caller's call used (`cache()`
+/// would give the same one: a fork child renews it before any call of the child gets it;
+/// only a `_Fork()` in a signal handler that interrupted this very call, and returned into
+/// it in the child, would leave the parent's here, and the call was on that cache already).
 fn note_foreign(mr: *mut IbvMr, nested: bool, known: Option<&'static Cache<Provider>>) {
     if mr.is_null() || nested {
         return;
