@@ -544,3 +544,5 @@ mod saturated;
 mod stale_words;
 #[cfg(test)]
 mod test_fake;
+#[cfg(test)]
+mod tombstone_reuse;
