@@ -367,18 +367,6 @@ impl Figures {
         }
     }
 
-    /// A class passed through whose calls need no timing beyond the sampled one: held at
-    /// pass-through, no trial hits left, its pass-through figure settled (4 samples, not
-    /// moving). For such a class `Cache::wants_hit_sample` is false and
-    /// `Cache::wants_passthrough_sample` is the sampling alone, both answered without the
-    /// classes' lock. Only these four fields decide it (`Classes::get_mut_counts`).
-    pub fn steady_pass(&self) -> bool {
-        self.held == Some(Verdict::PassThrough)
-            && self.trial_hits == 0
-            && self.pass_reg.samples >= 4
-            && !self.pass_moving
-    }
-
     /// The registration figure of a miss. Like with like: libibverbs' own call as the app
     /// pays it, once measured (`pass_reg`), else the cache's registrations.
     pub fn miss_reg(&self) -> Mean {
@@ -458,40 +446,6 @@ impl Classes {
         let i = slot(access, size_class(len));
         self.touched[i / CLASSES] |= 1 << (i % CLASSES);
         &mut self.figures[i]
-    }
-
-    /// `get_mut` for a change that leaves `Figures::steady_pass` as it was (`pass_early`:
-    /// its counts only), not marked touched.
-    fn get_mut_counts(&mut self, access: Access, len: usize) -> &mut Figures {
-        &mut self.figures[slot(access, size_class(len))]
-    }
-
-    /// Whether `get_mut` handed out any figures since the last `take_touched`.
-    pub fn any_touched(&self) -> bool {
-        self.touched != [0; 2]
-    }
-
-    /// The classes `get_mut` handed out since the last call, as (access, class); forgets
-    /// them.
-    pub fn take_touched(&mut self) -> impl Iterator<Item = (Access, u32)> + use<> {
-        let mut touched = std::mem::take(&mut self.touched);
-        let mut a = 0;
-        std::iter::from_fn(move || {
-            while a < 2 {
-                let bits = touched[a];
-                if bits != 0 {
-                    touched[a] = bits & (bits - 1);
-                    return Some((Access::ALL[a], bits.trailing_zeros()));
-                }
-                a += 1;
-            }
-            None
-        })
-    }
-
-    /// The figures of `access`'s size class `class`.
-    pub fn of_class(&self, access: Access, class: u32) -> &Figures {
-        &self.figures[slot(access, class)]
     }
 
     /// A miss of `len` bytes: cache it, try it, or pass it through (`auto`); with `auto`
@@ -574,76 +528,14 @@ impl Classes {
         f.probes += 1;
         true
     }
-
-    /// Every class that has figures, as (access, class, figures).
-    pub fn measured(&self) -> impl Iterator<Item = (Access, u32, &Figures)> {
-        self.figures.iter().enumerate().filter_map(|(i, f)| {
-            let access = Access::ALL[i / CLASSES];
-            (f.reg.samples > 0 || f.pass_reg.samples > 0 || f.hit.samples > 0).then_some((
-                access,
-                (i % CLASSES) as u32,
-                f,
-            ))
-        })
-    }
-
-    /// The measured classes for the statistics report.
-    pub fn to_report(&self) -> Vec<crate::stats::AdmissionClass> {
-        self.measured()
-            .map(|(a, c, f)| {
-                let k = f.costs(a);
-                let from = if a == Access::Local && f.round.samples > 0 {
-                    ("lock-free round", f.round.samples)
-                } else if f.hit.samples > 0 && f.release.samples > 0 {
-                    ("locked rounds", f.hit.samples.min(f.release.samples))
-                } else {
-                    ("none yet", 0)
-                };
-                crate::stats::AdmissionClass {
-                    access: a.name().into(),
-                    class: class_name(c),
-                    verdict: f.verdict_shown(a).to_string(),
-                    miss_ns: k.miss_ns.round(),
-                    reg_ns: f.miss_reg().value.round(),
-                    dereg_ns: f.miss_dereg().value.round(),
-                    cached_ns: k.cached_ns.round(),
-                    cached_from: from.0.into(),
-                    evict_ns: k.evict_ns.round(),
-                    samples: [f.miss_reg().samples, f.miss_dereg().samples, from.1],
-                    passed: f.passed,
-                    trials: f.trials,
-                }
-            })
-            .collect()
-    }
-
-    /// One line per measured class: what was decided and on which figures.
-    pub fn report(&self) -> Vec<String> {
-        self.measured()
-            .map(|(a, c, f)| {
-                let k = f.costs(a);
-                format!(
-                    "{} {}: {} (miss {:.0} ns = reg {:.0} + dereg {:.0}; cached round {:.0} ns; eviction {:.0} ns; passed {}, trials {})",
-                    a.name(),
-                    class_name(c),
-                    f.verdict_shown(a),
-                    k.miss_ns,
-                    f.reg.value,
-                    f.dereg.value,
-                    k.cached_ns,
-                    k.evict_ns,
-                    f.passed,
-                    f.trials
-                )
-            })
-            .collect()
-    }
 }
 
 mod mean;
 #[cfg(test)]
 mod noisy;
+mod report;
 mod sketch;
+mod steady;
 mod verdict;
 pub use mean::Mean;
 pub use sketch::Sketch;
