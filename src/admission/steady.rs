@@ -24,11 +24,6 @@ impl Classes {
         &mut self.figures[slot(access, size_class(len))]
     }
 
-    /// Whether `get_mut` handed out any figures since the last `take_touched`.
-    pub fn any_touched(&self) -> bool {
-        self.touched != [0; 2]
-    }
-
     /// The classes `get_mut` handed out since the last call, as (access, class); forgets
     /// them.
     pub fn take_touched(&mut self) -> impl Iterator<Item = (Access, u32)> + use<> {

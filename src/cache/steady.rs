@@ -78,9 +78,6 @@ impl DerefMut for ClassesGuard<'_> {
 
 impl Drop for ClassesGuard<'_> {
     fn drop(&mut self) {
-        if !self.guard.any_touched() {
-            return;
-        }
         for (access, class) in self.guard.take_touched() {
             let bit = 1u64 << class;
             let word = &self.steady[access as usize];
@@ -176,15 +173,7 @@ mod fuzz {
     use super::*;
     use crate::admission::{Figures, Verdict};
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::cache::test_fake::XorShift as Rng;
 
     /// `Cache::figures`' update, on the lock alone.
     fn figures(k: &ClassLock, a: Access, len: usize, f: impl FnOnce(&mut Figures)) {

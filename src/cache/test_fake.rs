@@ -55,3 +55,15 @@ pub(super) fn idle_entry(cache: &Cache<&Fake>, addr: usize) -> (u32, usize) {
     assert_eq!(cache.release(h), Released::Kept);
     (cache.fast.by_mr(h).unwrap(), h)
 }
+
+/// xorshift64: a fixed sequence for the randomised unit tests.
+pub(super) struct XorShift(pub(super) u64);
+
+impl XorShift {
+    pub(super) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
