@@ -24,22 +24,44 @@ impl Classes {
         &mut self.figures[slot(access, size_class(len))]
     }
 
-    /// The classes `get_mut` handed out since the last call, as (access, class); forgets
-    /// them.
-    pub fn take_touched(&mut self) -> impl Iterator<Item = (Access, u32)> + use<> {
-        let mut touched = std::mem::take(&mut self.touched);
-        let mut a = 0;
-        std::iter::from_fn(move || {
-            while a < 2 {
-                let bits = touched[a];
-                if bits != 0 {
-                    touched[a] = bits & (bits - 1);
-                    return Some((Access::ALL[a], bits.trailing_zeros()));
-                }
-                a += 1;
-            }
-            None
-        })
+    /// The classes `get_mut` handed out since the last call, a bit per class per access
+    /// kind (`Access as usize`); forgets them.
+    pub fn take_touched(&mut self) -> [u64; 2] {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// How many calls in a row of `access`'s class `class` `pass_early` would pass through
+    /// now, each one's bookkeeping the same (`fold_lane`): 0 unless the class passes
+    /// through steadily (`Figures::steady_pass`: no call of it is timed beyond the
+    /// sampling) with no change of verdict pending; and never the call its trial is due at
+    /// (`misses + 1` reaching the interval), which is `decide`'s. The cache's lock-free
+    /// lane (`cache/lane.rs`) passes that many without the lock.
+    pub fn lane_grant(&self, access: Access, class: u32) -> u32 {
+        let f = self.of_class(access, class);
+        if !f.steady_pass()
+            || f.verdict != Some(Verdict::PassThrough)
+            || f.held_verdict(access) != Verdict::PassThrough
+        {
+            return 0;
+        }
+        let every = if f.probe_every == 0 {
+            PROBE_EVERY
+        } else {
+            f.probe_every
+        };
+        every.saturating_sub(f.misses + 1).min(u32::MAX as u64) as u32
+    }
+
+    /// `taken` calls of the class passed through by the lane (`lane_grant`): for each,
+    /// `pass_early`'s bookkeeping (toward the next trial, and passed). Its counts only:
+    /// `Figures::steady_pass` stays as it was.
+    pub fn fold_lane(&mut self, access: Access, class: u32, taken: u32) {
+        let f = &mut self.figures[slot(access, class)];
+        if f.probe_every == 0 {
+            f.probe_every = PROBE_EVERY;
+        }
+        f.misses += taken as u64;
+        f.passed += taken as u64;
     }
 
     /// The figures of `access`'s size class `class`.

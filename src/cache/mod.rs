@@ -13,7 +13,9 @@
 mod admin;
 mod claim;
 mod hash;
+mod lane;
 pub use hash::{WordMap, WordSet};
+pub use lane::Lane;
 mod buried;
 mod lock_free;
 mod passed;

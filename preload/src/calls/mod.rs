@@ -12,7 +12,7 @@ use crate::runtime::{
 use crate::trace;
 use crate::verbs::provider::Provider;
 use crate::verbs::real;
-use mrcache::cache::{AcquireError, Cache, Detached, Released, Request};
+use mrcache::cache::{AcquireError, Cache, Detached, Lane, Released, Request};
 use mrcache::config::{LogLevel, Monitor};
 use mrcache::stats::Bypassed;
 use mrcache::trace::{Call, Outcome};
@@ -47,8 +47,107 @@ pub extern "C" fn register(
     }
     match crate::runtime::fast::hit(pd, addr, len, iova, access) {
         Some(mr) => mr,
-        None => register_inner(pd, addr, len, iova, access).0,
+        None => register_miss(pd, addr, len, iova, access).0,
     }
+}
+
+/// Not a fast hit: the pass-through lane, else the full path. Apart, as `register_inner`.
+#[inline(never)]
+fn register_miss(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> (*mut IbvMr, Outcome) {
+    if let Some(done) = register_lane(pd, addr, len, iova, access) {
+        return done;
+    }
+    register_inner(pd, addr, len, iova, access)
+}
+
+/// A call of a class admission passes through steadily (`Cache::try_pass`): libibverbs'
+/// registration, the MR recorded as a pass-through, and nothing else: no guard (nothing of
+/// ours is held while libibverbs runs, as when the app calls it without us), no lock. The
+/// sampled call's timing, an address the cache deregistered, and a failure take the guard
+/// and the shield for the locked part. None: take the full path (nothing was changed).
+#[inline(always)]
+fn register_lane(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> Option<(*mut IbvMr, Outcome)> {
+    let cache = crate::runtime::fast::cache_if_open()?;
+    let req = Request {
+        pd: pd as usize,
+        context: 0, // not read by `try_pass`
+        addr: addr as usize,
+        len,
+        iova,
+        access,
+    };
+    let timed = match cache.try_pass(&req) {
+        Lane::Full => return None,
+        Lane::Pass => false,
+        Lane::PassTimed => true,
+    };
+    note_bypass(Bypassed::NotWorthCaching);
+    let t = timed.then(std::time::Instant::now);
+    let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
+    if mr.is_null() {
+        return Some((
+            lane_failed(cache, pd, addr, len, iova, access),
+            Outcome::Failed,
+        ));
+    }
+    if !cache.note_lane_mr(mr as usize) {
+        lane_locked(|| cache.note_foreign(mr as usize));
+    }
+    if let Some(t) = t {
+        let ns = t.elapsed().as_nanos() as u64;
+        lane_locked(|| cache.note_passthrough(&req, mr as usize, ns));
+    }
+    Some((mr, Outcome::Bypass))
+}
+
+/// The lane's locked part (`f` takes the cache's locks), inside the guard and the shield.
+#[cold]
+#[inline(never)]
+fn lane_locked(f: impl FnOnce()) {
+    if let Some(_guard) = Guard::enter() {
+        shielded(f, || ());
+    }
+}
+
+/// libibverbs refused the lane's registration: out of pinnable memory, the cache's idle
+/// entries are given back and libibverbs asked once more, as on the full path.
+#[cold]
+#[inline(never)]
+fn lane_failed(
+    cache: &'static Cache<Provider>,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    let e = crate::sys::errno();
+    if !matches!(e, libc::ENOMEM | libc::EAGAIN) {
+        return std::ptr::null_mut();
+    }
+    let Some(_guard) = Guard::enter() else {
+        return std::ptr::null_mut();
+    };
+    let gave = shielded(|| cache.give_back_idle(), || 0);
+    if gave == 0 {
+        real::set_errno(e); // the cache lock's futex wait may have set it
+        return std::ptr::null_mut();
+    }
+    let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
+    note_foreign(mr, false, Some(cache));
+    mr
 }
 
 #[inline(never)]
@@ -63,7 +162,7 @@ fn register_traced(
     let t = trace::now_ns();
     let (mr, outcome) = match crate::runtime::fast::hit(pd, addr, len, iova, access) {
         Some(mr) => (mr, Outcome::Hit),
-        None => register_inner(pd, addr, len, iova, access),
+        None => register_miss(pd, addr, len, iova, access),
     };
     let mut args = [pd as u64, addr as u64, len as u64, iova, access as u64];
     if call == Call::RegMr {
@@ -286,7 +385,34 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
     if crate::runtime::fast::release(mr) {
         return (0, Outcome::Kept);
     }
-    dereg_full(mr)
+    match dereg_lane(mr) {
+        Ok(done) => done,
+        Err(asked) => dereg_full(mr, asked),
+    }
+}
+
+/// A registration passed through (`Cache::take_passed`), when the fast path is open:
+/// libibverbs' dereg, with no guard (as `register_lane`). Err(whether the table was asked).
+#[inline(always)]
+fn dereg_lane(mr: *mut IbvMr) -> Result<(i32, Outcome), bool> {
+    let cache = crate::runtime::fast::cache_if_open().ok_or(false)?;
+    let timed = cache.take_passed(mr as usize).ok_or(true)?;
+    if timed {
+        return Ok(dereg_timed(cache, mr));
+    }
+    Ok((real::dereg_mr(mr), Outcome::Passthrough))
+}
+
+/// A sampled pass-through's dereg (taken out of the table already): timed, reported
+/// inside the guard and the shield.
+#[cold]
+#[inline(never)]
+fn dereg_timed(cache: &'static Cache<Provider>, mr: *mut IbvMr) -> (i32, Outcome) {
+    let t = std::time::Instant::now();
+    let rc = real::dereg_mr(mr);
+    let ns = t.elapsed().as_nanos() as u64;
+    lane_locked(|| cache.note_passthrough_dereg(mr as usize, ns, rc == 0));
+    (rc, Outcome::Passthrough)
 }
 
 /// `mr` a registration passed through to libibverbs (`Cache::take_passed`): libibverbs'
@@ -316,10 +442,11 @@ fn dereg_passed(mr: *mut IbvMr) -> Option<(i32, Outcome)> {
     Some((rc, Outcome::Passthrough))
 }
 
-/// The full path, apart for the same reason as `register_inner`.
+/// The full path, apart for the same reason as `register_inner` (`asked`: the
+/// pass-through table was asked already, by `dereg_lane`).
 #[inline(never)]
-fn dereg_full(mr: *mut IbvMr) -> (i32, Outcome) {
-    if let Some(done) = dereg_passed(mr) {
+fn dereg_full(mr: *mut IbvMr, asked: bool) -> (i32, Outcome) {
+    if !asked && let Some(done) = dereg_passed(mr) {
         return done;
     }
     // A remote release's admission figure is timed from here (`Cache::release_at`), on

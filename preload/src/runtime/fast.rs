@@ -104,6 +104,13 @@ pub fn hit(
     cache.try_hit(&req).map(|h| h as *mut IbvMr)
 }
 
+/// The cache, when the fast path is open (the gate armed, this thread in none of our
+/// calls): the pass-through lane's (`calls::register_lane`).
+#[inline]
+pub fn cache_if_open() -> Option<&'static Cache<Provider>> {
+    open().map(|(cache, _)| cache)
+}
+
 /// The release of a hit on the fast path; false: take the full path (nothing was changed).
 #[inline]
 pub fn release(mr: *mut IbvMr) -> bool {
