@@ -81,6 +81,38 @@ fn remote_class_is_passed_through_while_binds_cost_more_and_cached_when_registra
     );
 }
 
+/// A registration the provider makes through the public API inside a call the lock-free
+/// lane takes (a remote class passed through steadily) passes through, as inside any of
+/// our calls: the cache's own MR of that range is never served to it. Seen failing with
+/// the lane's libibverbs call outside the guard: "served the cache's own MR ...: 20 of
+/// the rounds" (public), "1 of the rounds" (internal: the provider then freed the cache's
+/// MR behind it).
+#[test]
+fn a_registration_nested_in_a_lane_call_passes_through() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission_host");
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "admit_shim",
+        "nested_lane",
+        &dir,
+        "nested",
+        &["-libverbs", "-ldl"],
+    );
+    for mode in ["public", "internal"] {
+        let out = Command::new(&prog)
+            .arg(mode)
+            .env("LD_PRELOAD", common::preload_with(&shim))
+            .env("MRCACHE_MONITOR", "patch")
+            .env("MRCACHE_REMOTE", "revoke")
+            .env("MRCACHE_ADMIT", "auto")
+            .output()
+            .unwrap();
+        let t = text(&out);
+        println!("{mode}: {t}");
+        assert_eq!(out.status.code(), Some(0), "{mode}: {t}");
+    }
+}
+
 /// Local-only, a registration far dearer than a hit: cached (one provider registration in
 /// 200 rounds).
 #[test]

@@ -546,4 +546,36 @@ mod unwind {
         assert!(r.is_err());
         assert!(!k.steady(Access::Remote, 65536));
     }
+
+    /// Review of the lane: a panic mid-update of a class whose lane is open, its figures
+    /// changed (caching pays now) but its verdict not yet held again. The drop, during the
+    /// unwinding, opens the lane from what was written without checking the held verdict
+    /// against the figures (that check, in a drop while unwinding, aborted the process in
+    /// debug builds: "panic in a destructor during cleanup").
+    #[test]
+    fn panic_mid_update_of_a_class_with_a_lane() {
+        let k = ClassLock::new();
+        let m = |v: f64| Mean {
+            value: v,
+            samples: 100,
+        };
+        {
+            let mut c = k.lock();
+            let f = c.get_mut(Access::Remote, 65536);
+            (f.pass_reg, f.pass_dereg) = (m(10_000.0), m(10_000.0));
+            (f.hit, f.release) = (m(100_000.0), m(100_000.0));
+            f.held = Some(Verdict::PassThrough);
+            f.verdict = Some(Verdict::PassThrough);
+        }
+        assert!(k.take_lane(Access::Remote, 65536));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut c = k.lock();
+            let f = c.get_mut(Access::Remote, 65536);
+            (f.hit, f.release) = (m(10.0), m(10.0));
+            panic!("mid-update");
+        }));
+        assert!(r.is_err());
+        let passed = k.lock().get(Access::Remote, 65536).passed;
+        assert_eq!(passed, 1, "the lane's call before the panic counted");
+    }
 }

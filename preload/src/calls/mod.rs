@@ -67,10 +67,11 @@ fn register_miss(
 }
 
 /// A call of a class admission passes through steadily (`Cache::try_pass`): libibverbs'
-/// registration, the MR recorded as a pass-through, and nothing else: no guard (nothing of
-/// ours is held while libibverbs runs, as when the app calls it without us), no lock. The
-/// sampled call's timing, an address the cache deregistered, and a failure take the guard
-/// and the shield for the locked part. None: take the full path (nothing was changed).
+/// registration inside the re-entrancy guard (a registration the provider makes meanwhile
+/// passes through: review of the lane, where one was served the cache's own MR), the MR
+/// recorded as a pass-through, and no lock. The sampled call's timing, an address the
+/// cache deregistered, and a failure take the shield for the locked part. None: take the
+/// full path (nothing was changed).
 #[inline(always)]
 fn register_lane(
     pd: *mut IbvPd,
@@ -80,6 +81,7 @@ fn register_lane(
     access: u32,
 ) -> Option<(*mut IbvMr, Outcome)> {
     let cache = crate::runtime::fast::cache_if_open()?;
+    let _guard = Guard::enter()?;
     let req = Request {
         pd: pd as usize,
         context: 0, // not read by `try_pass`
@@ -97,10 +99,13 @@ fn register_lane(
     let t = timed.then(std::time::Instant::now);
     let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
     if mr.is_null() {
-        return Some((
-            lane_failed(cache, pd, addr, len, iova, access),
-            Outcome::Failed,
-        ));
+        let mr = lane_failed(cache, pd, addr, len, iova, access);
+        let o = if mr.is_null() {
+            Outcome::Failed
+        } else {
+            Outcome::Bypass
+        };
+        return Some((mr, o));
     }
     if !cache.note_lane_mr(mr as usize) {
         lane_locked(|| cache.note_foreign(mr as usize));
@@ -112,13 +117,12 @@ fn register_lane(
     Some((mr, Outcome::Bypass))
 }
 
-/// The lane's locked part (`f` takes the cache's locks), inside the guard and the shield.
+/// The lane's locked part (`f` takes the cache's locks), inside the shield (the caller
+/// holds the guard).
 #[cold]
 #[inline(never)]
 fn lane_locked(f: impl FnOnce()) {
-    if let Some(_guard) = Guard::enter() {
-        shielded(f, || ());
-    }
+    shielded(f, || ());
 }
 
 /// libibverbs refused the lane's registration: out of pinnable memory, the cache's idle
@@ -137,9 +141,6 @@ fn lane_failed(
     if !matches!(e, libc::ENOMEM | libc::EAGAIN) {
         return std::ptr::null_mut();
     }
-    let Some(_guard) = Guard::enter() else {
-        return std::ptr::null_mut();
-    };
     let gave = shielded(|| cache.give_back_idle(), || 0);
     if gave == 0 {
         real::set_errno(e); // the cache lock's futex wait may have set it
@@ -392,10 +393,12 @@ fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
 }
 
 /// A registration passed through (`Cache::take_passed`), when the fast path is open:
-/// libibverbs' dereg, with no guard (as `register_lane`). Err(whether the table was asked).
+/// libibverbs' dereg inside the guard (as `register_lane`). Err(whether the table was
+/// asked).
 #[inline(always)]
 fn dereg_lane(mr: *mut IbvMr) -> Result<(i32, Outcome), bool> {
     let cache = crate::runtime::fast::cache_if_open().ok_or(false)?;
+    let _guard = Guard::enter().ok_or(false)?;
     let timed = cache.take_passed(mr as usize).ok_or(true)?;
     if timed {
         return Ok(dereg_timed(cache, mr));
@@ -403,8 +406,8 @@ fn dereg_lane(mr: *mut IbvMr) -> Result<(i32, Outcome), bool> {
     Ok((real::dereg_mr(mr), Outcome::Passthrough))
 }
 
-/// A sampled pass-through's dereg (taken out of the table already): timed, reported
-/// inside the guard and the shield.
+/// A sampled pass-through's dereg (taken out of the table already; the caller holds the
+/// guard): timed, reported inside the shield.
 #[cold]
 #[inline(never)]
 fn dereg_timed(cache: &'static Cache<Provider>, mr: *mut IbvMr) -> (i32, Outcome) {
