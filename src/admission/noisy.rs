@@ -192,3 +192,74 @@ fn a_dearer_miss_within_the_band_brings_trials_back() {
         );
     }
 }
+
+/// A remote class cached for long (its miss figure from a probe thousands of hits ago)
+/// on a machine that then gets busier: from call 2,000 every cost is `load`x, rounds and
+/// misses alike, or only the rounds' (`rounds_only`: binds dearer, registrations not).
+/// Every call timed, its hits asked `allow_hit` and `probe_hit` as the cache does; a probe
+/// is a pass-through (the first of a burst not a sample). The calls passed through by the
+/// verdict (not by probes) in 6,000.
+fn flipped_under_load(load: f64, rounds_only: bool) -> u64 {
+    let (a, len) = (Access::Remote, 256 << 10);
+    let (miss, round) = (103_000.0, 87_000.0);
+    let mut k = Classes::default();
+    let f = k.get_mut(a, len);
+    for _ in 0..2 * SETTLED_ROUNDS {
+        f.reg.add(miss / 2.0);
+        f.dereg.add(miss / 2.0);
+        f.add_hit(round / 2.0);
+        f.add_release(round / 2.0);
+    }
+    f.probe_hits_every = PROBE_HITS_MAX;
+    let mut passed = 0;
+    for call in 0..6_000u64 {
+        let busy = call >= 2_000;
+        let r = if busy { load * round } else { round };
+        let m = if busy && !rounds_only {
+            load * miss
+        } else {
+            miss
+        };
+        if k.decide(a, len, true) == Decision::PassThrough {
+            passed += 1;
+            let f = k.get_mut(a, len);
+            upd(f, |f| f.pass_reg.add(m / 2.0));
+            upd(f, |f| f.pass_dereg.add(m / 2.0));
+            continue;
+        }
+        if !k.allow_hit(a, len, true) {
+            continue;
+        }
+        if k.probe_hit(a, len, true) {
+            let f = k.get_mut(a, len);
+            if !std::mem::take(&mut f.probe_cold) {
+                upd(f, |f| f.pass_reg.add(m / 2.0));
+                upd(f, |f| f.pass_dereg.add(m / 2.0));
+            }
+            continue;
+        }
+        let f = k.get_mut(a, len);
+        upd(f, |f| f.add_hit(r / 2.0));
+        upd(f, |f| f.add_release(r / 2.0));
+    }
+    passed
+}
+
+/// A pending flip to pass-through re-measures the miss first (a probe burst): a machine
+/// that got 2x busier everywhere keeps the class cached, as its costs say; binds alone
+/// 2x dearer still pass it through. (Seen failing without the burst: "2x busier
+/// everywhere: 20 calls passed through": flipped on the stale miss, back at the first
+/// trial.)
+#[test]
+fn a_pending_flip_weighs_fresh_misses() {
+    let everywhere = flipped_under_load(2.0, false);
+    assert_eq!(
+        everywhere, 0,
+        "2x busier everywhere: {everywhere} calls passed through"
+    );
+    let binds = flipped_under_load(2.0, true);
+    assert!(
+        binds > 3_000,
+        "binds 2x dearer: only {binds} of 4,000 calls passed through"
+    );
+}

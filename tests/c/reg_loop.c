@@ -1,5 +1,5 @@
-/* Register and deregister the same buffer 10,000 times; every 100th registration must still
- * carry an RDMA WRITE into the buffer. Under the preload, every registration after the
+/* Register and deregister the same buffer 10,000 times (reg_loop [ITERATIONS [KIB]]); every
+ * 100th registration must still carry an RDMA WRITE into the buffer. Under the preload, every registration after the
  * first must be a hit (the same lkey), and the data must still land. */
 #include "lib/loopback.h"
 
@@ -7,9 +7,11 @@
 
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 10000;
+    /* The buffer in KiB (default 256). */
+    size_t len = (argc > 2 ? (size_t)atol(argv[2]) : 256) << 10;
+    CHECK(len > 0, "usage: reg_loop [ITERATIONS [KIB]]");
     struct loopback lb;
     CHECK(lb_open(&lb, NULL) == 0, "cannot open the loopback pair");
-    size_t len = 256 << 10;
     char *buf = malloc(len);
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
     uint32_t first_lkey = 0;
