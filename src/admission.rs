@@ -127,7 +127,14 @@ pub fn sampled(every: u64) -> bool {
         .wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)) % every == 0
+    let z = z ^ (z >> 31);
+    // A mask for a power of two (`SAMPLE_EVERY`): a division on every call otherwise,
+    // a helper call under TCG.
+    if every.is_power_of_two() {
+        z & (every - 1) == 0
+    } else {
+        z % every == 0
+    }
 }
 
 /// Cache `access`'s class with these `costs` where a cached round is cheaper than a miss.
