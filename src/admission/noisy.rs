@@ -193,15 +193,14 @@ fn a_dearer_miss_within_the_band_brings_trials_back() {
     }
 }
 
-/// A remote class cached for long (its miss figure from a probe thousands of hits ago)
-/// on a machine that then gets busier: from call 2,000 every cost is `load`x, rounds and
-/// misses alike, or only the rounds' (`rounds_only`: binds dearer, registrations not).
-/// Every call timed, its hits asked `allow_hit` and `probe_hit` as the cache does; a probe
-/// is a pass-through (the first of a burst not a sample). The calls passed through by the
-/// verdict (not by probes) in 6,000.
-fn flipped_under_load(load: f64, rounds_only: bool) -> u64 {
+/// A remote class cached for long, its miss 103 us (reg and dereg each half) and its round
+/// `round` (hit and release each half), each call's hit, release and miss costs scaled by
+/// `scale(call)`. Every call timed, its hits asked `allow_hit` and `probe_hit` as the cache
+/// does; a probe is a pass-through (the first of a burst not a sample). The calls passed
+/// through by the verdict (not by probes) in 6,000.
+fn simulate(round: f64, scale: impl Fn(u64) -> (f64, f64, f64)) -> u64 {
     let (a, len) = (Access::Remote, 256 << 10);
-    let (miss, round) = (103_000.0, 87_000.0);
+    let miss = 103_000.0;
     let mut k = Classes::default();
     let f = k.get_mut(a, len);
     for _ in 0..2 * SETTLED_ROUNDS {
@@ -213,13 +212,8 @@ fn flipped_under_load(load: f64, rounds_only: bool) -> u64 {
     f.probe_hits_every = PROBE_HITS_MAX;
     let mut passed = 0;
     for call in 0..6_000u64 {
-        let busy = call >= 2_000;
-        let r = if busy { load * round } else { round };
-        let m = if busy && !rounds_only {
-            load * miss
-        } else {
-            miss
-        };
+        let (sh, sr, sm) = scale(call);
+        let m = sm * miss;
         if k.decide(a, len, true) == Decision::PassThrough {
             passed += 1;
             let f = k.get_mut(a, len);
@@ -239,25 +233,33 @@ fn flipped_under_load(load: f64, rounds_only: bool) -> u64 {
             continue;
         }
         let f = k.get_mut(a, len);
-        upd(f, |f| f.add_hit(r / 2.0));
-        upd(f, |f| f.add_release(r / 2.0));
+        upd(f, |f| f.add_hit(sh * round / 2.0));
+        upd(f, |f| f.add_release(sr * round / 2.0));
     }
     passed
 }
 
-/// A pending flip to pass-through re-measures the miss first (a probe burst): a machine
-/// that got 2x busier everywhere keeps the class cached, as its costs say; binds alone
-/// 2x dearer still pass it through. (Seen failing without the burst: "2x busier
-/// everywhere: 20 calls passed through": flipped on the stale miss, back at the first
-/// trial.)
+/// One stall (a hit timed at 8x) in a cached remote class near a tie, every call timed,
+/// does not flip it (`FLIP_SAMPLES`: the stall's lift of the round decays before the
+/// confirmation ends); binds 2x dearer from call 2,000 on do. (Session 18 tried a probe
+/// burst at a pending flip, so the confirmation would weigh fresh misses: its misses
+/// counted toward the confirmation, and this test failed with it, "round 1x the miss:
+/// 2,985 calls passed through after one stall"; reverted, docs/performance.md.)
 #[test]
-fn a_pending_flip_weighs_fresh_misses() {
-    let everywhere = flipped_under_load(2.0, false);
-    assert_eq!(
-        everywhere, 0,
-        "2x busier everywhere: {everywhere} calls passed through"
-    );
-    let binds = flipped_under_load(2.0, true);
+fn one_stall_does_not_flip_a_class_near_a_tie() {
+    for ratio in [0.95, 1.0, 1.04] {
+        let passed = simulate(ratio * 103_000.0, |call| {
+            (if call == 3_000 { 8.0 } else { 1.0 }, 1.0, 1.0)
+        });
+        assert_eq!(
+            passed, 0,
+            "round {ratio}x the miss: {passed} calls passed through after one stall"
+        );
+    }
+    let binds = simulate(87_000.0, |call| {
+        let b = if call >= 2_000 { 2.0 } else { 1.0 };
+        (b, b, 1.0)
+    });
     assert!(
         binds > 3_000,
         "binds 2x dearer: only {binds} of 4,000 calls passed through"

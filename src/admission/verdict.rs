@@ -38,15 +38,6 @@ impl Figures {
         let v = self.verdict_from_held(access);
         let unconfirmed = self.unconfirmed(access, v);
         if v == Verdict::PassThrough && self.held != Some(Verdict::PassThrough) {
-            if self.pass_since.is_none() && access == Access::Remote {
-                // A flip is pending on rounds timed now against a miss figure that may be
-                // thousands of hits old (probes get rarer as a class stays cached, up to
-                // one burst in `PROBE_HITS_MAX` hits): the next hits are a probe burst, so
-                // the confirmation weighs fresh misses too. A machine that got busier slows
-                // both; only rounds dearer against misses of the same moment pass it.
-                self.probe_burst = PROBE_BURST;
-                self.probe_cold = true;
-            }
             self.pass_since.get_or_insert(self.samples());
         } else {
             self.pass_since = None;
