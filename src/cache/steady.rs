@@ -167,9 +167,10 @@ mod tests {
     use super::*;
     use crate::admission::{Decision, Mean, Verdict};
 
-    const LEN: usize = 65536;
+    pub(super) const LEN: usize = 65536;
 
-    fn settled_pass_through(k: &ClassLock) {
+    /// `LEN`'s remote class settled at pass-through: steady, its lane open.
+    pub(super) fn settled_pass_through(k: &ClassLock) {
         let mut c = k.lock();
         let f = c.get_mut(Access::Remote, LEN);
         let m = |v: f64| Mean {
@@ -239,23 +240,9 @@ mod tests {
 /// The lock-free lane (`take_lane`) against the locked path alone.
 #[cfg(test)]
 mod lane {
+    use super::tests::{LEN, settled_pass_through as settled};
     use super::*;
-    use crate::admission::{Decision, Mean, Verdict};
-
-    const LEN: usize = 65536;
-
-    fn settled(k: &ClassLock) {
-        let mut c = k.lock();
-        let f = c.get_mut(Access::Remote, LEN);
-        let m = |v: f64| Mean {
-            value: v,
-            samples: 100,
-        };
-        (f.pass_reg, f.pass_dereg) = (m(10_000.0), m(10_000.0));
-        (f.hit, f.release) = (m(100_000.0), m(100_000.0));
-        f.held = Some(Verdict::PassThrough);
-        f.verdict = Some(Verdict::PassThrough);
-    }
+    use crate::admission::{Decision, Verdict};
 
     /// One miss of the class through the locked path: 'P' passed early, else `decide`'s
     /// answer ('C' cache, 'T' trial, 'p' pass-through) and, on a trial, its hits

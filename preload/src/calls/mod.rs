@@ -125,6 +125,18 @@ fn lane_locked(f: impl FnOnce()) {
     shielded(f, || ());
 }
 
+/// libibverbs just refused a registration: when out of pinnable memory (ENOMEM, EAGAIN)
+/// and the cache gave idle entries back, true (ask libibverbs once more); else false with
+/// libibverbs' errno in place (the cache lock's futex wait may have changed it).
+fn gave_back_for_retry(cache: &Cache<Provider>) -> bool {
+    let e = crate::sys::errno();
+    if matches!(e, libc::ENOMEM | libc::EAGAIN) && cache.give_back_idle() > 0 {
+        return true;
+    }
+    real::set_errno(e);
+    false
+}
+
 /// libibverbs refused the lane's registration: out of pinnable memory, the cache's idle
 /// entries are given back and libibverbs asked once more, as on the full path.
 #[cold]
@@ -137,13 +149,7 @@ fn lane_failed(
     iova: u64,
     access: u32,
 ) -> *mut IbvMr {
-    let e = crate::sys::errno();
-    if !matches!(e, libc::ENOMEM | libc::EAGAIN) {
-        return std::ptr::null_mut();
-    }
-    let gave = shielded(|| cache.give_back_idle(), || 0);
-    if gave == 0 {
-        real::set_errno(e); // the cache lock's futex wait may have set it
+    if !shielded(|| gave_back_for_retry(cache), || false) {
         return std::ptr::null_mut();
     }
     let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
@@ -300,16 +306,9 @@ fn register_inner(
                     // Out of pinnable memory, as the miss path: the cache's idle entries
                     // given back, libibverbs once more (a probe's range is still pinned by
                     // its cached entry; libibverbs alone would have pinned it once).
-                    let mut retried = false;
-                    if mr.is_null() {
-                        let e = crate::sys::errno();
-                        retried =
-                            matches!(e, libc::ENOMEM | libc::EAGAIN) && cache.give_back_idle() > 0;
-                        if retried {
-                            (mr, o) = register_through(false, Some(cache));
-                        } else {
-                            real::set_errno(e); // the cache lock's futex wait may have set it
-                        }
+                    let retried = mr.is_null() && gave_back_for_retry(cache);
+                    if retried {
+                        (mr, o) = register_through(false, Some(cache));
                     }
                     // A retried call's time holds the deregistrations: not a miss's figure.
                     if let Some(t) = t
