@@ -24,6 +24,9 @@ pub enum Lane {
     /// Passed through, and one of the sampled calls: the caller times libibverbs'
     /// registration and reports it (`note_passthrough`).
     PassTimed,
+    /// A remote call under `MRCACHE_REMOTE=bypass`: passed through, counted as a remote
+    /// bypass (as `acquire` would: `bypass_remote`), never timed.
+    Bypass,
 }
 
 impl<R: Registrar> Cache<R> {
@@ -31,13 +34,17 @@ impl<R: Registrar> Cache<R> {
     /// registrar call, no panic: the preload's hook calls it before its guard.
     #[inline]
     pub fn try_pass(&self, req: &Request) -> Lane {
-        if self.admit != Admit::Auto || self.stopped.get().is_some() {
+        // As `acquire`, in its order: a stopped cache and a call it cannot cache take the
+        // full path; a remote call under `bypass` is libibverbs' whatever admission says
+        // (no remote key is ever cached then, so no entry of its key can exist).
+        if self.stopped.get().is_some() || access::classify(req.addr, req.len, req.access).is_err()
+        {
             return Lane::Full;
         }
         if req.access & access::REMOTE != 0 && self.remote == RemoteMode::Bypass {
-            return Lane::Full; // `bypass_remote`: counted apart
+            return Lane::Bypass;
         }
-        if access::classify(req.addr, req.len, req.access).is_err() {
+        if self.admit != Admit::Auto {
             return Lane::Full;
         }
         // As `acquire`: the key's own entry takes the locked path (evicted there if idle).
@@ -123,8 +130,8 @@ mod tests {
         assert_eq!(bypass.try_pass(&req(0x10_0000)), Lane::Pass);
         assert_eq!(
             bypass.try_pass(&remote),
-            Lane::Full,
-            "bypass: counted apart"
+            Lane::Bypass,
+            "bypass: a remote call"
         );
         let always = Cache::new(&fake, LIMITS).with_sampling(u64::MAX);
         steady(&always);
@@ -135,6 +142,32 @@ mod tests {
             Lane::Full,
             "caching stopped"
         );
+    }
+
+    /// Under `MRCACHE_REMOTE=bypass` every remote call is the lane's (libibverbs' own MR,
+    /// counted as a remote bypass by the caller), steady class or not and whatever
+    /// `MRCACHE_ADMIT` says; not once caching stopped (`acquire` registers uncached
+    /// then), not a call the cache could not take anyway (`classify`), and no admission
+    /// figure moves.
+    #[test]
+    fn the_lane_takes_every_remote_call_under_bypass() {
+        let fake = Fake::default();
+        let mut remote = req(0x10_0000);
+        remote.access |= access::REMOTE_WRITE;
+        for admit in [Admit::Auto, Admit::Always] {
+            let cache = Cache::new(&fake, LIMITS)
+                .with_admit(admit)
+                .with_remote(RemoteMode::Bypass);
+            assert_eq!(cache.try_pass(&remote), Lane::Bypass, "{admit:?}");
+            assert_eq!(cache.stats.get(Counter::AdmissionPassedCost), 0);
+            let mut empty = remote;
+            empty.len = 0;
+            assert_eq!(cache.try_pass(&empty), Lane::Full, "{admit:?}: length 0");
+            cache.stop_caching("test");
+            assert_eq!(cache.try_pass(&remote), Lane::Full, "{admit:?}: stopped");
+        }
+        let revoke = Cache::new(&fake, LIMITS).with_admit(Admit::Auto);
+        assert_eq!(revoke.try_pass(&remote), Lane::Full, "revoke: not steady");
     }
 
     /// A sampled call is passed and timed (`note_passthrough`); the lane's calls are

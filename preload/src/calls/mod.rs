@@ -66,7 +66,8 @@ fn register_miss(
     register_inner(pd, addr, len, iova, access)
 }
 
-/// A call of a class admission passes through steadily (`Cache::try_pass`): libibverbs'
+/// A call of a class admission passes through steadily, or a remote call under
+/// `MRCACHE_REMOTE=bypass` (`Cache::try_pass`): libibverbs'
 /// registration inside the re-entrancy guard (a registration the provider makes meanwhile
 /// passes through: review of the lane, where one was served the cache's own MR), the MR
 /// recorded as a pass-through, and no lock. The sampled call's timing, an address the
@@ -90,12 +91,13 @@ fn register_lane(
         iova,
         access,
     };
-    let timed = match cache.try_pass(&req) {
+    let (timed, why) = match cache.try_pass(&req) {
         Lane::Full => return None,
-        Lane::Pass => false,
-        Lane::PassTimed => true,
+        Lane::Pass => (false, Bypassed::NotWorthCaching),
+        Lane::PassTimed => (true, Bypassed::NotWorthCaching),
+        Lane::Bypass => (false, Bypassed::RemoteAccess),
     };
-    note_bypass(Bypassed::NotWorthCaching);
+    note_bypass(why);
     let t = timed.then(std::time::Instant::now);
     let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
     if mr.is_null() {
@@ -290,6 +292,13 @@ fn register_inner(
                     (handle as *mut IbvMr, o)
                 }
                 Err(AcquireError::Bypass(b)) => {
+                    // A remote call under `bypass` passed every check above as a cached
+                    // call would: the lane may take the next ones (a program whose every
+                    // call is remote would otherwise never open it, and pay this path,
+                    // its shield and its sampled clock reads on every call).
+                    if b == mrcache::access::Bypass::Remote {
+                        crate::runtime::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
+                    }
                     // Passed through by admission: libibverbs' registration is a sample of
                     // what a miss of its class costs.
                     // Sampled (`Cache::wants_passthrough_sample`); a probe always.
