@@ -7,8 +7,8 @@
 # Modes: plain (libibverbs alone), enable0 (the library preloaded, MRCACHE_ENABLE=0: every
 # call passed through), bypass (MRCACHE_REMOTE=bypass), default. Remote access. The
 # default's statistics go to $STATS_DIR/alternate-ROUND-SIZE.json when STATS_DIR is set.
-# LIB_B=another build of the library adds the mode defaultB (the default of that build), to
-# compare two builds in one boot; MODES="plain default ..." picks and orders the modes.
+# LIB_B=another build of the library adds the modes defaultB and bypassB (the default and
+# bypass of that build), to compare two builds in one boot; MODES="plain default ..." picks and orders the modes.
 # Example, the aarch64 guest (after ci/aarch64 build; the build dir is bound in the guest):
 #   ci/vm/a64-cc -O2 -o target/a64x/regmr bench/regmr.c -libverbs
 #   ci/vm/a64-run.sh -j target/a64x "sh $PWD/bench/alternate.sh $PWD/target/a64x/regmr \
@@ -21,6 +21,7 @@ run() {
     enable0) MRCACHE_ENABLE=0 LD_PRELOAD=$lib "$regmr" "$secs" remote "$size" ;;
     bypass) MRCACHE_REMOTE=bypass LD_PRELOAD=$lib "$regmr" "$secs" remote "$size" ;;
     defaultB) LD_PRELOAD=$LIB_B "$regmr" "$secs" remote "$size" ;;
+    bypassB) MRCACHE_REMOTE=bypass LD_PRELOAD=$LIB_B "$regmr" "$secs" remote "$size" ;;
     default)
       if [ -n "${STATS_DIR:-}" ]; then
         MRCACHE_STATS=json MRCACHE_STATS_FILE="$STATS_DIR/alternate-$r-$size.json" \
@@ -31,7 +32,7 @@ run() {
   esac 2> /dev/null | sed -n 's/.*ns_per_pair=\([0-9]*\).*/\1/p'
 }
 out=$(mktemp)
-modes=${MODES:-plain enable0 bypass default${LIB_B:+ defaultB}}
+modes=${MODES:-plain enable0 bypass default${LIB_B:+ defaultB bypassB}}
 # shellcheck disable=SC2086
 set -- $modes
 r=1
