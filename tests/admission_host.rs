@@ -113,6 +113,38 @@ fn a_registration_nested_in_a_lane_call_passes_through() {
     }
 }
 
+/// A registration nested in one of our calls (the provider's own, through the public API)
+/// at the address of an MR the cache deregistered: its owner's later `ibv_dereg_mr`,
+/// outside our calls, reaches the provider (tests/c/host/nested_tombstone.c), with the
+/// outer call on the full path (local) and in the lane (remote under `bypass`). (Seen
+/// failing before the nested MR was recorded: "returned 22, provider MR still live
+/// (leaked)", a review of session 19.)
+#[test]
+fn a_nested_registration_at_a_tombstone_deregisters() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission_host");
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "admit_shim",
+        "nested_tombstone",
+        &dir,
+        "nested_tombstone",
+        &["-libverbs", "-ldl"],
+    );
+    for (outer, remote) in [("local", None), ("remote-bypass", Some("1"))] {
+        let mut cmd = Command::new(&prog);
+        cmd.env("LD_PRELOAD", common::preload_with(&shim))
+            .env("MRCACHE_MONITOR", "patch")
+            .env("MRCACHE_REMOTE", "bypass");
+        if let Some(r) = remote {
+            cmd.env("OUTER_REMOTE", r);
+        }
+        let out = cmd.output().unwrap();
+        let t = text(&out);
+        println!("{outer}: {t}");
+        assert_eq!(out.status.code(), Some(0), "{outer}: {t}");
+    }
+}
+
 /// Local-only, a registration far dearer than a hit: cached (one provider registration in
 /// 200 rounds).
 #[test]

@@ -104,6 +104,14 @@ impl<R: Registrar> Cache<R> {
         self.passed.insert(mr, timed);
     }
 
+    /// `mr` is an MR libibverbs returned for a registration nested in one of the preload's
+    /// calls (maybe under the cache's own lock on this thread): recorded lock-free, so its
+    /// later `ibv_dereg_mr` goes to libibverbs (`take_passed`) even where a tombstone of a
+    /// deregistered cache MR at the same address would refuse it. No lock, no allocation.
+    pub fn note_nested_mr(&self, mr: usize) {
+        self.note_passed(mr, false);
+    }
+
     /// The app's `ibv_dereg_mr(mr)`, asked before the cache's own `release_at`: Some when
     /// `mr` is a registration passed through to libibverbs (taken out: the caller hands it
     /// to libibverbs; `Some(true)`: time that and report it, `note_passthrough_dereg`);

@@ -350,7 +350,19 @@ fn register_inner(
 /// only a `_Fork()` in a signal handler that interrupted this very call, and returned into
 /// it in the child, would leave the parent's here, and the call was on that cache already).
 fn note_foreign(mr: *mut IbvMr, nested: bool, known: Option<&'static Cache<Provider>>) {
-    if mr.is_null() || nested {
+    if mr.is_null() {
+        return;
+    }
+    if nested {
+        // The cache's lock may be held on this thread: no `note_foreign`. Recorded in the
+        // pass-through table instead (lock-free), so that its owner's `ibv_dereg_mr`, made
+        // outside our calls, goes to libibverbs even at the address of an MR the cache
+        // deregistered (a tombstone: refused as a double deregistration before, and the MR
+        // leaked; review of session 19). A full stretch of the table or a shut gate leaves
+        // it as before.
+        if let Some(cache) = known.or_else(crate::runtime::fast::armed_cache) {
+            cache.note_nested_mr(mr as usize);
+        }
         return;
     }
     if let Some(cache) = known.or_else(cache) {

@@ -104,6 +104,18 @@ pub fn hit(
     cache.try_hit(&req).map(|h| h as *mut IbvMr)
 }
 
+/// The cache while the gate is armed, even inside one of our calls: for what may be done
+/// lock-free and allocation-free there (`calls::note_foreign` of a nested registration).
+/// None while the gate is shut (set-up, a fork in progress, a fork child's first call).
+pub fn armed_cache() -> Option<&'static Cache<Provider>> {
+    if GATE.load(Acquire) & ARMED == 0 {
+        return None;
+    }
+    // SAFETY: as in `open`: CACHE is stored before the gate is armed and only ever holds
+    // caches that are never freed.
+    unsafe { CACHE.load(Acquire).as_ref() }
+}
+
 /// The cache, when the fast path is open (the gate armed, this thread in none of our
 /// calls): the pass-through lane's (`calls::register_lane`).
 #[inline]
