@@ -292,10 +292,12 @@ fn register_inner(
                     (handle as *mut IbvMr, o)
                 }
                 Err(AcquireError::Bypass(b)) => {
-                    // A remote call under `bypass` passed every check above as a cached
-                    // call would: the lane may take the next ones (a program whose every
-                    // call is remote would otherwise never open it, and pay this path,
-                    // its shield and its sampled clock reads on every call).
+                    // A remote call passed to libibverbs (under `bypass`; under `revoke`
+                    // one no window could be had for) passed every check above as a cached
+                    // call would: open the gate, so that the lane may take the next ones
+                    // (`Lane::Bypass`, under `bypass` only; a program whose every call is
+                    // remote would otherwise never open it, and pay this path, its shield
+                    // and its sampled clock reads on every call).
                     if b == mrcache::access::Bypass::Remote {
                         crate::runtime::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
                     }
