@@ -8,7 +8,8 @@
 # call passed through), bypass (MRCACHE_REMOTE=bypass), default. Remote access. The
 # default's statistics go to $STATS_DIR/alternate-ROUND-SIZE.json when STATS_DIR is set.
 # LIB_B=another build of the library adds the modes defaultB and bypassB (the default and
-# bypass of that build), to compare two builds in one boot; MODES="plain default ..." picks and orders the modes.
+# bypass of that build), to compare two builds in one boot; MODES="plain default ..." picks
+# and orders the modes.
 # Example, the aarch64 guest (after ci/aarch64 build; the build dir is bound in the guest):
 #   ci/vm/a64-cc -O2 -o target/a64x/regmr bench/regmr.c -libverbs
 #   ci/vm/a64-run.sh -j target/a64x "sh $PWD/bench/alternate.sh $PWD/target/a64x/regmr \

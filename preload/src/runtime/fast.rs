@@ -70,10 +70,18 @@ fn open() -> Option<(&'static Cache<Provider>, bool)> {
     if g & ARMED == 0 || guard::nested() {
         return None;
     }
-    let cache = CACHE.load(Acquire);
+    Some((armed_in(g)?, g & CHECK_PATCHES != 0))
+}
+
+/// The cache, when the gate's word `g` says armed.
+#[inline(always)]
+fn armed_in(g: u64) -> Option<&'static Cache<Provider>> {
+    if g & ARMED == 0 {
+        return None;
+    }
     // SAFETY: CACHE is stored before the gate is armed and only ever holds caches that
     // are never freed (the runtime's, or a fork child's leaked replacement).
-    Some((unsafe { cache.as_ref() }?, g & CHECK_PATCHES != 0))
+    unsafe { CACHE.load(Acquire).as_ref() }
 }
 
 /// An exact hit on the fast path; None: take the full path (nothing was changed).
@@ -108,12 +116,7 @@ pub fn hit(
 /// lock-free and allocation-free there (`calls::note_foreign` of a nested registration).
 /// None while the gate is shut (set-up, a fork in progress, a fork child's first call).
 pub fn armed_cache() -> Option<&'static Cache<Provider>> {
-    if GATE.load(Acquire) & ARMED == 0 {
-        return None;
-    }
-    // SAFETY: as in `open`: CACHE is stored before the gate is armed and only ever holds
-    // caches that are never freed.
-    unsafe { CACHE.load(Acquire).as_ref() }
+    armed_in(GATE.load(Acquire))
 }
 
 /// The cache, when the fast path is open (the gate armed, this thread in none of our
