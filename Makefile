@@ -13,6 +13,8 @@ build:
 	$(CARGO) build --release --workspace
 
 GEN = target/generated
+# Where cargo puts the release build (CARGO_TARGET_DIR, build.target-dir, else target/).
+RELEASE = $(shell $(CARGO) metadata --format-version 1 --no-deps --offline | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
 SHARE = $(DESTDIR)$(PREFIX)/share
 VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
@@ -23,11 +25,11 @@ check-prefix:
 	  echo "make install: PREFIX='$$PREFIX' DESTDIR='$$DESTDIR' refused: only letters, digits and / . _ + , : @ ~ - are allowed (no spaces, quotes, [ ] { } & \$$ ; \\)" >&2; exit 1;; esac
 
 install: check-prefix build
-	rm -rf $(GEN) && target/release/mrcache __generate $(GEN)
+	rm -rf $(GEN) && $(RELEASE)/mrcache __generate $(GEN)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(SHARE)/man/man1 $(SHARE)/man/man7 \
 	  $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
-	install -m 755 target/release/mrcache $(DESTDIR)$(PREFIX)/bin/mrcache
-	install -m 755 target/release/libmrcache.so $(DESTDIR)$(PREFIX)/lib/libmrcache.so
+	install -m 755 $(RELEASE)/mrcache $(DESTDIR)$(PREFIX)/bin/mrcache
+	install -m 755 $(RELEASE)/libmrcache.so $(DESTDIR)$(PREFIX)/lib/libmrcache.so
 	install -m 644 $(GEN)/man1/*.1 $(SHARE)/man/man1/
 	install -m 644 $(GEN)/man7/*.7 $(SHARE)/man/man7/
 	install -m 644 $(GEN)/completions/mrcache.bash $(SHARE)/bash-completion/completions/mrcache

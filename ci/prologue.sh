@@ -6,7 +6,9 @@ bash ci/install-deps.sh
 bash ci/vm/fetch.sh
 bash ci/vm/initramfs.sh
 cargo build --release --workspace -q
+. ci/target-dir.sh
+need_built libmrcache.so mrcache
 job=$PWD/target/$(basename "$0")
 rm -rf "$job"; mkdir -p "$job"
-lib=$PWD/target/release/libmrcache.so
+lib=$RELEASE/libmrcache.so
 CC_FLAGS=(-O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I tests/c)

@@ -1,8 +1,9 @@
 # Sourced by every command of ci/stacks inside the guest: the settings rxe needs under TCG,
-# and the checks. $REPO is the checkout, $JOB the job directory (read-write).
+# and the checks. $REPO is the checkout, $RELEASE the release build (ci/target-dir.sh), $JOB
+# the job directory (read-write).
 . "$REPO/ci/vm/guest-lib.sh"
-PRE=$REPO/target/release/libmrcache.so
-MRC=$REPO/target/release/mrcache
+PRE=$RELEASE/libmrcache.so
+MRC=$RELEASE/mrcache
 P=$REPO/target/stacks
 
 # libfabric's rxm sizes its verbs completion queue as (rx + tx size) x FI_UNIVERSE_SIZE
