@@ -63,10 +63,16 @@ pub fn set_up() -> Runtime {
         }
         if config.monitor != Monitor::None
             && blind.is_none()
-            && let Some(name) = crate::sys::elf::sanitizer_allocator()
+            && let Some(san) = crate::sys::sanitizer::allocator()
         {
+            let linked = if san.linked_in {
+                ", linked into the program,"
+            } else {
+                ""
+            };
             blind = Some(format!(
-                "the monitor does not see: memory {name}'s allocator releases (the sanitizer's runtime unmaps it with its own system calls, past libc and mrcache's hooks)"
+                "the monitor does not see: memory {}'s allocator releases (the sanitizer's runtime{linked} unmaps it with its own system calls, past libc and mrcache's hooks)",
+                san.name
             ));
         }
         coverage = Some(c);
