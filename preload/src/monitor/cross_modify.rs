@@ -24,6 +24,13 @@
 //! threads), nothing is written and the caller fails closed. The thread count never relaxes
 //! these rules: `/proc/self/stat` does not count tasks cloned with `CLONE_VM` alone.
 //!
+//! The barrier and the `mprotect` that makes the page read+execute again are both tried
+//! before the first write (`sync_core_ready`, `make_writable`), so a policy that refuses
+//! either refuses the site untouched; one that fails after the write is an error that keeps
+//! the jump (`finish`), and the runtime turns caching off. docs/design.md ("The write
+//! protocol against the JITs' and the kernel's") compares this with HotSpot and Linux's
+//! `text_poke_bp`, and says what remains on CPUs with cross-modifying-code errata.
+//!
 //! A hook more than 2 GiB from the site is reached through a trampoline (`trampoline`).
 
 use crate::monitor::patch::PatchError;
