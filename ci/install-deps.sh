@@ -4,7 +4,7 @@
 # (ci/vm/fetch.sh) and never installed into the host.
 set -euo pipefail
 pkgs=(libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils perftest rdmacm-utils
-      iproute2 gcc g++ libasan8 libtsan2 libubsan1 make python3 liburing-dev libjemalloc2
+      iproute2 gcc g++ libasan8 libtsan2 liblsan0 libubsan1 clang libclang-rt-14-dev make python3 liburing-dev libjemalloc2
       libfabric-bin libfabric-dev ucx-utils libucx-dev openmpi-bin libopenmpi-dev mpich libmpich-dev
       mmdebstrap environment-modules
       file qemu-user-static arch-test)  # the last three for ci/aarch64 (check_out, the arm64 roots)

@@ -163,3 +163,58 @@ fn a_foreign_jump_is_taken_back_under_traffic() {
     });
     println!("{n} runs, munmap through libfabric's jump while it is taken back: {secs:.1} s");
 }
+
+/// patch_hammer_verbs (threads from a DT_NEEDED constructor running libc's patched calls
+/// while ours patches) under `seccomp_refuse MODE`, `n` runs. Each must fail closed with one
+/// line naming `why`, pass every registration through ("miss seen ran"), and leave no
+/// writable and executable mapping.
+fn refused(mode: &str, why: &str, n: usize) {
+    let (exe, d) = build(
+        "guest/patch_hammer_verbs.c",
+        &format!("patch_refused_{mode}"),
+        &["-Wno-cast-function-type", "-libverbs"],
+    );
+    let wrapper = d.join("seccomp_refuse");
+    common::cc(&[
+        "-o",
+        wrapper.to_str().unwrap(),
+        &src("guest/seccomp_refuse.c"),
+    ]);
+    let exe_arg = exe.display().to_string();
+    let secs = runs(
+        &wrapper,
+        &[mode, &exe_arg, "early", "maps"],
+        &[],
+        n,
+        |i, status, out, err| {
+            let off: Vec<&str> = err
+                .lines()
+                .filter(|l| l.contains("caching is OFF"))
+                .collect();
+            assert!(
+                status == Some(0)
+                    && out.starts_with("miss seen ran\n")
+                    && out.ends_with("rwx 0\n")
+                    && err.lines().count() == 1
+                    && off.len() == 1
+                    && off[0].contains(why),
+                "run {i} under seccomp_refuse {mode}: status {status:?}\n{out}{err}"
+            );
+        },
+    );
+    println!("{n} runs under seccomp_refuse {mode}: {secs:.1} s");
+}
+
+/// A seccomp filter fails membarrier(PRIVATE_EXPEDITED_SYNC_CORE) alone (QUERY and
+/// REGISTER succeed) while seven threads run: no entry may be patched without the barrier.
+#[test]
+fn a_refused_sync_core_barrier_patches_nothing_and_fails_closed() {
+    refused("sync-core", "SYNC_CORE", 10);
+}
+
+/// A seccomp filter refuses mprotect(PROT_READ|PROT_EXEC) alone: libc's code is never
+/// made writable (the restoring call is tried first), and caching is off.
+#[test]
+fn a_refused_restoring_mprotect_leaves_no_code_writable() {
+    refused("restore-rx", "mprotect", 10);
+}

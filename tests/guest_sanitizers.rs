@@ -38,13 +38,18 @@ fn src(name: &str) -> String {
 
 /// Builds `tests/c/guest/SRC` with `-fsanitize=SAN` into `out`.
 fn build(src_name: &str, san: &str, out: &str, extra: &[&str]) -> PathBuf {
+    build_with("cc", src_name, san, out, extra)
+}
+
+/// Builds `tests/c/guest/SRC` with `-fsanitize=SAN` into `out`, with the compiler `cc`.
+fn build_with(cc: &str, src_name: &str, san: &str, out: &str, extra: &[&str]) -> PathBuf {
     let out = dir().join(out);
     let sanitize = if san.is_empty() {
         "-fno-sanitize=all".to_string()
     } else {
         format!("-fsanitize={san}")
     };
-    let st = Command::new("cc")
+    let st = Command::new(cc)
         .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
         .arg(&sanitize)
         .arg("-o")
@@ -55,7 +60,7 @@ fn build(src_name: &str, san: &str, out: &str, extra: &[&str]) -> PathBuf {
         .expect("cc");
     assert!(
         st.success(),
-        "cc {sanitize} {src_name}: the sanitizer runtimes come with gcc (libasan8, libtsan2, libubsan1; ci/install-deps.sh)"
+        "{cc} {sanitize} {extra:?} {src_name}: the sanitizer runtimes come with gcc (libasan8, libtsan2, liblsan0, libubsan1) and clang (ci/install-deps.sh)"
     );
     out
 }
@@ -65,6 +70,7 @@ fn runtime(san: &str) -> String {
     let name = match san {
         "address" => "libasan.so",
         "thread" => "libtsan.so",
+        "leak" => "liblsan.so",
         _ => "libubsan.so",
     };
     let out = Command::new("cc")
@@ -199,6 +205,26 @@ fn ubsan_programs_run_under_the_preload() {
     plain("undefined");
 }
 
+/// How san_verbs.c is built: the compiler, the sanitizer, flags (`-static-libasan`), and
+/// whether its runtime is a shared object (then also tested preloaded first).
+struct VerbsBuild<'a> {
+    cc: &'a str,
+    san: &'a str,
+    flags: &'a [&'a str],
+    shared_runtime: bool,
+    /// The runtime's options each run needs besides `QUARANTINE_OFF`.
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// Whether `cc` is installed (clang is optional: MSan and HWASan need it).
+fn have(cc: &str) -> bool {
+    Command::new(cc)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// san_verbs.c built with `san`, behind libmrcache.so and verbs_shim.so. The sanitizer's
 /// allocator unmaps freed memory with its own system calls, which no hook sees: a cached
 /// registration of a heap buffer would outlive its memory (san_verbs.c provokes it and
@@ -206,6 +232,24 @@ fn ubsan_programs_run_under_the_preload() {
 /// with one line that names the sanitizer, and pass every call through; the program runs
 /// to its end. With `MRCACHE_ENABLE=0` every call passes through, silently.
 fn verbs(san: &str, name: &str) {
+    verbs_built(
+        &VerbsBuild {
+            cc: "cc",
+            san,
+            flags: &[],
+            shared_runtime: true,
+            env: &[],
+        },
+        name,
+    );
+}
+
+fn verbs_built(b: &VerbsBuild, name: &str) {
+    let san = b.san;
+    // Not the runtime's own file name (`-static-libasan` in a name ending `.so` reads to
+    // ASan's start-up check as a second, shared ASan runtime).
+    let linked = if b.flags.is_empty() { "" } else { "_linked_in" };
+    let tag = format!("{}_{san}{linked}", b.cc);
     let flags = ["-Wno-unused-parameter", "-Wno-cast-function-type"];
     let map = format!(
         "-Wl,--version-script={}/tests/c/host/verbs_shim.map",
@@ -214,21 +258,43 @@ fn verbs(san: &str, name: &str) {
     let shim = common::build_host(
         "verbs_shim.c",
         &dir(),
-        &format!("libverbs_shim_{san}.so"),
+        &format!("libverbs_shim_{tag}.so"),
         &[&flags[..], &["-shared", "-fPIC", &map]].concat(),
     );
-    let prog = build(
+    let prog = build_with(
+        b.cc,
         "san_verbs.c",
         san,
-        &format!("san_verbs_{san}"),
-        &[&flags[..], &["-libverbs"]].concat(),
+        &format!("san_verbs_{tag}"),
+        &[&flags[..], b.flags, &["-libverbs"]].concat(),
     );
+    // The program as it runs without libmrcache.so: where the machine cannot run it (HWASan
+    // on x86-64 needs a kernel with the tagged address ABI), clang's runtimes are skipped.
+    let env = [&[QUARANTINE_OFF][..], b.env].concat();
+    let alone = run(&prog, Some(&shim.display().to_string()), &env);
+    if alone.status.code() != Some(0) || alone.stdout != b"uncached: 15 registrations\n" {
+        assert_eq!(
+            b.cc,
+            "clang",
+            "{tag} without libmrcache.so:\n{}",
+            text(&alone)
+        );
+        println!("SKIPPED: {tag} does not run here:\n{}", text(&alone));
+        return;
+    }
+    let after = format!(":{}", shim.display());
+    let orders = if b.shared_runtime {
+        preloads(san, &after)
+    } else {
+        // The runtime is in the program: nothing to preload first.
+        vec![(OURS_FIRST.into(), format!("{}{after}", lib().display()))]
+    };
     let mut failed = Vec::new();
-    for (order, preload) in preloads(san, &format!(":{}", shim.display())) {
+    for (order, preload) in orders {
         let out = run(
             &prog,
             Some(&preload),
-            &[("MRCACHE_STATS", "1"), QUARANTINE_OFF],
+            &[&[("MRCACHE_STATS", "1")][..], &env].concat(),
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -242,23 +308,23 @@ fn verbs(san: &str, name: &str) {
             && off[0].contains(name);
         if !ok {
             failed.push(format!(
-                "{san}, {order}: status {:?}, output:\n{}",
+                "{tag}, {order}: status {:?}, output:\n{}",
                 out.status,
                 text(&out)
             ));
         }
-        println!("{san}, {order}: {}", off.join(" | "));
+        println!("{tag}, {order}: {}", off.join(" | "));
         let out = run(
             &prog,
             Some(&preload),
-            &[("MRCACHE_ENABLE", "0"), QUARANTINE_OFF],
+            &[&[("MRCACHE_ENABLE", "0")][..], &env].concat(),
         );
         if out.status.code() != Some(0)
             || out.stdout != b"uncached: 15 registrations\n"
             || !out.stderr.is_empty()
         {
             failed.push(format!(
-                "{san}, {order}, MRCACHE_ENABLE=0: status {:?}, output:\n{}",
+                "{tag}, {order}, MRCACHE_ENABLE=0: status {:?}, output:\n{}",
                 out.status,
                 text(&out)
             ));
@@ -275,4 +341,66 @@ fn an_asan_verbs_program_runs_with_the_cache_off() {
 #[test]
 fn a_tsan_verbs_program_runs_with_the_cache_off() {
     verbs("thread", "ThreadSanitizer");
+}
+
+#[test]
+fn an_lsan_verbs_program_runs_with_the_cache_off() {
+    verbs("leak", "LeakSanitizer");
+}
+
+/// A runtime linked into the program (`-static-lib*`) exports none of the symbols the
+/// loaded objects' tables are searched for: it is found in the executable's `.symtab`.
+fn static_runtime(san: &str, flag: &str, name: &str) {
+    verbs_built(
+        &VerbsBuild {
+            cc: "cc",
+            san,
+            flags: &[flag],
+            shared_runtime: false,
+            env: &[],
+        },
+        name,
+    );
+}
+
+#[test]
+fn a_static_asan_verbs_program_runs_with_the_cache_off() {
+    static_runtime("address", "-static-libasan", "AddressSanitizer");
+}
+
+#[test]
+fn a_static_tsan_verbs_program_runs_with_the_cache_off() {
+    static_runtime("thread", "-static-libtsan", "ThreadSanitizer");
+}
+
+/// clang's runtimes (linked into the program, as clang does by default): MSan and HWASan,
+/// which gcc does not have. Skipped, saying so, where clang is not installed.
+fn clang_runtime(san: &str, flags: &[&str], name: &str) {
+    if !have("clang") {
+        println!("SKIPPED: no clang (ci/install-deps.sh installs it): {san} not tested");
+        return;
+    }
+    verbs_built(
+        &VerbsBuild {
+            cc: "clang",
+            san,
+            flags,
+            shared_runtime: false,
+            // libibverbs, libnl and libmrcache.so are not built with MSan: what they write
+            // reads to it as uninitialised. Its allocator is what is tested, not its reports.
+            env: &[("MSAN_OPTIONS", "report_umrs=0")],
+        },
+        name,
+    );
+}
+
+#[test]
+fn an_msan_verbs_program_runs_with_the_cache_off() {
+    clang_runtime("memory", &[], "MemorySanitizer");
+}
+
+#[test]
+fn an_hwasan_verbs_program_runs_with_the_cache_off() {
+    // clang 14's x86-64 HWASan objects do not link with relaxed GOT relocations.
+    clang_runtime("hwaddress", &["-Wl,--no-relax"], "HWAddressSanitizer");
 }

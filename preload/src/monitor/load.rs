@@ -45,9 +45,22 @@ impl LoadMonitor {
     }
 }
 
+/// libc's own `getenv`, called by its address: MemorySanitizer intercepts `getenv`, and its
+/// interceptor calls through NULL until the runtime has set itself up, which is when its
+/// `dlsym` runs `install` (libc's `getenv` calls nothing interposable).
+fn getenv(name: &std::ffi::CStr) -> *const std::ffi::c_char {
+    static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let Some(p) = crate::sys::elf::slot(&REAL, c"getenv") else {
+        return std::ptr::null();
+    };
+    type GetenvFn = unsafe extern "C" fn(*const std::ffi::c_char) -> *const std::ffi::c_char;
+    // SAFETY: p is libc's getenv, of this prototype; `name` is NUL-terminated.
+    unsafe { std::mem::transmute::<*mut c_void, GetenvFn>(p)(name.as_ptr()) }
+}
+
 fn env_is(name: &std::ffi::CStr, values: &[&[u8]]) -> Option<bool> {
-    // SAFETY: getenv with a valid name; the result is read before anything can change it.
-    let v = unsafe { libc::getenv(name.as_ptr()) };
+    // The result is read before anything can change it.
+    let v = getenv(name);
     if v.is_null() {
         return None;
     }

@@ -61,12 +61,25 @@ pub fn set_up() -> Runtime {
         if config.monitor != Monitor::None && !missed.is_empty() {
             blind = Some(blind_spots(config.monitor, &missed));
         }
+        let hazards = patch::hazards();
+        if blind.is_none() && !hazards.is_empty() {
+            blind = Some(format!(
+                "the patch monitor cannot be trusted: {}",
+                hazards.join("; ")
+            ));
+        }
         if config.monitor != Monitor::None
             && blind.is_none()
-            && let Some(name) = crate::sys::elf::sanitizer_allocator()
+            && let Some(san) = crate::sys::sanitizer::allocator()
         {
+            let linked = if san.linked_in {
+                ", linked into the program,"
+            } else {
+                ""
+            };
             blind = Some(format!(
-                "the monitor does not see: memory {name}'s allocator releases (the sanitizer's runtime unmaps it with its own system calls, past libc and mrcache's hooks)"
+                "the monitor does not see: memory {}'s allocator releases (the sanitizer's runtime{linked} unmaps it with its own system calls, past libc and mrcache's hooks)",
+                san.name
             ));
         }
         coverage = Some(c);
@@ -155,6 +168,7 @@ pub fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
             .iter()
             .filter_map(|&t| Some((t.name().to_str().ok()?, patch::refused(t as usize)?)))
             .collect();
+        let refused: Vec<_> = refused.into_iter().filter(|r| !r.1.written()).collect();
         let mut reasons: Vec<patch::PatchError> = refused.iter().map(|r| r.1).collect();
         reasons.dedup();
         for e in reasons {
@@ -165,6 +179,7 @@ pub fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
                 e.why()
             ));
         }
+        why.extend(patch::hazards());
         if let Some(name) = patch::overwritten() {
             why.push(format!(
                 "libc's {} (or mrcache's own hook) was patched, then overwritten by another code patcher",

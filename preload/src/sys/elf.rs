@@ -200,40 +200,6 @@ pub fn own_symbol(name: &CStr) -> Option<usize> {
     (p != 0).then_some(p)
 }
 
-/// The sanitizer whose runtime (and allocator) is in the process, if any: its `malloc`
-/// takes memory from the kernel and gives it back with its own system calls, which no
-/// hook of ours sees. Read from the loaded objects' symbol tables (not with `dlsym`, whose
-/// failure would leave an error for the program's next `dlerror()`). Set-up only.
-pub fn sanitizer_allocator() -> Option<&'static str> {
-    const RUNTIMES: [(&CStr, &str); 4] = [
-        (c"__asan_init", "AddressSanitizer"),
-        (c"__tsan_init", "ThreadSanitizer"),
-        (c"__msan_init", "MemorySanitizer"),
-        (c"__hwasan_init", "HWAddressSanitizer"),
-    ];
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: data is the &mut Option<usize> passed below; info is the loader's
-        // description of one loaded object, valid during the call.
-        let (found, info) = unsafe { (&mut *(data as *mut Option<usize>), &*info) };
-        for (i, (symbol, _)) in RUNTIMES.iter().enumerate() {
-            // SAFETY: as above.
-            if unsafe { defines(info, symbol) } == Some(true) {
-                *found = Some(i);
-                return 1;
-            }
-        }
-        0
-    }
-    let mut found: Option<usize> = None;
-    // SAFETY: visit matches the callback type and only reads what it is given.
-    unsafe { iterate_phdr(visit, &mut found as *mut Option<usize> as *mut c_void) };
-    found.map(|i| RUNTIMES[i].1)
-}
-
 /// Call `dl_iterate_phdr` as libc defines it, not through our PLT entry, which a sanitizer
 /// runtime interposes: its interceptor calls through a NULL pointer until the runtime has
 /// set itself up, and that set-up (lazy, at the first intercepted call, when the runtime is

@@ -7,7 +7,9 @@
  *                               first registration, which takes munmap's entry back
  * Registers a buffer twice ("hit" or "miss" for the second), then frees it with munmap
  * through the threads' traffic and registers again ("seen" when that missed), and prints
- * the result; the caller reads any "caching is OFF" line. Exit 0: ran; 3: set-up failed. */
+ * the result; the caller reads any "caching is OFF" line. With "maps" after the mode, then
+ * prints each writable and executable mapping ("rwx: LINE") and their count ("rwx N").
+ * Exit 0: ran; 3: set-up failed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
@@ -61,5 +63,18 @@ int main(int argc, char **argv) {
     int seen = again == buf ? reg_missed(again, len) : 1;
     long rounds = hammer_stop(3);
     printf("%s %s %s\n", hit ? "hit" : "miss", seen ? "seen" : "STALE", rounds > 0 ? "ran" : "idle");
+    if (argc > 2 && !strcmp(argv[2], "maps")) {
+        FILE *maps = fopen("/proc/self/maps", "r");
+        char line[512];
+        int rwx = 0;
+        while (maps && fgets(line, sizeof line, maps)) {
+            char *perms = strchr(line, ' ');
+            if (perms && !strncmp(perms + 1, "rwx", 3)) {
+                printf("rwx: %s", line);
+                rwx++;
+            }
+        }
+        printf("rwx %d\n", rwx);
+    }
     return 0;
 }

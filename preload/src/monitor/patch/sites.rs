@@ -129,7 +129,7 @@ pub fn adopt_overwritten() -> bool {
             (Some(t), Some(len))
                 if SITE_ENDBR[i].load(Relaxed) == 0
                     && t != hook
-                    && cross_modify::trampoline_hook(t) != Some(hook) =>
+                    && crate::monitor::trampoline::trampoline_hook(t) != Some(hook) =>
             {
                 crate::monitor::dl::pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
@@ -276,7 +276,8 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         Some(_) => None,
         None => match foreign_target(f as usize, &head) {
             Some(t)
-                if t != target.hook && cross_modify::trampoline_hook(t) != Some(target.hook) =>
+                if t != target.hook
+                    && crate::monitor::trampoline::trampoline_hook(t) != Some(target.hook) =>
             {
                 Some(t)
             }
@@ -319,7 +320,11 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     // the function is dead code.
     let written = unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) };
     watch_end(began);
-    written?;
+    if let Err(e) = written
+        && !e.written()
+    {
+        return Err(e);
+    }
     let mut word = [0u8; 8];
     word[..JMP_LEN].copy_from_slice(&code);
     for i in 0..SITES {
@@ -335,7 +340,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
             break;
         }
     }
-    Ok(())
+    written
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -357,19 +362,50 @@ pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> 
 pub fn install(libc_handle: *mut c_void, targets: &[Target]) -> usize {
     let mut done = 0;
     for (i, t) in targets.iter().enumerate().take(TARGET_SITE.len()) {
-        match patch(libc_handle, t) {
-            Ok(()) => {
-                done |= 1 << i;
-                // The site patch_at just filled is the last one in use.
-                let used = (0..SITES)
-                    .take_while(|&s| SITE_AT[s].load(Relaxed) != 0)
-                    .count();
-                TARGET_SITE[i].store(used, Relaxed);
-            }
-            Err(e) => REFUSED[i].store(e as u8, Relaxed),
+        let r = patch(libc_handle, t);
+        if r.is_ok() || r.is_err_and(PatchError::written) {
+            done |= 1 << i;
+            // The site patch_at just filled is the last one in use.
+            let used = (0..SITES)
+                .take_while(|&s| SITE_AT[s].load(Relaxed) != 0)
+                .count();
+            TARGET_SITE[i].store(used, Relaxed);
+        }
+        if let Err(e) = r {
+            REFUSED[i].store(e as u8, Relaxed);
         }
     }
     done
+}
+
+/// Why the patch of each target that is in place is not to be trusted (its jump written,
+/// then the barrier or the restoring `mprotect` failed), and the code left writable, if
+/// any: one clause each for the line that turns caching off (empty: none).
+pub fn hazards() -> Vec<String> {
+    let mut why = Vec::new();
+    let written: Vec<(&str, PatchError)> = PatchTarget::ALL
+        .iter()
+        .filter_map(|&t| Some((t.name().to_str().ok()?, refused(t as usize)?)))
+        .filter(|r| r.1.written())
+        .collect();
+    for e in [PatchError::Unsynced, PatchError::Writable] {
+        let names: Vec<&str> = written.iter().filter(|r| r.1 == e).map(|r| r.0).collect();
+        if !names.is_empty() {
+            why.push(format!(
+                "libc's {} patched, but {}",
+                names.join(", "),
+                e.why()
+            ));
+        }
+    }
+    if let Some(at) = crate::monitor::cross_modify::left_writable()
+        && !written.iter().any(|r| r.1 == PatchError::Writable)
+    {
+        why.push(format!(
+            "code at {at:#x} stays writable and executable (mprotect(PROT_READ|PROT_EXEC) after a patch was refused)"
+        ));
+    }
+    why
 }
 
 /// Why target `i` of `install` was not patched (None: patched, or never tried).

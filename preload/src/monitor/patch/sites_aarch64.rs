@@ -22,14 +22,14 @@ fn branch_to(site: usize, hook: usize) -> Result<u32, PatchError> {
     if let Some(b) = aarch64::b_to(site, hook) {
         return Ok(b);
     }
-    let t = cross_modify::trampoline(site, hook).ok_or(PatchError::Far)?;
+    let t = crate::monitor::trampoline::trampoline(site, hook).ok_or(PatchError::Far)?;
     aarch64::b_to(site, t).ok_or(PatchError::Far)
 }
 
 /// Whether the jump another patcher left at an entry leads somewhere other than `hook`
 /// (directly, or through one of our trampolines).
 fn not_ours(t: usize, hook: usize) -> bool {
-    t != hook && cross_modify::trampoline_hook(t) != Some(hook)
+    t != hook && crate::monitor::trampoline::trampoline_hook(t) != Some(hook)
 }
 
 /// Overwrite the function at `f` (named `target.name`) with a `B` to `target.hook`, if it
@@ -66,7 +66,11 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     // changes); the `B` leads to its hook, which replaces it.
     let written = unsafe { cross_modify::replace_word(f as *mut u32, code[0], b) };
     watch_end(began);
-    written?;
+    if let Err(e) = written
+        && !e.written()
+    {
+        return Err(e);
+    }
     for i in 0..SITES {
         if SITE_AT[i]
             .compare_exchange(0, site, Relaxed, Relaxed)
@@ -80,7 +84,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
             break;
         }
     }
-    Ok(())
+    written
 }
 
 /// Four bytes of code at `at` (4-aligned: a site) in the low half, as another thread may be
@@ -117,10 +121,11 @@ pub fn adopt_overwritten() -> bool {
                 // instruction is replaced by our `B`, whose hook now calls its target.
                 let r = unsafe { cross_modify::replace_word(at as *mut u32, have[0], ours) };
                 watch_end(began);
-                if r.is_err() {
+                // Our `B` in place (the failure came after the write): the chain stays.
+                if r.is_err_and(|e| !e.written()) {
                     SITE_CHAINED[i].store(0, Release);
-                    all = false;
                 }
+                all &= r.is_ok();
             }
             _ => all = false,
         }

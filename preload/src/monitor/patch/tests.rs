@@ -514,3 +514,72 @@ fn a_short_first_instruction_is_replaced_under_running_threads() {
     let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
     assert!(calls > rounds as u64 * 10);
 }
+
+/// The page of `f`'s line in /proc/self/maps, its permissions ("r-xp").
+fn perms_of(f: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find_map(|l| {
+            let (range, rest) = l.split_once(' ')?;
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (
+                usize::from_str_radix(lo, 16).ok()?,
+                usize::from_str_radix(hi, 16).ok()?,
+            );
+            (lo <= f && f < hi).then(|| rest[..4].to_string())
+        })
+        .unwrap()
+}
+
+/// The restoring `mprotect(PROT_READ|PROT_EXEC)` refused after the write (the same call
+/// passed before it): the jump stays, the error says the page is writable, and
+/// `left_writable` names it for the runtime's line. Before, the result was ignored: Ok.
+#[test]
+fn a_refused_restore_after_the_write_is_an_error_that_names_the_page() {
+    let f = code_page(&GETPID_STUB) as usize;
+    let hook = test_hook as *const () as usize;
+    let jump = jump_to(f, hook).unwrap();
+    let old = std::array::from_fn(|k| GETPID_STUB[k]);
+    cross_modify::test_refuse::RESTORE.set(true);
+    // SAFETY: our own stub's entry, a 5-byte first instruction, no other thread runs it.
+    let r = unsafe { cross_modify::replace_entry(f as *mut u8, old, jump, 5, None) };
+    cross_modify::test_refuse::RESTORE.set(false);
+    assert_eq!(r, Err(PatchError::Writable));
+    assert!(PatchError::Writable.written());
+    // SAFETY: the stub's first bytes, readable.
+    assert_eq!(
+        unsafe { std::slice::from_raw_parts(f as *const u8, JMP_LEN) },
+        jump
+    );
+    assert_eq!(perms_of(f), "rwxp");
+    assert!(cross_modify::left_writable().is_some());
+    // SAFETY: our own page, back to read+execute.
+    unsafe { libc::mprotect(f as *mut c_void, 4096, libc::PROT_READ | libc::PROT_EXEC) };
+}
+
+/// The SYNC_CORE barrier failing after the write (it passed when the process registered):
+/// the jump stays, and the error says other threads may not run it. Before, Ok.
+#[test]
+fn a_failed_barrier_after_the_write_is_an_error() {
+    let f = code_page(&GETPID_STUB) as usize;
+    let hook = test_hook as *const () as usize;
+    let jump = jump_to(f, hook).unwrap();
+    let old = std::array::from_fn(|k| GETPID_STUB[k]);
+    let spare = code_page(&GETPID_STUB) as usize;
+    let spare_jump = jump_to(spare, hook).unwrap();
+    // SAFETY: as below; registers for the barrier (and checks it works) first.
+    let first = unsafe { cross_modify::replace_entry(spare as *mut u8, old, spare_jump, 5, None) };
+    assert_eq!(first, Ok(()), "this machine has SYNC_CORE membarrier");
+    cross_modify::test_refuse::SYNC_CORE.set(true);
+    // SAFETY: our own stub's entry, a 5-byte first instruction, no other thread runs it.
+    let r = unsafe { cross_modify::replace_entry(f as *mut u8, old, jump, 5, None) };
+    cross_modify::test_refuse::SYNC_CORE.set(false);
+    assert_eq!(r, Err(PatchError::Unsynced));
+    assert!(PatchError::Unsynced.written());
+    // SAFETY: the stub's first bytes, readable.
+    assert_eq!(
+        unsafe { std::slice::from_raw_parts(f as *const u8, JMP_LEN) },
+        jump
+    );
+    assert_eq!(perms_of(f), "r-xp");
+}
