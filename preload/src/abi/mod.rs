@@ -185,9 +185,10 @@ pub extern "C" fn _Fork() -> libc::pid_t {
     crate::runtime::fork::signal_safe_fork()
 }
 
-/// Constructor: find libc's pieces and install the memory monitor (`load::install`). It
-/// never loads or looks up libibverbs (its functions are looked up at first use), allocates
-/// nothing and prints nothing.
+/// Constructor: find libc's pieces for the hooks (`load::install`). It never loads or looks
+/// up libibverbs (its functions are looked up at first use), allocates nothing, prints
+/// nothing and patches nothing (libc's entries are patched at the first registration:
+/// `load::patch_libc`), so a process that never registers memory runs as without us.
 extern "C" fn init() {
     crate::monitor::dlsym::resolve();
     // _Fork may run in a signal handler, where dlsym could wait for a loader lock the
