@@ -59,7 +59,7 @@ pub const VARIABLES: &[Variable] = &[
         name: "MRCACHE_MONITOR",
         default: "patch",
         allowed: "patch, symbols, none",
-        about: "how unmapped memory is seen: patch = symbol hooks plus glibc's internal munmap/madvise/mmap/brk patched at load (sees free(), malloc_trim, arena shrink); symbols = symbol hooks only (misses those, so caching is off); none = nothing (UNSAFE: for tests that must see stale registrations)",
+        about: "how unmapped memory is seen: patch = symbol hooks plus glibc's internal munmap/madvise/mmap/brk patched at the first registration (sees free(), malloc_trim, arena shrink); symbols = symbol hooks only (misses those, so caching is off); none = nothing (UNSAFE: for tests that must see stale registrations)",
     },
     Variable {
         name: "MRCACHE_PATCH_CHECK",

@@ -1,6 +1,7 @@
-//! Patching libc while other threads run (review-3 G1, G2): threads that a library's
-//! constructor started before ours, looping through libc's munmap, madvise, mmap, mremap,
-//! brk, sbrk, shmat and shmdt entry points while our constructor writes its jumps, and a
+//! Patching libc while other threads run: threads that a library's constructor started
+//! before ours, looping through libc's munmap, madvise, mmap, mremap, brk, sbrk, shmat and
+//! shmdt entry points while the first registration writes our jumps (a program without
+//! verbs, which leaves libc unpatched, runs as without the preload), and a
 //! thread calling munmap through another patcher's jump while the first registration takes
 //! it back. No run may crash; a verbs program either caches or fails closed with one line
 //! that says why, and never gets a stale hit. Many short bounded runs (counts below).

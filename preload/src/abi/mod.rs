@@ -185,12 +185,12 @@ pub extern "C" fn _Fork() -> libc::pid_t {
     crate::runtime::fork::signal_safe_fork()
 }
 
-/// Constructor: resolve the real verbs functions if libibverbs is already loaded, and
-/// install the memory monitor. It never loads libibverbs, allocates nothing and prints
-/// nothing.
+/// Constructor: find libc's pieces for the hooks (`load::install`). It never loads or looks
+/// up libibverbs (its functions are looked up at first use), allocates nothing, prints
+/// nothing and patches nothing (libc's entries are patched at the first registration:
+/// `load::patch_libc`), so a process that never registers memory runs as without us.
 extern "C" fn init() {
     crate::monitor::dlsym::resolve();
-    crate::verbs::real::resolve_loaded();
     // _Fork may run in a signal handler, where dlsym could wait for a loader lock the
     // interrupted thread holds: look it up now.
     crate::sys::symbol::FORK.resolve();

@@ -120,8 +120,9 @@ fn memory_entry(
     else {
         return real as usize;
     };
-    // Before our constructor (another library's constructor asks): patch libc now.
-    crate::monitor::load::install();
+    // The answer may be libc's entry, which must lead to our hook: patch libc now (also
+    // before our constructor, when another library's constructor asks).
+    crate::monitor::load::patch_libc();
     let found = if handle == libc::RTLD_NEXT {
         // Only the program and the libraries preloaded before ours find ours next.
         match own_symbol(target.name()) {

@@ -1,6 +1,7 @@
-//! The constructor's part: find libc's pieces and install the monitor `MRCACHE_MONITOR`
-//! names. Runs before `main`, possibly before the allocator is ready: getenv only, no
-//! allocation, nothing printed (a bad value is reported at the first verbs call).
+//! The constructor's part: find libc's pieces and remember what the monitor
+//! `MRCACHE_MONITOR` names; and patching libc's entry points, at the first registration.
+//! The constructor runs before `main`, possibly before the allocator is ready: getenv only,
+//! no allocation, nothing printed (a bad value is reported at the first registration).
 
 use crate::monitor::memory::{
     CURBRK, GLIBC_REALLOC, REPORTING, brk, madvise, mmap, mmap64, mprotect, mremap, munmap,
@@ -69,11 +70,11 @@ fn env_is(name: &std::ffi::CStr, values: &[&[u8]]) -> Option<bool> {
     Some(values.contains(&v))
 }
 
-/// Constructor part: find libc's pieces and install the monitor `MRCACHE_MONITOR` names.
+/// Constructor part: find libc's pieces and decide whether `MRCACHE_MONITOR` asks for
+/// libc's entry points to be patched (`patch_libc` does it, at the first registration).
 /// Reads the environment with getenv only (no allocation), prints nothing: a bad value is
-/// reported at the first verbs call. Runs once: from our constructor, or earlier from
-/// `dlsym` when another library's constructor looks up a memory function before ours ran
-/// (UCX's bistro then patches what it is given: it must be given libc's entry).
+/// reported at the first registration. Runs once: from our constructor, or earlier from
+/// `dlsym` when another library's constructor looks up a memory function before ours ran.
 pub fn install() {
     static STARTED: AtomicBool = AtomicBool::new(false);
     if STARTED.swap(true, Relaxed) {
@@ -126,6 +127,30 @@ pub fn install() {
     if monitor != LoadMonitor::Patch || disabled {
         return;
     }
+    PATCH_WANTED.store(true, Relaxed);
+    if patching_needs_one_thread() {
+        // Some entry can only be patched while no other thread runs: now, not at the first
+        // registration, when the program usually has threads (docs/design.md, "When the
+        // monitor is installed").
+        patch_libc();
+    }
+}
+
+/// Whether the constructor found `MRCACHE_MONITOR=patch` (the default) with caching on.
+static PATCH_WANTED: AtomicBool = AtomicBool::new(false);
+
+/// Patch libc's entry points, once, when `MRCACHE_MONITOR` asks for it: at the first
+/// registration (`runtime::init`), for `mrcache info`'s self-test, and when a `dlsym` lookup
+/// of one of libc's memory functions must be answered with libc's patched entry. Patching
+/// is safe with the program's threads running (`cross_modify`). A process that never
+/// registers memory keeps libc as it was.
+pub fn patch_libc() {
+    static PATCHING: AtomicBool = AtomicBool::new(false);
+    install();
+    if !PATCH_WANTED.load(Relaxed) || PATCHING.swap(true, Relaxed) {
+        return;
+    }
+    let h = LIBC.load(Relaxed);
     let targets = PatchTarget::ALL.map(|t| Target {
         name: t.name(),
         prologues: t.prologues(),
@@ -141,4 +166,20 @@ pub fn install() {
         hook: crate::monitor::memory::mprotect_from_libc as *const () as usize,
     };
     patch::MPROTECT_PATCHED.store(patch::patch(h, &mprotect).is_ok(), Relaxed);
+}
+
+/// Whether libc's entries can only be patched while the process has no other thread, so
+/// that the constructor patches them rather than the first registration. aarch64: glibc
+/// 2.36's brk, sbrk, mmap, mremap, shmdt and shmat start with an ordinary instruction, which
+/// is patched only alone (`cross_modify::replace_word`). x86-64: every entry is patched with
+/// threads running where the kernel offers SYNC_CORE membarriers (Linux 4.16+; one query,
+/// which registers nothing).
+fn patching_needs_one_thread() -> bool {
+    if cfg!(not(target_arch = "x86_64")) {
+        return true;
+    }
+    const MEMBARRIER_CMD_QUERY: usize = 0;
+    const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: usize = 1 << 5;
+    let offered = crate::sys::syscall6(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0, 0, 0, 0);
+    offered < 0 || offered as usize & MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE == 0
 }

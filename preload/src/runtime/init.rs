@@ -50,10 +50,13 @@ pub fn set_up() -> Runtime {
     let mut coverage = None;
     let mut blind = None;
     let cache = config.enabled.then(|| {
-        // A patcher that took libc's entry points after our constructor (UCX at ucp_init):
-        // nothing is cached yet, so taking them back and chaining to it loses nothing. One it
-        // could not take back is still not ours: `check_patches` below fails closed on it.
+        // libc's entries are patched here (a jump another patcher wrote there first is taken
+        // over and chained), unless the constructor or a `dlsym` lookup did it already. A
+        // patcher that wrote over our jumps since (UCX at ucp_init): nothing is cached yet,
+        // so taking them back and chaining to it loses nothing. One it could not take back
+        // is still not ours: `check_patches` below fails closed on it.
         if config.monitor == Monitor::Patch {
+            crate::monitor::load::patch_libc();
             patch::adopt_overwritten();
         }
         let c = run_selftest();

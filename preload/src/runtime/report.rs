@@ -14,6 +14,7 @@ pub fn selftest_report() -> String {
     if cache().is_some() {
         return "the cache is running in this process; the self-test ran at its start\n".into();
     }
+    crate::monitor::load::patch_libc();
     let c = run_selftest();
     let mut out = c.lines();
     if crate::monitor::load::PATCHED.load(Relaxed) != 0 {

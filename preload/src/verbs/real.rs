@@ -1,7 +1,7 @@
 //! The real libibverbs functions behind our hooks.
 //!
-//! Looked up with `dlvsym(RTLD_NEXT, name, version)` in the constructor when libibverbs is
-//! already loaded, else on first use; when RTLD_NEXT misses (libibverbs loaded RTLD_LOCAL by
+//! Looked up with `dlvsym(RTLD_NEXT, name, version)` at first use (never in the
+//! constructor: a failed lookup allocates, in a process without libibverbs); when RTLD_NEXT misses (libibverbs loaded RTLD_LOCAL by
 //! a plugin, as NCCL and some MPIs do) through `dlopen("libibverbs.so.1", RTLD_NOLOAD)`,
 //! which never loads it (`sys::symbol` looks them up).
 //!
@@ -38,17 +38,6 @@ pub static DONTFORK_RANGE: Symbol<RangeFn> =
     unsafe { Symbol::verbs(c"ibv_dontfork_range", c"IBVERBS_1.1") };
 pub static DOFORK_RANGE: Symbol<RangeFn> =
     unsafe { Symbol::verbs(c"ibv_dofork_range", c"IBVERBS_1.1") };
-
-/// Resolve what is already loaded (called from the constructor; never loads libibverbs).
-pub fn resolve_loaded() {
-    REG_MR_IOVA2.resolve();
-    DEREG_MR.resolve();
-    REREG_MR.resolve();
-    REG_DMABUF_MR.resolve();
-    DEALLOC_PD.resolve();
-    CLOSE_DEVICE.resolve();
-    FORK_INIT.resolve();
-}
 
 pub use crate::sys::set_errno;
 

@@ -1,7 +1,7 @@
 /* A verbs program (fake provider, as tests/c/host/fast_hit.c) whose DT_NEEDED
  * libpatch_hammer.so runs threads through libc's patched entry points:
  *   patch_hammer_verbs early    threads from the library's constructor, running while
- *                               libmrcache.so's constructor patches libc
+ *                               the first registration patches libc
  *   patch_hammer_verbs adopt    libpatcher.so (libfabric memhooks' jump over libc's munmap)
  *                               dlopened first, then the threads (HAMMER_LATE=1), then the
  *                               first registration, which takes munmap's entry back
