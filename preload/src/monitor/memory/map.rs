@@ -8,12 +8,17 @@ use crate::sys::{page_size, set_errno, syscall6};
 use mrcache::stats::UnmapSource;
 use mrcache::trace::Call;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering::Relaxed;
 
-/// `mprotect` and `pkey_mprotect`: not unmaps, but what another patcher needs before it can
-/// write over one of our jumps (libc's code pages and ours are not writable). A call that
-/// touches a watched page makes every hit check every site from before the system call
-/// until the next `patch::try_clean` (docs/design.md, "A cheaper patch check"). Like
-/// `process_madvise`, they issue the system call themselves (nothing else hooks them).
+/// `mprotect` and `pkey_mprotect`. A change that takes access away invalidates the range
+/// as an unmap does: the kernel refuses to pin for writing a page the process cannot write
+/// (and a page it cannot read at all), so a registration made after it must fail as
+/// without the cache instead of hitting an entry pinned before (docs/design.md, "Protection
+/// changes"). They are also what another patcher needs before it can write over one of our
+/// jumps (libc's code pages and ours are not writable): a call that touches a watched page
+/// makes every hit check every site from before the system call until the next
+/// `patch::try_clean` (docs/design.md, "A cheaper patch check"). Like `process_madvise`,
+/// they issue the system call themselves (nothing else hooks them).
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     protect(addr, len, prot)
@@ -26,25 +31,7 @@ pub extern "C" fn mprotect_from_libc(addr: *mut c_void, len: usize, prot: c_int)
 }
 
 pub(super) fn protect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let watched = crate::monitor::patch::watch_begin(addr as usize, len);
-    let r = syscall6(
-        libc::SYS_mprotect,
-        addr as usize,
-        len,
-        prot as usize,
-        0,
-        0,
-        0,
-    ) as c_int;
-    crate::monitor::patch::watch_end(watched);
-    r
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
-    let watched = crate::monitor::patch::watch_begin(addr as usize, len);
-    // glibc's: pkey -1 is plain mprotect (kernels without pkeys refuse pkey_mprotect).
-    let r = if pkey == -1 {
+    protecting(addr as usize, len, prot, || {
         syscall6(
             libc::SYS_mprotect,
             addr as usize,
@@ -53,18 +40,56 @@ pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey
             0,
             0,
             0,
-        )
-    } else {
-        syscall6(
-            libc::SYS_pkey_mprotect,
-            addr as usize,
-            len,
-            prot as usize,
-            pkey as usize,
-            0,
-            0,
-        )
-    } as c_int;
+        ) as c_int
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
+    protecting(addr as usize, len, prot, || {
+        // glibc's: pkey -1 is plain mprotect (kernels without pkeys refuse pkey_mprotect).
+        (if pkey == -1 {
+            syscall6(
+                libc::SYS_mprotect,
+                addr as usize,
+                len,
+                prot as usize,
+                0,
+                0,
+                0,
+            )
+        } else {
+            syscall6(
+                libc::SYS_pkey_mprotect,
+                addr as usize,
+                len,
+                prot as usize,
+                pkey as usize,
+                0,
+                0,
+            )
+        }) as c_int
+    })
+}
+
+/// Whether pages protected `prot` may lack an access a registration was pinned with: they
+/// are not writable (a registration for local or remote write or atomics) or not readable
+/// (any). A change that only adds rights leaves every pin the kernel would make again.
+pub(super) fn drops_access(prot: c_int) -> bool {
+    prot & libc::PROT_WRITE == 0 || prot & libc::PROT_READ == 0
+}
+
+/// Run `call` (a protection change of `[addr, addr + len)` to `prot`), reported as an
+/// invalidation when it takes access away, else under the patch check's watch only.
+#[inline(always)]
+fn protecting(addr: usize, len: usize, prot: c_int, call: impl FnOnce() -> c_int) -> c_int {
+    if drops_access(prot) && REPORTING.load(Relaxed) {
+        count(UnmapSource::Mprotect);
+        // report_begin starts the watch over the same range.
+        return invalidating(addr, len, call);
+    }
+    let watched = crate::monitor::patch::watch_begin(addr, len);
+    let r = call();
     crate::monitor::patch::watch_end(watched);
     r
 }
