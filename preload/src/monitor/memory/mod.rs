@@ -364,6 +364,23 @@ mod tests {
     }
 
     #[test]
+    fn protection_changes_that_take_access_away_are_invalidations() {
+        use libc::{PROT_EXEC, PROT_NONE, PROT_READ, PROT_WRITE};
+        for prot in [
+            PROT_NONE,
+            PROT_READ,
+            PROT_READ | PROT_EXEC,
+            PROT_EXEC,
+            PROT_WRITE,
+        ] {
+            assert!(drops_access(prot), "{prot:#x}");
+        }
+        for prot in [PROT_READ | PROT_WRITE, PROT_READ | PROT_WRITE | PROT_EXEC] {
+            assert!(!drops_access(prot), "{prot:#x}");
+        }
+    }
+
+    #[test]
     fn hugetlb_lengths_round_up_to_the_huge_page() {
         let mb2 = 21 << 26; // MAP_HUGE_2MB
         assert_eq!(huge_round(1, mb2 as c_int), 2 << 20);
