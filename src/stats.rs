@@ -148,6 +148,8 @@ named_enum! {
         ShmatRemap = "shmat-remap",
         Shmdt = "shmdt",
         Realloc = "realloc",
+        /// A protection change that takes access away (not an unmap, reported as one).
+        Mprotect = "mprotect",
     }
 }
 

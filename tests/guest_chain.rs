@@ -104,8 +104,18 @@ fn a_test_interposer_counts_the_same_calls_with_mrcache_before_or_after_it() {
     let (rc, out) = run(&prog, &[], &[&so], &[]);
     assert_eq!(rc, 0, "{out}");
     let alone = counts(&out, "interposer");
-    // The program's own calls reach it: 5 rounds of each (2 munmap, 2 mmap-like a round).
-    assert!(alone.contains(" munmap=10 "), "{alone}");
+    // The program's own calls reach it: 5 rounds of each (3 munmap, 3 mmap-like and 2
+    // mprotect a round).
+    for count in [
+        " munmap=15 ",
+        " mprotect=10 ",
+        " pkey_mprotect=5 ",
+        " posix_madvise=5 ",
+        " process_madvise=5 ",
+        " remap_file_pages=5",
+    ] {
+        assert!(alone.contains(count), "{count}: {alone}");
+    }
     let ours = lib();
     for monitor in MONITORS {
         for (order, preload) in [
@@ -184,7 +194,7 @@ fn libmemusage_counts_the_same_mmaps_and_munmaps_with_mrcache_before_or_after_it
     assert!(
         alone
             .iter()
-            .any(|l| l.trim_start().starts_with("munmap|") && l.contains(" 10 ")),
+            .any(|l| l.trim_start().starts_with("munmap|") && l.contains(" 15 ")),
         "{alone:?}"
     );
     let ours = lib();
@@ -216,7 +226,7 @@ fn the_cache_sees_unmaps_that_went_through_an_interposer() {
         chains.push(("libmemusage, mrcache", vec![Path::new(MEMUSAGE), &ours]));
     }
     for (name, preload) in &chains {
-        for how in ["munmap", "madvise"] {
+        for how in ["munmap", "madvise", "mprotect"] {
             let (rc, out) = run(&prog, &[how], preload, &[]);
             assert_eq!(rc, 0, "{name}: {how} not reported: {out}");
         }

@@ -17,6 +17,11 @@
 //! own jump (then the hook issues the system call itself, as the jump brought it here
 //! already).
 //!
+//! `mprotect`, `pkey_mprotect`, `posix_madvise`, `process_madvise` and `remap_file_pages`
+//! go to the next interposer the same way (`Entry::unpatched`); without one their hooks
+//! issue the system call themselves, as libc's own functions do (libc's `mprotect` entry
+//! holds our jump to the same hook; the others are plain system call wrappers).
+//!
 //! Resolved in the constructor (libc's entries from libc's handle, the next definitions
 //! with libc's `dlsym(RTLD_NEXT)` called from here); read with one load each. No
 //! allocation, no lock: these run inside allocators. Before the constructor a call through
@@ -53,7 +58,9 @@ const LIBC: usize = 0;
 /// the next definition of its name after ours when that is not libc's.
 pub struct Entry<F> {
     libc: Symbol<F>,
-    target: PatchTarget,
+    /// None: a call whose hook issues the system call itself when there is no next
+    /// interposer (`unpatched`).
+    target: Option<PatchTarget>,
     /// Another interposer's definition, found next after ours (null: none, or not yet).
     next: AtomicPtr<c_void>,
 }
@@ -75,7 +82,22 @@ impl<F: Copy> Entry<F> {
         Entry {
             // SAFETY: the caller's contract.
             libc: unsafe { Symbol::next(name) },
-            target,
+            target: Some(target),
+            next: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// A call with no `PatchTarget` (mprotect, whose patched libc entry leads to the same
+    /// hook, and calls libc never makes itself): only the next interposer is looked for;
+    /// without one the hook issues the system call itself.
+    ///
+    /// # Safety
+    /// As `new`, for `name`.
+    const unsafe fn unpatched(name: &'static CStr) -> Self {
+        Entry {
+            // SAFETY: the caller's contract.
+            libc: unsafe { Symbol::next(name) },
+            target: None,
             next: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -113,7 +135,8 @@ impl<F: Copy> Entry<F> {
                 });
             }
         }
-        let at = match crate::monitor::patch::site(self.target) {
+        // An unpatched entry: the hook issues the system call.
+        let at = match crate::monitor::patch::site(self.target?) {
             crate::monitor::patch::Site::Chained(t) => t as *mut c_void,
             crate::monitor::patch::Site::Ours => return None,
             crate::monitor::patch::Site::Other => {
@@ -200,6 +223,11 @@ pub type ShmatFn = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_v
 pub type ShmdtFn = unsafe extern "C" fn(*const c_void) -> c_int;
 pub type BrkFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
+pub type MprotectFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
+pub type PkeyMprotectFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int) -> c_int;
+pub type ProcessMadviseFn =
+    unsafe extern "C" fn(c_int, *const libc::iovec, usize, c_int, libc::c_uint) -> isize;
+pub type RemapFilePagesFn = unsafe extern "C" fn(*mut c_void, usize, c_int, usize, c_int) -> c_int;
 
 // SAFETY (each): glibc's prototype; mremap is variadic, and on x86-64 its fifth argument
 // travels in its register either way.
@@ -213,6 +241,14 @@ pub static SHMAT: Entry<ShmatFn> = unsafe { Entry::new(PatchTarget::Shmat) };
 pub static SHMDT: Entry<ShmdtFn> = unsafe { Entry::new(PatchTarget::Shmdt) };
 pub static BRK: Entry<BrkFn> = unsafe { Entry::new(PatchTarget::Brk) };
 pub static SBRK: Entry<SbrkFn> = unsafe { Entry::new(PatchTarget::Sbrk) };
+// SAFETY (each): glibc's prototype.
+pub static MPROTECT: Entry<MprotectFn> = unsafe { Entry::unpatched(c"mprotect") };
+pub static PKEY_MPROTECT: Entry<PkeyMprotectFn> = unsafe { Entry::unpatched(c"pkey_mprotect") };
+pub static POSIX_MADVISE: Entry<MadviseFn> = unsafe { Entry::unpatched(c"posix_madvise") };
+pub static PROCESS_MADVISE: Entry<ProcessMadviseFn> =
+    unsafe { Entry::unpatched(c"process_madvise") };
+pub static REMAP_FILE_PAGES: Entry<RemapFilePagesFn> =
+    unsafe { Entry::unpatched(c"remap_file_pages") };
 
 /// Find libc's entry points (constructor, before any patch of ours).
 pub fn resolve(libc_handle: *mut c_void) {
@@ -268,4 +304,9 @@ pub fn resolve_next() {
     SHMDT.resolve_next(dlsym);
     BRK.resolve_next(dlsym);
     SBRK.resolve_next(dlsym);
+    MPROTECT.resolve_next(dlsym);
+    PKEY_MPROTECT.resolve_next(dlsym);
+    POSIX_MADVISE.resolve_next(dlsym);
+    PROCESS_MADVISE.resolve_next(dlsym);
+    REMAP_FILE_PAGES.resolve_next(dlsym);
 }

@@ -157,9 +157,10 @@ pub fn patch_libc() {
         hook: crate::monitor::memory::from_libc(t),
     });
     PATCHED.store(patch::install(h, &targets), Relaxed);
-    // libc's own mprotect entry, for the patch check's watch only (not an unmap: caching
-    // does not depend on it; unpatched, the watch never clears and every hit reads every
-    // site). Our own code pages are made writable by raw system calls (cross_modify).
+    // libc's own mprotect entry: glibc's internal `__mprotect` callers taking access away
+    // invalidate (docs/design.md, "Protection changes"), and the patch check's watch
+    // (unpatched, it never clears and every hit reads every site). Our own code pages are
+    // made writable by raw system calls (cross_modify), which no hook sees.
     let mprotect = Target {
         name: c"mprotect",
         prologues: &patch::MPROTECT,

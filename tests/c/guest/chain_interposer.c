@@ -1,8 +1,11 @@
 /* A memory interposer, as a profiler or a leak checker is one: it defines mmap, mmap64,
- * munmap, madvise, mremap, brk, sbrk, shmat and shmdt, counts every call it gets, and
- * forwards it to the next definition (dlsym RTLD_NEXT). At exit it prints its counts on
- * standard error, tagged with CHAIN_TAG (default "interposer"):
+ * munmap, madvise, mremap, brk, sbrk, shmat, shmdt, mprotect, pkey_mprotect, posix_madvise,
+ * process_madvise and remap_file_pages, counts every call it gets, and forwards it to the
+ * next definition (dlsym RTLD_NEXT). At exit it prints its counts on standard error, tagged
+ * with CHAIN_TAG (default "interposer"):
  *   interposer: mmap=N mmap64=N munmap=N madvise=N mremap=N brk=N sbrk=N shmat=N shmdt=N
+ *               mprotect=N pkey_mprotect=N posix_madvise=N process_madvise=N
+ *               remap_file_pages=N   (one line)
  * Two copies (built from this file with different tags) can be preloaded together. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -13,14 +16,19 @@
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #ifndef CHAIN_TAG
 #define CHAIN_TAG "interposer"
 #endif
 
-enum { MMAP, MMAP64, MUNMAP, MADVISE, MREMAP, BRK, SBRK, SHMAT, SHMDT, N };
-static const char *names[N] = {"mmap", "mmap64", "munmap", "madvise", "mremap", "brk", "sbrk", "shmat", "shmdt"};
+enum {
+    MMAP, MMAP64, MUNMAP, MADVISE, MREMAP, BRK, SBRK, SHMAT, SHMDT,
+    MPROTECT, PKEY_MPROTECT, POSIX_MADVISE, PROCESS_MADVISE, REMAP_FILE_PAGES, N
+};
+static const char *names[N] = {"mmap", "mmap64", "munmap", "madvise", "mremap", "brk", "sbrk", "shmat", "shmdt",
+                               "mprotect", "pkey_mprotect", "posix_madvise", "process_madvise", "remap_file_pages"};
 static unsigned long counts[N];
 static void *next[N];
 
@@ -42,7 +50,7 @@ __attribute__((constructor)) static void resolve(void) {
 }
 
 __attribute__((destructor)) static void report(void) {
-    char line[512];
+    char line[1024];
     int n = snprintf(line, sizeof line, "%s:", CHAIN_TAG);
     for (int i = 0; i < N; i++)
         n += snprintf(line + n, sizeof line - n, " %s=%lu", names[i], __atomic_load_n(&counts[i], __ATOMIC_RELAXED));
@@ -89,4 +97,24 @@ void *shmat(int id, const void *a, int f) {
 int shmdt(const void *a) {
     count(SHMDT);
     return ((int (*)(const void *))real(SHMDT))(a);
+}
+int mprotect(void *a, size_t l, int p) {
+    count(MPROTECT);
+    return ((int (*)(void *, size_t, int))real(MPROTECT))(a, l, p);
+}
+int pkey_mprotect(void *a, size_t l, int p, int k) {
+    count(PKEY_MPROTECT);
+    return ((int (*)(void *, size_t, int, int))real(PKEY_MPROTECT))(a, l, p, k);
+}
+int posix_madvise(void *a, size_t l, int adv) {
+    count(POSIX_MADVISE);
+    return ((int (*)(void *, size_t, int))real(POSIX_MADVISE))(a, l, adv);
+}
+ssize_t process_madvise(int pidfd, const struct iovec *v, size_t n, int adv, unsigned int flags) {
+    count(PROCESS_MADVISE);
+    return ((ssize_t(*)(int, const struct iovec *, size_t, int, unsigned int))real(PROCESS_MADVISE))(pidfd, v, n, adv, flags);
+}
+int remap_file_pages(void *a, size_t size, int prot, size_t pgoff, int flags) {
+    count(REMAP_FILE_PAGES);
+    return ((int (*)(void *, size_t, int, size_t, int))real(REMAP_FILE_PAGES))(a, size, prot, pgoff, flags);
 }

@@ -1,9 +1,9 @@
 /* mrcache sees an unmap that went through a chain of interposers. A fake provider (the
  * ibv_context ops count registrations; libmrcache.so preloaded) registers a buffer, the
  * cache keeps it, the buffer is unmapped and mapped again at the same address (or its pages
- * dropped), and registered again: a second provider registration means the hook reported
+ * dropped, or its write access taken away), and registered again: a second provider registration means the hook reported
  * it, a cache hit means it did not (a stale registration on a real HCA).
- *   chain_zap munmap|madvise    exit 0: reported; 1: not reported
+ *   chain_zap munmap|madvise|mprotect    exit 0: reported; 1: not reported
  *   chain_zap count             no verbs: ROUNDS munmaps only
  * Built with -DOWN_MUNMAP the program defines munmap itself, as MVAPICH2's mem_hooks do:
  * it counts the call (its own invalidation) and calls the next munmap (dlsym RTLD_NEXT);
@@ -85,6 +85,9 @@ int main(int argc, char **argv) {
             if (munmap(buf, len) || map(buf) != buf) return 3;
         } else if (!strcmp(argv[1], "madvise")) {
             if (madvise(buf, len, MADV_DONTNEED)) return 3;
+        } else if (!strcmp(argv[1], "mprotect")) {
+            /* Write access taken away (and given back): the entry must go. */
+            if (mprotect(buf, len, PROT_READ) || mprotect(buf, len, PROT_READ | PROT_WRITE)) return 3;
         } else {
             return 2;
         }

@@ -8,63 +8,105 @@ use crate::sys::{page_size, set_errno, syscall6};
 use mrcache::stats::UnmapSource;
 use mrcache::trace::Call;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering::Relaxed;
 
-/// `mprotect` and `pkey_mprotect`: not unmaps, but what another patcher needs before it can
-/// write over one of our jumps (libc's code pages and ours are not writable). A call that
-/// touches a watched page makes every hit check every site from before the system call
-/// until the next `patch::try_clean` (docs/design.md, "A cheaper patch check"). Like
-/// `process_madvise`, they issue the system call themselves (nothing else hooks them).
+/// `mprotect` and `pkey_mprotect`. A change that takes access away invalidates the range
+/// as an unmap does: the kernel refuses to pin for writing a page the process cannot write
+/// (and a page it cannot read at all), so a registration made after it must fail as
+/// without the cache instead of hitting an entry pinned before (docs/design.md, "Protection
+/// changes"). They are also what another patcher needs before it can write over one of our
+/// jumps (libc's code pages and ours are not writable): a call that touches a watched page
+/// makes every hit check every site from before the system call until the next
+/// `patch::try_clean` (docs/design.md, "A cheaper patch check"). A call through our symbol
+/// goes on to the next interposer, if there is one; otherwise they issue the system call
+/// themselves (`forward::Entry::unpatched`).
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    protect(addr, len, prot)
+    protect(Via::Symbol, addr, len, prot)
 }
 
 /// Where libc's own `mprotect` entry jumps once patched (`patch::MPROTECT`): glibc's
 /// internal `__mprotect` callers, `dlsym` on libc's handle and `RTLD_NEXT` reach it.
 pub extern "C" fn mprotect_from_libc(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    protect(addr, len, prot)
+    protect(Via::Libc, addr, len, prot)
 }
 
-pub(super) fn protect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let watched = crate::monitor::patch::watch_begin(addr as usize, len);
-    let r = syscall6(
-        libc::SYS_mprotect,
-        addr as usize,
-        len,
-        prot as usize,
-        0,
-        0,
-        0,
-    ) as c_int;
-    crate::monitor::patch::watch_end(watched);
-    r
+fn protect(via: Via, addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let e = &forward::MPROTECT;
+    protecting(e, addr as usize, len, prot, || {
+        match e.target(addr as usize, via) {
+            // SAFETY: the next interposer's mprotect (glibc's prototype).
+            Some(to) => e.run(addr as usize, to, |f| unsafe { f(addr, len, prot) }),
+            None => syscall6(
+                libc::SYS_mprotect,
+                addr as usize,
+                len,
+                prot as usize,
+                0,
+                0,
+                0,
+            ) as c_int,
+        }
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
-    let watched = crate::monitor::patch::watch_begin(addr as usize, len);
-    // glibc's: pkey -1 is plain mprotect (kernels without pkeys refuse pkey_mprotect).
-    let r = if pkey == -1 {
-        syscall6(
-            libc::SYS_mprotect,
-            addr as usize,
-            len,
-            prot as usize,
-            0,
-            0,
-            0,
-        )
-    } else {
-        syscall6(
-            libc::SYS_pkey_mprotect,
-            addr as usize,
-            len,
-            prot as usize,
-            pkey as usize,
-            0,
-            0,
-        )
-    } as c_int;
+    let e = &forward::PKEY_MPROTECT;
+    protecting(e, addr as usize, len, prot, || {
+        if let Some(to) = e.target(addr as usize, Via::Symbol) {
+            // SAFETY: the next interposer's pkey_mprotect (glibc's prototype).
+            return e.run(addr as usize, to, |f| unsafe { f(addr, len, prot, pkey) });
+        }
+        // glibc's: pkey -1 is plain mprotect (kernels without pkeys refuse pkey_mprotect).
+        (if pkey == -1 {
+            syscall6(
+                libc::SYS_mprotect,
+                addr as usize,
+                len,
+                prot as usize,
+                0,
+                0,
+                0,
+            )
+        } else {
+            syscall6(
+                libc::SYS_pkey_mprotect,
+                addr as usize,
+                len,
+                prot as usize,
+                pkey as usize,
+                0,
+                0,
+            )
+        }) as c_int
+    })
+}
+
+/// Whether pages protected `prot` may lack an access a registration was pinned with: they
+/// are not writable (a registration for local or remote write or atomics) or not readable
+/// (any). A change that only adds rights leaves every pin the kernel would make again.
+pub(super) fn drops_access(prot: c_int) -> bool {
+    prot & libc::PROT_WRITE == 0 || prot & libc::PROT_READ == 0
+}
+
+/// Run `call` (a protection change of `[addr, addr + len)` to `prot`), reported as an
+/// invalidation when it takes access away, else under the patch check's watch only.
+#[inline(always)]
+fn protecting<F: Copy>(
+    e: &forward::Entry<F>,
+    addr: usize,
+    len: usize,
+    prot: c_int,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
+    if drops_access(prot) && REPORTING.load(Relaxed) {
+        count_once(e, addr, UnmapSource::Mprotect);
+        // report_begin starts the watch over the same range.
+        return invalidating(addr, len, call);
+    }
+    let watched = crate::monitor::patch::watch_begin(addr, len);
+    let r = call();
     crate::monitor::patch::watch_end(watched);
     r
 }
@@ -74,8 +116,8 @@ pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey
 /// other pages of the file from then on, so it is reported, counted as a MAP_FIXED mmap. The
 /// kernel rounds `start` down and `size` down to pages; the reported span (rounded out)
 /// covers that. glibc's `remap_file_pages` is a plain system call wrapper that nothing in
-/// glibc calls, so the symbol hook sees every call made through libc; like
-/// `process_madvise`, it issues the system call itself (not forwarded to an interposer).
+/// glibc calls, so the symbol hook sees every call made through libc; it goes on to the next
+/// interposer, if there is one, else issues the system call itself.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn remap_file_pages(
     start: *mut c_void,
@@ -84,8 +126,13 @@ pub extern "C" fn remap_file_pages(
     pgoff: usize,
     flags: c_int,
 ) -> c_int {
-    let call = || {
-        syscall6(
+    let e = &forward::REMAP_FILE_PAGES;
+    let call = || match e.target(start as usize, Via::Symbol) {
+        // SAFETY: the next interposer's remap_file_pages (glibc's prototype).
+        Some(to) => e.run(start as usize, to, |f| unsafe {
+            f(start, size, prot, pgoff, flags)
+        }),
+        None => syscall6(
             libc::SYS_remap_file_pages,
             start as usize,
             size,
@@ -93,9 +140,9 @@ pub extern "C" fn remap_file_pages(
             pgoff,
             flags as usize,
             0,
-        ) as c_int
+        ) as c_int,
     };
-    count(UnmapSource::MmapFixed);
+    count_once(e, start as usize, UnmapSource::MmapFixed);
     invalidating(start as usize, size, call)
 }
 

@@ -217,6 +217,18 @@ fn madvise_via(via: Via, addr: *mut c_void, len: usize, advice: c_int) -> c_int 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // POSIX_MADV_DONTNEED is a no-op in glibc; only the Linux advice values zap pages.
+    let zap = advice != libc::POSIX_MADV_DONTNEED && zaps(advice);
+    let e = &forward::POSIX_MADVISE;
+    if let Some(to) = e.target(addr as usize, Via::Symbol) {
+        // The next interposer's, which returns the error number itself, as glibc's does.
+        if zap {
+            count_once(e, addr as usize, UnmapSource::Madvise);
+        }
+        return invalidating_if(zap, addr as usize, len, || {
+            // SAFETY: the next interposer's posix_madvise (glibc's prototype).
+            e.run(addr as usize, to, |f| unsafe { f(addr, len, advice) })
+        });
+    }
     // Returns the error number and leaves errno as it was, as glibc's does. glibc's calls
     // the system call itself, never an interposer's madvise: so does ours (libc's door).
     if advice == libc::POSIX_MADV_DONTNEED {
@@ -233,7 +245,8 @@ pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) ->
 
 /// `process_madvise` on the process's own pidfd takes any advice on recent kernels, and a
 /// zapping one drops the pages like madvise. Which process a pidfd names is not cheap to
-/// tell, so every range of a zapping call is reported (over-invalidating is safe).
+/// tell, so every range of a zapping call is reported (over-invalidating is safe). Goes on to
+/// the next interposer, if there is one, else issues the system call itself.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn process_madvise(
     pidfd: c_int,
@@ -242,8 +255,13 @@ pub extern "C" fn process_madvise(
     advice: c_int,
     flags: libc::c_uint,
 ) -> isize {
-    let call = || {
-        syscall6(
+    let e = &forward::PROCESS_MADVISE;
+    let call = || match e.target(iov as usize, Via::Symbol) {
+        // SAFETY: the next interposer's process_madvise (glibc's prototype).
+        Some(to) => e.run(iov as usize, to, |f| unsafe {
+            f(pidfd, iov, vlen, advice, flags)
+        }),
+        None => syscall6(
             libc::SYS_process_madvise,
             pidfd as usize,
             iov as usize,
@@ -251,13 +269,13 @@ pub extern "C" fn process_madvise(
             advice as usize,
             flags as usize,
             0,
-        )
+        ),
     };
     // The kernel refuses more than IOV_MAX ranges; report nothing for a call it refuses.
     if !zaps(advice) || iov.is_null() || vlen > 1024 || !REPORTING.load(Relaxed) {
         return call();
     }
-    count(UnmapSource::Madvise);
+    count_once(e, iov as usize, UnmapSource::Madvise);
     // SAFETY: the caller passes vlen iovecs at iov (the kernel reads the same array).
     let ranges = unsafe { std::slice::from_raw_parts(iov, vlen) };
     let mut watched = 0;
@@ -343,6 +361,23 @@ mod tests {
         // PREV_INUSE (1) and NON_MAIN_ARENA (4) are flags, not size; a heap chunk: None.
         assert_eq!(mmapped_chunk(ptr, 0, 0x31000 | 7), Some((map, 0x31000)));
         assert_eq!(mmapped_chunk(ptr, 0, 0x31000 | 1), None);
+    }
+
+    #[test]
+    fn protection_changes_that_take_access_away_are_invalidations() {
+        use libc::{PROT_EXEC, PROT_NONE, PROT_READ, PROT_WRITE};
+        for prot in [
+            PROT_NONE,
+            PROT_READ,
+            PROT_READ | PROT_EXEC,
+            PROT_EXEC,
+            PROT_WRITE,
+        ] {
+            assert!(drops_access(prot), "{prot:#x}");
+        }
+        for prot in [PROT_READ | PROT_WRITE, PROT_READ | PROT_WRITE | PROT_EXEC] {
+            assert!(!drops_access(prot), "{prot:#x}");
+        }
     }
 
     #[test]
