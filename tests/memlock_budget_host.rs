@@ -39,6 +39,15 @@ fn a_kept_registration_inside_an_idle_one_leaves_room_for_the_next() {
     }
 }
 
+/// An idle entry whose memory went away is being deregistered by the background drain
+/// (slowly) when a registration fails for its pages: the retry waits for it, as libibverbs
+/// alone had given those pages back at the app's deregistration.
+#[test]
+fn a_registration_waits_for_a_deregistration_in_flight() {
+    let out = run("drain", &[("MRCACHE_ADMIT", "always")]);
+    assert_eq!(line(&out, "drain:"), "drain: big 1 errno 0");
+}
+
 /// Where pins are not charged (CAP_IPC_LOCK), a range inside a cached one still hits it.
 #[test]
 fn without_a_charged_limit_a_containing_range_still_hits() {

@@ -8,6 +8,11 @@
  *   memlock_budget uncharged     the same with CAP_IPC_LOCK kept and no budget: whether the
  *                                4 KiB registration shares A's registration (its lkey):
  *                                "uncharged: shares 1"
+ *   memlock_budget drain         budget 3 MiB: a 2 MiB buffer A registered, deregistered (idle)
+ *                                and unmapped; the provider's deregistration is slow (200 ms)
+ *                                and, under the preload, made by the background drain; while
+ *                                it is in flight a 2 MiB buffer B is registered:
+ *                                "drain: big 1 errno 0"
  *   memlock_budget random SEED [REF]
  *                                a seeded sequence of registrations (new ranges, the same
  *                                range again, ranges inside earlier ones, local and remote
@@ -33,7 +38,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-static long page, budget, pinned, next_key = 1;
+static long page, budget, next_key = 1;
+static _Atomic long pinned;
 static struct ibv_context ctx;
 static struct ibv_pd pd;
 
@@ -55,7 +61,13 @@ static struct ibv_mr *fake_reg(struct ibv_pd *p, void *addr, size_t len, uint64_
     return mr;
 }
 
+static _Atomic int slow_dereg, in_dereg;
+
 static int fake_dereg(struct ibv_mr *mr) {
+    if (slow_dereg) {
+        in_dereg = 1;
+        usleep(200000);
+    }
     pinned -= charge(mr->addr, mr->length);
     free(mr);
     return 0;
@@ -104,6 +116,27 @@ static int scenario(int keep_cap) {
     printf("scenario: small %d big %d errno %d pinned %ld\n", small != NULL, big != NULL, e, pinned);
     if (big) ibv_dereg_mr(big);
     if (small) ibv_dereg_mr(small);
+    return 0;
+}
+
+static int drain(void) {
+    const size_t two = 2 << 20;
+    budget = 3 << 20;
+    if (charged(budget)) return 3;
+    char *a = map(two), *b = map(two);
+    struct ibv_mr *m = ibv_reg_mr(&pd, a, two, IBV_ACCESS_LOCAL_WRITE);
+    if (!m) return 3;
+    slow_dereg = 1;
+    if (ibv_dereg_mr(m)) return 3;
+    munmap(a, two);
+    for (int i = 0; i < 2000 && !in_dereg; i++) usleep(1000);
+    if (!in_dereg) {
+        printf("drain: the deregistration never started\n");
+        return 0;
+    }
+    errno = 0;
+    struct ibv_mr *big = ibv_reg_mr(&pd, b, two, IBV_ACCESS_LOCAL_WRITE);
+    printf("drain: big %d errno %d\n", big != NULL, big ? 0 : errno);
     return 0;
 }
 
@@ -205,6 +238,7 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!strcmp(mode, "scenario")) return scenario(0);
     if (!strcmp(mode, "uncharged")) return scenario(1);
+    if (!strcmp(mode, "drain")) return drain();
     if (!strcmp(mode, "random") && argc > 2) return random_run(strtoul(argv[2], NULL, 10), argc > 3 ? argv[3] : NULL);
     return 2;
 }
