@@ -147,7 +147,7 @@ impl fmt::Display for Memlock {
 }
 
 /// `/proc/self/ns/user` in the initial user namespace (its inode is fixed: PROC_USER_INIT_INO).
-const INITIAL_USER_NS: &str = "user:[4026531837]";
+pub const INITIAL_USER_NS: &str = "user:[4026531837]";
 
 /// CAP_IPC_LOCK (bit 14) in the effective set of a `/proc/PID/status` text.
 fn has_cap_ipc_lock(status: &str) -> bool {

@@ -34,13 +34,42 @@ impl<R: Registrar> Cache<R> {
     /// a device limit): deregister every idle entry so the caller can try once more, the
     /// cache's miss and a call passed through to libibverbs alike (a probe registers a
     /// range the cache still pins: without this the cache fails a registration that
-    /// libibverbs alone makes). Returns how many were given back (0: a retry would fail
-    /// the same way).
+    /// libibverbs alone makes). Deregistrations other threads have in flight (the
+    /// background drain's of entries whose memory went away, an eviction's) are waited
+    /// for, at most `FLUSH_WAIT`: their pages are not the app's either. Returns how many
+    /// were given back or landed meanwhile (0: a retry would fail the same way).
     pub fn give_back_idle(&self) -> usize {
-        let idle = self.lock().evict_idle(&self.fast, |_| true);
+        let (idle, flying) = {
+            let mut st = self.lock();
+            // Before the eviction: its own MRs are deregistered here, not waited for.
+            let flying: Vec<usize> = st.in_flight.keys().copied().collect();
+            (st.evict_idle(&self.fast, |_| true), flying)
+        };
         self.deregister_all(&idle);
         self.stats.add(Counter::EvictionsEnomem, idle.len() as u64);
-        idle.len()
+        idle.len() + self.wait_landed(&flying)
+    }
+
+    /// Wait (at most `FLUSH_WAIT`) until none of the MRs `flying` is still being
+    /// deregistered; returns how many landed.
+    fn wait_landed(&self, flying: &[usize]) -> usize {
+        if flying.is_empty() {
+            return 0;
+        }
+        let deadline = Instant::now() + FLUSH_WAIT;
+        loop {
+            let left = {
+                let st = self.lock();
+                flying
+                    .iter()
+                    .filter(|p| st.in_flight.contains_key(p))
+                    .count()
+            };
+            if left == 0 || Instant::now() >= deadline {
+                return flying.len() - left;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
     }
 
     /// Why caching was stopped, if it was.

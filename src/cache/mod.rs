@@ -246,8 +246,10 @@ impl<R: Registrar> Cache<R> {
         }
         let exact = self.fast.exact(req);
         let found = exact.map(|id| (id, Outcome::Hit)).or_else(|| {
-            st.find_containing(&self.fast, req, self.limits)
-                .map(|id| (id, Outcome::HitContaining))
+            st.find_containing(&self.fast, req, self.limits, || {
+                !self.registrar.pins_charged()
+            })
+            .map(|id| (id, Outcome::HitContaining))
         });
         // A found entry: may it serve the hit, and is a remote class's hit a probe instead
         // (one classes visit). With `always` both are answered without asking.

@@ -359,7 +359,15 @@ impl State {
         })
     }
 
-    pub fn find_containing(&self, f: &Fast, req: &Request, limits: Limits) -> Option<u32> {
+    /// The narrowest usable entry whose range holds `req`'s. One of a wider range only if
+    /// `wide_ok()` (asked only then): it would keep pinned more than `req` needs.
+    pub fn find_containing(
+        &self,
+        f: &Fast,
+        req: &Request,
+        limits: Limits,
+        wide_ok: impl FnOnce() -> bool,
+    ) -> Option<u32> {
         let mut best: Option<(usize, u32)> = None;
         self.index
             .for_each_overlap(req.addr, req.end(), |id, s, e| {
@@ -380,7 +388,9 @@ impl State {
                     best = Some((e - s, id));
                 }
             });
-        best.map(|(_, id)| id)
+        // A usable entry holds req's range: of req's length, it is req's range.
+        best.filter(|&(len, _)| len == req.len || wide_ok())
+            .map(|(_, id)| id)
     }
 
     /// Take a reference on entry `id` for `req` and decide which pointer the app gets.

@@ -1,12 +1,14 @@
 //! The bottom layer: raw system calls, errno and the page size (this file; hooks issue
 //! their system calls here, never through a libc wrapper that could be patched or hooked
 //! again), the loader's tables (`elf`), a sanitizer's runtime in the process (`sanitizer`),
-//! looking a symbol up (`symbol`) and our own threads (`thread`).
+//! looking a symbol up (`symbol`), our own threads (`thread`) and whether pins are charged
+//! against `RLIMIT_MEMLOCK` (`memlock`).
 //!
 //! Layer: the bottom (with `ffi`); uses nothing else of the crate (docs/design.md,
 //! "Architecture").
 
 pub mod elf;
+pub mod memlock;
 pub mod sanitizer;
 pub mod symbol;
 pub mod thread;

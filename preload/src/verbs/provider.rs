@@ -150,6 +150,10 @@ impl Registrar for Provider {
         }
     }
 
+    fn pins_charged(&self) -> bool {
+        crate::sys::memlock::pins_charged()
+    }
+
     fn verifies(&self) -> bool {
         self.verify
     }
