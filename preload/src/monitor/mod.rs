@@ -18,3 +18,4 @@ pub mod memory;
 pub mod patch;
 pub mod search;
 pub mod selftest;
+pub mod trampoline;

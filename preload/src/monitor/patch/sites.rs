@@ -129,7 +129,7 @@ pub fn adopt_overwritten() -> bool {
             (Some(t), Some(len))
                 if SITE_ENDBR[i].load(Relaxed) == 0
                     && t != hook
-                    && cross_modify::trampoline_hook(t) != Some(hook) =>
+                    && crate::monitor::trampoline::trampoline_hook(t) != Some(hook) =>
             {
                 crate::monitor::dl::pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
@@ -276,7 +276,8 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         Some(_) => None,
         None => match foreign_target(f as usize, &head) {
             Some(t)
-                if t != target.hook && cross_modify::trampoline_hook(t) != Some(target.hook) =>
+                if t != target.hook
+                    && crate::monitor::trampoline::trampoline_hook(t) != Some(target.hook) =>
             {
                 Some(t)
             }

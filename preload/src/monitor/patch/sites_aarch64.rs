@@ -22,14 +22,14 @@ fn branch_to(site: usize, hook: usize) -> Result<u32, PatchError> {
     if let Some(b) = aarch64::b_to(site, hook) {
         return Ok(b);
     }
-    let t = cross_modify::trampoline(site, hook).ok_or(PatchError::Far)?;
+    let t = crate::monitor::trampoline::trampoline(site, hook).ok_or(PatchError::Far)?;
     aarch64::b_to(site, t).ok_or(PatchError::Far)
 }
 
 /// Whether the jump another patcher left at an entry leads somewhere other than `hook`
 /// (directly, or through one of our trampolines).
 fn not_ours(t: usize, hook: usize) -> bool {
-    t != hook && cross_modify::trampoline_hook(t) != Some(hook)
+    t != hook && crate::monitor::trampoline::trampoline_hook(t) != Some(hook)
 }
 
 /// Overwrite the function at `f` (named `target.name`) with a `B` to `target.hook`, if it

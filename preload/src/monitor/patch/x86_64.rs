@@ -35,7 +35,7 @@ pub(super) fn jump_to(site: usize, hook: usize) -> Result<[u8; JMP_LEN], PatchEr
     if let Some(j) = cross_modify::jmp_rel32(site, hook) {
         return Ok(j);
     }
-    let t = cross_modify::trampoline(site, hook).ok_or(PatchError::Far)?;
+    let t = crate::monitor::trampoline::trampoline(site, hook).ok_or(PatchError::Far)?;
     cross_modify::jmp_rel32(site, t).ok_or(PatchError::Far)
 }
 
