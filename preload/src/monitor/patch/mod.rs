@@ -187,3 +187,5 @@ impl PatchTarget {
 mod tests;
 #[cfg(all(test, target_arch = "aarch64"))]
 mod tests_aarch64;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_kept;

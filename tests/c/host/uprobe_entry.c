@@ -1,0 +1,191 @@
+/* A uprobe on libc's mmap or munmap entry while libmrcache.so has patched it. The program
+ * runs with a private copy of libc (LD_LIBRARY_PATH; the test copies it), and attaches the
+ * probe through perf_event_open with the uprobe PMU, limited to this process, so nothing
+ * else on the machine is probed. The kernel puts an int3 over the entry's first byte,
+ * single-steps the file's first instruction out of line, and writes the file's first byte
+ * back when the probe goes.
+ *   uprobe_entry plain_munmap N  no verbs: N rounds of attach, large malloc/free (glibc's
+ *                                own __munmap), detach, malloc/free again: every freed
+ *                                block must be unmapped (no ENOSYS, no leak), no crash
+ *   uprobe_entry plain_mmap N    the same with the probe on mmap (glibc's __mmap)
+ *   uprobe_entry verbs_munmap N  fake provider: a registration cached idle, the probe
+ *                                attached, the buffer unmapped through libc's entry and
+ *                                mapped again (raw system call), registered again: never a
+ *                                hit; then detach, the same again; N rounds
+ *   uprobe_entry verbs_mmap N    the same with the remap by MAP_FIXED through libc's mmap
+ * exit 0: held; 1: broken (printed); 3: set-up failed; 77: skipped (printed: why). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <link.h>
+#include <malloc.h>
+#include <linux/perf_event.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "fake_hit.h"
+
+static void *(*libc_mmap)(void *, size_t, int, int, int, off_t);
+static int (*libc_munmap)(void *, size_t);
+
+/* The file offset of `addr` in the object that holds it (its PT_LOAD's p_offset). */
+static uintptr_t want_addr, found_off;
+static int phdr_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size, (void)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *p = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + p->p_vaddr;
+        if (p->p_type == PT_LOAD && want_addr >= lo && want_addr < lo + p->p_memsz) {
+            found_off = want_addr - lo + p->p_offset;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int uprobe_type(void) {
+    FILE *f = fopen("/sys/bus/event_source/devices/uprobe/type", "r");
+    int t = -1;
+    if (!f) return -1;
+    if (fscanf(f, "%d", &t) != 1) t = -1;
+    fclose(f);
+    return t;
+}
+
+static char libc_path[4096];
+
+/* A uprobe on the entry `f` (in libc_path), this process only: its descriptor. Exits 77
+ * where the kernel has no uprobe PMU or refuses. */
+static int attach(void *f) {
+    int type = uprobe_type();
+    if (type < 0) {
+        printf("uprobe_entry: skipped: no uprobe PMU (/sys/bus/event_source/devices/uprobe/type)\n");
+        exit(77);
+    }
+    want_addr = (uintptr_t)f;
+    found_off = 0;
+    if (!dl_iterate_phdr(phdr_cb, NULL)) exit(3);
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.type = type;
+    a.config1 = (uint64_t)(uintptr_t)libc_path;
+    a.config2 = found_off;
+    int fd = syscall(SYS_perf_event_open, &a, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0) {
+        printf("uprobe_entry: skipped: perf_event_open(uprobe %s+%#lx): %s\n", libc_path,
+               (unsigned long)found_off, strerror(errno));
+        exit(77);
+    }
+    if (*(volatile unsigned char *)f != 0xcc) {
+        fprintf(stderr, "uprobe_entry: the probe is attached but the entry's first byte is %#x, not int3\n",
+                *(volatile unsigned char *)f);
+        exit(3);
+    }
+    return fd;
+}
+
+/* Large blocks malloc'ed (glibc's own __mmap) and freed (__munmap): how many of n were
+ * still mapped after free (a leak: munmap failed). */
+static int leaked(int n) {
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        char *p = malloc(1 << 20);
+        if (!p) exit(3);
+        memset(p, 1, 4096);
+        uintptr_t page = (uintptr_t)p & ~4095ul;
+        free(p);
+        unsigned char v;
+        kept += mincore((void *)page, 4096, &v) == 0;
+    }
+    return kept;
+}
+
+static int plain(void *f, int rounds) {
+    /* A fixed threshold: every block of 1 MiB is mapped and unmapped (no dynamic raise). */
+    mallopt(M_MMAP_THRESHOLD, 64 << 10);
+    int bad = 0;
+    for (int r = 0; r < rounds; r++) {
+        int fd = attach(f);
+        bad += leaked(4);
+        close(fd);
+        bad += leaked(4);
+    }
+    printf("uprobe_entry plain: %d rounds of attach, malloc/free, detach, malloc/free: %d of %d freed blocks leaked\n",
+           rounds, bad, rounds * 8);
+    return bad != 0;
+}
+
+/* The buffer at b (LEN) replaced: through libc's munmap, then a raw mmap (no hook) at the
+ * same place; or through libc's mmap with MAP_FIXED. */
+static void replace(char *b, int by_mmap) {
+    if (by_mmap) {
+        if (libc_mmap(b, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != b)
+            exit(3);
+        return;
+    }
+    if (libc_munmap(b, LEN)) {
+        fprintf(stderr, "uprobe_entry: libc's munmap failed: %s\n", strerror(errno));
+        exit(1);
+    }
+    if ((char *)syscall(SYS_mmap, b, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != b)
+        exit(3);
+}
+
+static int verbs(void *f, int by_mmap, int rounds) {
+    static struct ibv_context ctx;
+    ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
+    ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
+    pd.context = &ctx;
+    char *b = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED) return 3;
+    int stale = 0, hits = 0, tries = 0;
+    for (int r = 0; r < rounds; r++) {
+        for (int attached = 1; attached >= 0; attached--) {
+            /* Cached idle: a second cycle is a hit while the cache caches. */
+            struct ibv_mr *cached = cycle(b);
+            hits += cycle(b) == cached;
+            int fd = attached ? attach(f) : -1;
+            replace(b, by_mmap);
+            struct ibv_mr *mr = cycle(b);
+            tries++;
+            if (mr == cached) {
+                stale++;
+                fprintf(stderr, "uprobe_entry: round %d (%s): a stale registration was served\n", r,
+                        attached ? "probe attached" : "probe detached");
+            }
+            if (fd >= 0) close(fd);
+        }
+    }
+    printf("uprobe_entry verbs: %d of %d registrations after a replace were stale hits; %d of %d re-registrations of a kept buffer were hits\n",
+           stale, tries, hits, tries);
+    return stale != 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    int rounds = atoi(argv[2]);
+    void *libc = dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY);
+    libc_mmap = dlsym(libc, "mmap");
+    libc_munmap = dlsym(libc, "munmap");
+    Dl_info info;
+    if (!libc_mmap || !libc_munmap || !dladdr((void *)libc_munmap, &info) || !realpath(info.dli_fname, libc_path))
+        return 3;
+    const char *want = getenv("UPROBE_LIBC");
+    if (!want || strcmp(want, libc_path)) {
+        fprintf(stderr, "uprobe_entry: libc is %s, not the private copy %s\n", libc_path, want ? want : "(unset)");
+        return 3;
+    }
+    const char *how = argv[1];
+    int on_mmap = strstr(how, "mmap") && !strstr(how, "munmap");
+    void *f = on_mmap ? (void *)libc_mmap : (void *)libc_munmap;
+    if (!strncmp(how, "plain_", 6)) return plain(f, rounds);
+    if (!strncmp(how, "verbs_", 6)) return verbs(f, on_mmap, rounds);
+    return 2;
+}
