@@ -17,7 +17,7 @@ fn run(scenario: &str, rounds: u32) -> Option<String> {
         "uprobe_entry",
         &dir,
         scenario,
-        &["-libverbs", "-ldl"],
+        &["-libverbs", "-ldl", "-lpthread"],
     );
     // The probe is on the file: a copy of our own, so no other process is hit.
     let libs = dir.join("lib");

@@ -5,13 +5,17 @@
  * single-steps the file's first instruction out of line, and writes the file's first byte
  * back when the probe goes.
  *   uprobe_entry plain_munmap N  no verbs: N rounds of attach, large malloc/free (glibc's
- *                                own __munmap), detach, malloc/free again: every freed
- *                                block must be unmapped (no ENOSYS, no leak), no crash
+ *                                own __munmap) and mmap/munmap through libc's entries,
+ *                                detach, the same again, while a thread does the same all
+ *                                along: every unmap must succeed (no ENOSYS: a large free
+ *                                would leak), no crash
  *   uprobe_entry plain_mmap N    the same with the probe on mmap (glibc's __mmap)
  *   uprobe_entry verbs_munmap N  fake provider: a registration cached idle, the probe
  *                                attached, the buffer unmapped through libc's entry and
  *                                mapped again (raw system call), registered again: never a
- *                                hit; then detach, the same again; N rounds
+ *                                hit; then detach, the same again; N rounds. Every second
+ *                                registration of a kept buffer must be a hit (caching goes
+ *                                on with the probe attached)
  *   uprobe_entry verbs_mmap N    the same with the remap by MAP_FIXED through libc's mmap
  * exit 0: held; 1: broken (printed); 3: set-up failed; 77: skipped (printed: why). */
 #define _GNU_SOURCE
@@ -20,6 +24,7 @@
 #include <infiniband/verbs.h>
 #include <link.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <linux/perf_event.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -91,25 +96,41 @@ static int attach(void *f) {
     return fd;
 }
 
-/* Large blocks malloc'ed (glibc's own __mmap) and freed (__munmap): how many of n were
- * still mapped after free (a leak: munmap failed). */
+/* Large blocks malloc'ed and freed (glibc's own __mmap and __munmap), then mapped and
+ * unmapped through libc's entries: how many of n unmaps failed (ENOSYS: the block leaks). */
 static int leaked(int n) {
-    int kept = 0;
+    int failed = 0;
     for (int i = 0; i < n; i++) {
         char *p = malloc(1 << 20);
         if (!p) exit(3);
         memset(p, 1, 4096);
-        uintptr_t page = (uintptr_t)p & ~4095ul;
         free(p);
-        unsigned char v;
-        kept += mincore((void *)page, 4096, &v) == 0;
+        void *q = libc_mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (q == MAP_FAILED) exit(3);
+        failed += libc_munmap(q, 1 << 20) != 0;
     }
-    return kept;
+    return failed;
+}
+
+static volatile int churn_stop;
+static int churn_leaked, churn_blocks;
+
+/* malloc/free of large blocks until told to stop, while the main thread attaches and
+ * detaches: calls that trap, run out of line, and cross the byte written back. */
+static void *churn(void *arg) {
+    (void)arg;
+    while (!churn_stop) {
+        churn_leaked += leaked(1);
+        churn_blocks++;
+    }
+    return NULL;
 }
 
 static int plain(void *f, int rounds) {
     /* A fixed threshold: every block of 1 MiB is mapped and unmapped (no dynamic raise). */
     mallopt(M_MMAP_THRESHOLD, 64 << 10);
+    pthread_t t;
+    if (pthread_create(&t, NULL, churn, NULL)) return 3;
     int bad = 0;
     for (int r = 0; r < rounds; r++) {
         int fd = attach(f);
@@ -117,9 +138,12 @@ static int plain(void *f, int rounds) {
         close(fd);
         bad += leaked(4);
     }
-    printf("uprobe_entry plain: %d rounds of attach, malloc/free, detach, malloc/free: %d of %d freed blocks leaked\n",
-           rounds, bad, rounds * 8);
-    return bad != 0;
+    churn_stop = 1;
+    pthread_join(t, NULL);
+    printf("uprobe_entry plain: %d rounds of attach, malloc/free, detach, malloc/free: %d of %d unmaps failed; "
+           "a thread meanwhile: %d of %d\n",
+           rounds, bad, rounds * 8, churn_leaked, churn_blocks);
+    return bad != 0 || churn_leaked != 0;
 }
 
 /* The buffer at b (LEN) replaced: through libc's munmap, then a raw mmap (no hook) at the
@@ -148,10 +172,11 @@ static int verbs(void *f, int by_mmap, int rounds) {
     int stale = 0, hits = 0, tries = 0;
     for (int r = 0; r < rounds; r++) {
         for (int attached = 1; attached >= 0; attached--) {
-            /* Cached idle: a second cycle is a hit while the cache caches. */
+            /* Cached idle; a second cycle, with the probe attached, is a hit while the cache
+             * caches (a breakpoint on the entry is no overwrite). */
+            int fd = attached ? attach(f) : -1;
             struct ibv_mr *cached = cycle(b);
             hits += cycle(b) == cached;
-            int fd = attached ? attach(f) : -1;
             replace(b, by_mmap);
             struct ibv_mr *mr = cycle(b);
             tries++;
@@ -163,9 +188,11 @@ static int verbs(void *f, int by_mmap, int rounds) {
             if (fd >= 0) close(fd);
         }
     }
-    printf("uprobe_entry verbs: %d of %d registrations after a replace were stale hits; %d of %d re-registrations of a kept buffer were hits\n",
+    printf("uprobe_entry verbs: %d of %d registrations after a replace were stale hits; %d of %d re-registrations of a kept buffer "
+           "(half with the probe attached) were hits\n",
            stale, tries, hits, tries);
-    return stale != 0;
+    if (hits != tries) fprintf(stderr, "uprobe_entry: the cache stopped caching (a breakpoint taken for an overwrite?)\n");
+    return stale != 0 || hits != tries;
 }
 
 int main(int argc, char **argv) {
