@@ -39,6 +39,12 @@ pub(super) static SITE_KEPT: [[AtomicU64; 2]; SITES] =
 /// Whether the kept bytes are the function's own, as in its file: then an `int3` over the
 /// first byte of a kept instruction is a breakpoint (a uprobe, a debugger) that runs that
 /// instruction elsewhere and resumes on our jump, not an overwrite.
+/// Our jump at the entry of site `i`, in front of its kept instructions, where another
+/// patcher's jump there was taken back (`adopt_overwritten`); 0: none. The bytes after it
+/// are never run then: the site is intact with it in place, or with the bytes we first
+/// wrote and kept back (the other patcher wrote back what it had found).
+#[cfg(target_arch = "x86_64")]
+pub(super) static SITE_ADOPTED: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
 #[cfg(target_arch = "x86_64")]
 pub(super) static SITE_BREAK_OK: [AtomicBool; SITES] = [const { AtomicBool::new(false) }; SITES];
 /// The hook another patcher (UCX's bistro, libfabric's memhooks) had put at the entry we
@@ -163,9 +169,9 @@ pub fn adopt_overwritten() -> bool {
                 watch_end(began);
                 all &= done;
                 if done && entry != at {
-                    // What is there now, our jump at the entry first, is what stays.
-                    record_kept(i, entry, at - entry, false);
-                    SITE_CODE[i].store(load8(at) & ((1 << (8 * JMP_LEN)) - 1), Relaxed);
+                    let mut word = [0u8; 8];
+                    word[..JMP_LEN].copy_from_slice(&ours);
+                    SITE_ADOPTED[i].store(u64::from_le_bytes(word), Relaxed);
                 }
             }
             _ => all = false,
@@ -378,7 +384,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
 }
 
 /// Site `i`'s kept bytes: the `len` bytes at `entry` as they are now; `own`: the function's
-/// own code (not another patcher's jump, nor ours).
+/// own code (not another patcher's jump).
 #[cfg(target_arch = "x86_64")]
 fn record_kept(i: usize, entry: usize, len: usize, own: bool) {
     SITE_KEEP[i].store(len - SITE_ENDBR[i].load(Relaxed), Relaxed);
@@ -497,7 +503,9 @@ pub(super) fn load8(at: usize) -> u64 {
 #[cfg(target_arch = "x86_64")]
 pub(super) fn site_intact(i: usize, at: usize) -> bool {
     const MASK: u64 = (1 << (8 * JMP_LEN)) - 1;
-    load8(at) & MASK == SITE_CODE[i].load(Relaxed) && kept_intact(i, at)
+    let adopted = SITE_ADOPTED[i].load(Relaxed);
+    (load8(at) & MASK == SITE_CODE[i].load(Relaxed) && kept_intact(i, at))
+        || (adopted != 0 && load8(at - SITE_KEEP[i].load(Relaxed)) & MASK == adopted)
 }
 
 /// Whether site `i` (patched at `at`) still holds our `B` (one 32-bit word; nothing is kept

@@ -237,9 +237,9 @@ fn sbrk_prologues_match_glibc_236_and_241() {
     assert_eq!(site_offset(PatchTarget::Shmdt.prologues(), &shmat), None);
 }
 
-static FOREIGN_CALLS: AtomicUsize = AtomicUsize::new(0);
+pub(super) static FOREIGN_CALLS: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn foreign_hook(_addr: *mut c_void, _len: usize) -> c_int {
+pub(super) extern "C" fn foreign_hook(_addr: *mut c_void, _len: usize) -> c_int {
     FOREIGN_CALLS.fetch_add(1, Relaxed);
     0
 }

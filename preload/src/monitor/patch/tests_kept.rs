@@ -2,15 +2,18 @@
 //! kept instruction is no overwrite, and a kept instruction's stack effect is taken back
 //! before the hook (docs/design.md, "Breakpoints at a patched entry").
 
-use super::tests::{MY_CALLS, SITE_WRITES, code_page, my_calls, test_hook};
+use super::tests::{
+    FOREIGN_CALLS, MY_CALLS, SITE_WRITES, code_page, foreign_hook, my_calls, test_hook,
+};
 use super::*;
 use crate::monitor::cross_modify::JMP_LEN;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// glibc 2.36's munmap after GNU as's padding (NOP10_NOP2): `mov eax, 11; syscall; cmp rax,
-/// -4095; jae +1; ret`, then `int3`s.
-const PADDED_MUNMAP: [u8; 28] = [
+/// glibc 2.36's munmap after GNU as's padding (NOP10_NOP2), 16-aligned: `mov eax, 11;
+/// syscall; cmp rax, -4095; jae +1; ret`.
+const PADDED_MUNMAP: [u8; 32] = [
+    0xcc, 0xcc, 0xcc, 0xcc, // the end of a function before
     0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x66, 0x90, // padding
     0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0x01, 0xc3,
 ];
@@ -31,29 +34,26 @@ fn site_index(at: usize) -> usize {
 fn a_stub_keeps_its_first_instruction_and_a_breakpoint_there_is_no_overwrite() {
     let p = code_page(&PADDED_MUNMAP);
     // SAFETY: inside our own code page.
-    let f = unsafe { p.add(12) };
+    let f = unsafe { p.add(16) };
     let target = Target {
         name: c"test_munmap_past_mov",
         prologues: &MUNMAP_PAST_MOV,
         hook: test_hook as *const () as usize,
     };
-    let _writes = SITE_WRITES.lock().unwrap();
+    let _writes = SITE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: our own function, padded before and 16 bytes long.
     assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
     // SAFETY: readable.
-    let code = unsafe { std::slice::from_raw_parts(p, 28) };
-    assert_eq!(&code[12..17], &PADDED_MUNMAP[12..17], "mov eax, 11 kept");
+    let code = unsafe { std::slice::from_raw_parts(p, 32) };
+    assert_eq!(&code[16..21], &PADDED_MUNMAP[16..21], "mov eax, 11 kept");
+    let jmp: &[u8] = &[0xeb, 0xf4];
+    assert_eq!(&code[21..23], jmp, "syscall became jmp rel8 to the padding");
     assert_eq!(
-        &code[17..19],
-        &[0xeb, 0xf4],
-        "syscall became jmp rel8 to the padding"
+        &code[23..],
+        &PADDED_MUNMAP[23..],
+        "nothing after it changed"
     );
-    assert_eq!(
-        &code[19..],
-        &PADDED_MUNMAP[19..],
-        "nothing after the syscall changed"
-    );
-    assert_eq!(code[7], 0xe9, "jmp rel32 in the padding");
+    assert_eq!(code[11], 0xe9, "jmp rel32 in the padding");
     // SAFETY: the entry runs `mov eax, 11` and then jumps to test_hook (this prototype).
     let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
     let before = my_calls();
@@ -124,4 +124,67 @@ fn a_kept_push_is_taken_back_before_the_hook() {
     }
     assert_eq!(my_calls(), before + 3);
     assert_eq!(MY_CALLS.with(|c| c.get().1), 99);
+}
+
+/// libfabric's memhooks form (`movabs r11, hook; jmp r11`, 13 bytes) written at the entry of a
+/// stub we patched after its `mov eax, 11` (over the kept instruction and our jump):
+/// `adopt_overwritten` takes it back at the entry and chains to its hook; when that patcher
+/// later writes back the bytes it had found (our first layout), the site is intact too.
+#[test]
+fn a_jump_over_the_kept_instruction_is_taken_back_at_the_entry() {
+    let p = code_page(&PADDED_MUNMAP);
+    // SAFETY: inside our own code page.
+    let f = unsafe { p.add(16) };
+    let target = Target {
+        name: c"test_adopt_kept",
+        prologues: &MUNMAP_PAST_MOV,
+        hook: test_hook as *const () as usize,
+    };
+    let _writes = SITE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: our own function, padded before.
+    assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+    let site = f as usize + 5;
+    let i = site_index(site);
+    let mut found = [0u8; 13];
+    let mut other = [0u8; 13];
+    other[..2].copy_from_slice(&[0x49, 0xbb]);
+    other[2..10].copy_from_slice(&(foreign_hook as *const () as u64).to_le_bytes());
+    other[10..].copy_from_slice(&[0x41, 0xff, 0xe3]);
+    // SAFETY: our own code page, made writable; the other patcher's plain copy.
+    unsafe {
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        assert_eq!(libc::mprotect(p as *mut c_void, 4096, rwx), 0);
+        std::ptr::copy_nonoverlapping(f, found.as_mut_ptr(), 13);
+        std::ptr::copy_nonoverlapping(other.as_ptr(), f, 13);
+    }
+    assert!(!site_intact(i, site));
+    adopt_overwritten();
+    assert!(site_intact(i, site), "not taken back");
+    assert_eq!(
+        SITE_CHAINED[i].load(Relaxed),
+        foreign_hook as *const () as usize
+    );
+    // SAFETY: readable.
+    assert_eq!(unsafe { *f }, 0xe9, "our jump at the entry");
+    // SAFETY: the entry jumps to test_hook (this prototype).
+    let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
+    let (before, foreign) = (my_calls(), FOREIGN_CALLS.load(Relaxed));
+    assert_eq!(call(std::ptr::null_mut(), 7), 0);
+    assert_eq!(my_calls(), before + 1);
+    assert_eq!(
+        FOREIGN_CALLS.load(Relaxed),
+        foreign,
+        "the hook, not the test, chains"
+    );
+    // The other patcher stops: what it found is written back.
+    // SAFETY: our own code page, writable again (adopt made it read+exec).
+    unsafe {
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        assert_eq!(libc::mprotect(p as *mut c_void, 4096, rwx), 0);
+        std::ptr::copy_nonoverlapping(found.as_ptr(), f, 13);
+    }
+    assert!(
+        site_intact(i, site),
+        "our first layout, back, taken for an overwrite"
+    );
 }
