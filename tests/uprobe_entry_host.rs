@@ -80,3 +80,18 @@ fn no_stale_hit_with_a_uprobe_on_munmap() {
 fn no_stale_hit_with_a_uprobe_on_mmap() {
     run("verbs_mmap", 20);
 }
+
+/// The probe on each other patched entry (madvise, mprotect, mremap, brk, sbrk, shmat,
+/// shmdt; mremap's and sbrk's hooks are reached through a trampoline that takes back the
+/// kept `sub rsp`/`push r12`): every call through libc's entry, attached and detached, gives
+/// libc's result.
+#[test]
+fn other_entries_keep_their_meaning_across_a_uprobe() {
+    for name in [
+        "madvise", "mprotect", "mremap", "brk", "sbrk", "shmat", "shmdt",
+    ] {
+        if run(&format!("entry_{name}"), 10).is_none() {
+            return;
+        }
+    }
+}

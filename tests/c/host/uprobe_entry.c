@@ -17,6 +17,11 @@
  *                                registrations after the first must be hits, with the probe
  *                                attached too (caching goes on)
  *   uprobe_entry verbs_mmap N    the same with the remap by MAP_FIXED through libc's mmap
+ *   uprobe_entry entry_NAME N    no verbs: the probe on NAME (madvise, mprotect, mremap, brk,
+ *                                sbrk, shmat, shmdt), N rounds of attach, calls through
+ *                                libc's entry, detach, calls again: each call's result must
+ *                                be libc's (mremap's and sbrk's hooks are entered through a
+ *                                trampoline that takes back the kept instruction)
  * exit 0: held; 1: broken (printed); 3: set-up failed; 77: skipped (printed: why). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -31,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -196,6 +202,65 @@ static int verbs(void *f, int by_mmap, int rounds) {
     return stale != 0 || hits != 2 * tries;
 }
 
+/* Calls of `name` through libc's entry `f`, each checked: how many gave a wrong result. */
+static int exercise(const char *name, void *f) {
+    void *libc = dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY);
+    void *(*sbrk_)(intptr_t) = dlsym(libc, "sbrk");
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        char *p = libc_mmap(NULL, 2 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) exit(3);
+        p[0] = 1;
+        if (!strcmp(name, "madvise")) {
+            bad += ((int (*)(void *, size_t, int))f)(p, 4096, MADV_DONTNEED) != 0 || p[0] != 0;
+        } else if (!strcmp(name, "mprotect")) {
+            bad += ((int (*)(void *, size_t, int))f)(p, 4096, PROT_READ) != 0;
+            bad += ((int (*)(void *, size_t, int))f)(p, 4096, PROT_READ | PROT_WRITE) != 0;
+            p[0] = 2;
+        } else if (!strcmp(name, "mremap")) {
+            char *q = ((void *(*)(void *, size_t, size_t, int, ...))f)(p, 2 << 20, 4096, 0);
+            bad += q != p || p[0] != 1;
+        } else if (!strcmp(name, "sbrk")) {
+            char *a = ((void *(*)(intptr_t))f)(0), *b = ((void *(*)(intptr_t))f)(4096);
+            bad += a == (void *)-1 || b != a || ((void *(*)(intptr_t))f)(0) != a + 4096;
+            bad += ((void *(*)(intptr_t))f)(-4096) != a + 4096 || ((void *(*)(intptr_t))f)(0) != a;
+        } else if (!strcmp(name, "brk")) {
+            char *a = sbrk_(0);
+            bad += ((int (*)(void *))f)(a + 4096) != 0 || sbrk_(0) != a + 4096;
+            bad += ((int (*)(void *))f)(a) != 0 || sbrk_(0) != a;
+        } else if (!strcmp(name, "shmat") || !strcmp(name, "shmdt")) {
+            int id = shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600);
+            if (id < 0) exit(3);
+            void *(*at)(int, const void *, int) = dlsym(libc, "shmat");
+            int (*dt)(const void *) = dlsym(libc, "shmdt");
+            char *m = at(id, NULL, 0);
+            bad += m == (void *)-1;
+            if (m != (void *)-1) {
+                m[0] = 3;
+                bad += dt(m) != 0;
+            }
+            shmctl(id, IPC_RMID, NULL);
+        }
+        if (libc_munmap(p, 2 << 20)) exit(3);
+    }
+    return bad;
+}
+
+static int entry(const char *name, int rounds) {
+    void *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), name);
+    if (!f) return 3;
+    int bad = 0;
+    for (int r = 0; r < rounds; r++) {
+        int fd = attach(f);
+        bad += exercise(name, f);
+        close(fd);
+        bad += exercise(name, f);
+    }
+    printf("uprobe_entry %s: %d rounds of attach, calls, detach, calls: %d of %d calls wrong\n", name, rounds, bad,
+           rounds * 8);
+    return bad != 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
     int rounds = atoi(argv[2]);
@@ -215,5 +280,6 @@ int main(int argc, char **argv) {
     void *f = on_mmap ? (void *)libc_mmap : (void *)libc_munmap;
     if (!strncmp(how, "plain_", 6)) return plain(f, rounds);
     if (!strncmp(how, "verbs_", 6)) return verbs(f, on_mmap, rounds);
+    if (!strncmp(how, "entry_", 6)) return entry(how + 6, rounds);
     return 2;
 }
