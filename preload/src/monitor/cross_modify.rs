@@ -28,12 +28,12 @@
 
 use crate::monitor::patch::PatchError;
 use crate::sys::{page_down, page_size, syscall6};
-#[cfg(target_arch = "x86_64")]
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{
     AtomicBool,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{Relaxed, Release},
 };
+#[cfg(target_arch = "x86_64")]
+use std::sync::atomic::{AtomicU64, Ordering::Acquire};
 
 #[cfg(target_arch = "x86_64")]
 /// The length of our jump: `jmp rel32`.
