@@ -18,9 +18,9 @@ use std::sync::atomic::{
 };
 
 /// Jumps we wrote: (address of the jump, hook, its bytes), for `intact`. Written in the constructor
-/// (before threads), read anywhere. Eight libc targets; the rest is room for the unit tests'
+/// (before threads), read anywhere. Nine libc targets (with mprotect); the rest is room for the unit tests'
 /// stubs (the constructor patches libc in the test binary too).
-pub(super) const SITES: usize = 16;
+pub(super) const SITES: usize = 32;
 pub(super) static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 pub(super) static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 /// Our jump's bytes at the site, little-endian in the low five bytes (x86-64) or four (aarch64: one `B`).
