@@ -303,6 +303,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     let mut head = [0u8; ENDBR64.len() + MATCH_LEN];
     // SAFETY: the caller guarantees f has at least that many readable bytes.
     unsafe { std::ptr::copy_nonoverlapping(f, head.as_mut_ptr(), head.len()) };
+    unbreak(target.prologues, &mut head);
     // An entry another patcher already took (its constructor ran first): take it over
     // and chain to its hook.
     let foreign = match site_offset(target.prologues, &head) {
@@ -375,7 +376,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
             SITE_CODE[i].store(u64::from_le_bytes(word), Relaxed);
             SITE_NAME[i].store(target.name.as_ptr() as usize, Relaxed);
             SITE_ENDBR[i].store(skip, Relaxed);
-            record_kept(i, f as usize, skip + keep, foreign.is_none());
+            record_kept(i, &head[..skip + keep], foreign.is_none());
             SITE_CHAINED[i].store(foreign.unwrap_or(0), Release);
             break;
         }
@@ -383,14 +384,45 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     Ok(())
 }
 
-/// Site `i`'s kept bytes: the `len` bytes at `entry` as they are now; `own`: the function's
-/// own code (not another patcher's jump).
+/// Site `i`'s kept bytes, from the entry on, as the function has them (an `int3` already
+/// there taken back: `unbreak`); `own`: the function's own code (not another patcher's jump).
 #[cfg(target_arch = "x86_64")]
-fn record_kept(i: usize, entry: usize, len: usize, own: bool) {
+fn record_kept(i: usize, kept: &[u8], own: bool) {
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    let len = kept.len();
     SITE_KEEP[i].store(len - SITE_ENDBR[i].load(Relaxed), Relaxed);
-    SITE_KEPT[i][0].store(load8(entry) & low_bytes(len), Relaxed);
-    SITE_KEPT[i][1].store(if len > 8 { load8(entry + len - 8) } else { 0 }, Relaxed);
+    SITE_KEPT[i][0].store(word(&kept[..len.min(8)]), Relaxed);
+    SITE_KEPT[i][1].store(if len > 8 { word(&kept[len - 8..]) } else { 0 }, Relaxed);
     SITE_BREAK_OK[i].store(own, Relaxed);
+}
+
+/// A breakpoint already at the entry when we patch (a uprobe attached system-wide before
+/// this process started, a debugger's): an `int3` over the first byte of an `endbr64`, or of
+/// a first instruction that one of `prologues` keeps (we never write there, and whoever put
+/// the `int3` runs the file's instruction and writes its byte back), is read as the byte
+/// that prologue has there. Any other `int3` stays, and the start is not recognised.
+#[cfg(target_arch = "x86_64")]
+fn unbreak(prologues: &[Prologue], head: &mut [u8; ENDBR64.len() + MATCH_LEN]) {
+    if head[0] == 0xcc && head[1..4] == ENDBR64[1..] {
+        head[0] = ENDBR64[0];
+    }
+    let skip = if head[..4] == ENDBR64 { 4 } else { 0 };
+    if head[skip] != 0xcc {
+        return;
+    }
+    for p in prologues.iter().filter(|p| p.keep > 0) {
+        let mut code = [0u8; MATCH_LEN];
+        code.copy_from_slice(&head[skip..skip + MATCH_LEN]);
+        code[0] = p.bytes[0];
+        if matches(p, &code) {
+            head[skip] = p.bytes[0];
+            return;
+        }
+    }
 }
 
 /// A mask of the low `n` bytes of a word.

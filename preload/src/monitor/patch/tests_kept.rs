@@ -188,3 +188,48 @@ fn a_jump_over_the_kept_instruction_is_taken_back_at_the_entry() {
         "our first layout, back, taken for an overwrite"
     );
 }
+
+/// A breakpoint already over the entry's first byte when we patch (a uprobe attached before
+/// the process started): the stub is still recognised and patched after the kept
+/// instruction, the `int3` is no overwrite, and neither is the byte written back when the
+/// probe goes; another byte there is.
+#[test]
+fn a_breakpoint_already_at_the_entry_is_patched_past() {
+    let mut code = PADDED_MUNMAP;
+    code[16] = 0xcc;
+    let p = code_page(&code);
+    // SAFETY: inside our own code page.
+    let f = unsafe { p.add(16) };
+    let target = Target {
+        name: c"test_munmap_probed",
+        prologues: &MUNMAP_PAST_MOV,
+        hook: test_hook as *const () as usize,
+    };
+    let _writes = SITE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: our own function, padded before.
+    assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+    let site = f as usize + 5;
+    let i = site_index(site);
+    assert!(
+        site_intact(i, site),
+        "the breakpoint taken for an overwrite"
+    );
+    // SAFETY: our own code page, made writable: the probe goes, then another byte.
+    unsafe {
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        assert_eq!(libc::mprotect(p as *mut c_void, 4096, rwx), 0);
+        *f = 0xb8;
+        assert!(
+            site_intact(i, site),
+            "libc's byte written back, taken for an overwrite"
+        );
+        *f = 0xb9;
+        assert!(!site_intact(i, site), "another first byte, not noticed");
+        *f = 0xb8;
+    }
+    // SAFETY: the entry runs `mov eax, 11` and then jumps to test_hook (this prototype).
+    let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
+    let before = my_calls();
+    assert_eq!(call(std::ptr::null_mut(), 5), 0);
+    assert_eq!(my_calls(), before + 1);
+}
