@@ -5,8 +5,9 @@
 //! instruction, preempted between two instructions (it resumes at that boundary), or inside
 //! the system call (it returns to the instruction after `syscall`). So a patch may change
 //! only bytes of instructions that start where the patch starts: we replace exactly the
-//! first instruction (5 bytes or longer: `mov eax, NR` in the system call stubs) with a
-//! 5-byte `jmp rel32`, and leave every later byte, hence every later instruction boundary
+//! instruction at the site (the entry's first, or the one after the instructions the caller
+//! keeps: `patch::Prologue::keep`; 5 bytes or longer) with a 5-byte `jmp rel32`, and leave
+//! every later byte, hence every later instruction boundary
 //! and the return address of a thread in the kernel, as it was. The 5 bytes are written by
 //! one locked compare-and-swap of the aligned 8- or 16-byte block that holds them (unchanged
 //! bytes written back with their own values), so no core ever holds part of the old and
@@ -17,7 +18,7 @@
 //! returns to user space, so once it returns no thread can run the old instruction again,
 //! and the caller may rely on every later call reaching the hook.
 //!
-//! A first instruction shorter than the jump (2 to 4 bytes: `push r12`, `mov r10d, ecx`) is
+//! An instruction shorter than the jump (2 to 4 bytes: a stub's `syscall`, `push r12`) is
 //! replaced by a 2-byte `jmp rel8`, the same way, to a `jmp rel32` written first into the
 //! alignment padding just before the function (dead bytes the caller recognised). Where none
 //! of this applies (a block the write would straddle, no SYNC_CORE membarrier with other

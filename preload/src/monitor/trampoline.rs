@@ -58,52 +58,98 @@ const SLOT_HOOK_AT: usize = 8;
 /// (base 0). The slot itself is checked, not the page's base: a page whose first slot is in
 /// reach can have its later slots beyond it (review of i24: a later slot out of +-128 MiB
 /// would be written and jumped to by a `B` that cannot encode it).
+#[cfg(test)]
 fn page_for(site: usize, pages: &[(usize, usize)], slots_per_page: usize) -> Option<usize> {
+    page_for_n(site, pages, slots_per_page, 1)
+}
+
+/// `page_for` with room for `n` consecutive slots.
+fn page_for_n(
+    site: usize,
+    pages: &[(usize, usize)],
+    slots_per_page: usize,
+    n: usize,
+) -> Option<usize> {
     pages.iter().position(|&(base, used)| {
-        base == 0 || (used < slots_per_page && reaches(site, base + used * SLOT))
+        base == 0 || (used + n <= slots_per_page && reaches(site, base + used * SLOT))
     })
 }
 
-/// A trampoline to `hook` that our jump at `site` reaches (`jmp rel32` on x86-64, `B` on
-/// aarch64), written and executable.
-pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
+/// Trampolines that take back a kept instruction's effect first (`undo_then`): two slots
+/// each, with no hook address where `trampoline_hook` looks.
+const UNDOS: usize = 8;
+static UNDO_AT: [AtomicUsize; UNDOS] = [const { AtomicUsize::new(0) }; UNDOS];
+
+/// A trampoline that our jump at `site` reaches, which runs `undo` (at most 18 bytes: code
+/// that takes back what the instructions kept before the jump did to the stack) and then
+/// jumps to `hook` through its address (two slots).
+#[cfg(target_arch = "x86_64")]
+pub fn undo_then(site: usize, undo: &[u8], hook: usize) -> Option<usize> {
+    let mut code = [0xccu8; 2 * SLOT];
+    let n = undo.len();
+    if n + 14 > code.len() {
+        return None;
+    }
+    code[..n].copy_from_slice(undo);
+    code[n..n + 6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    code[n + 6..n + 14].copy_from_slice(&(hook as u64).to_le_bytes());
+    let slot = locked(|| take_slots(site, &code))?;
+    UNDO_AT
+        .iter()
+        .find(|u| u.compare_exchange(0, slot, Relaxed, Relaxed).is_ok())?;
+    Some(slot)
+}
+
+fn locked<T>(f: impl FnOnce() -> T) -> T {
     while TAKING
         .compare_exchange_weak(false, true, Acquire, Relaxed)
         .is_err()
     {
         std::hint::spin_loop();
     }
-    let slot = take_slot(site, hook);
+    let r = f();
     TAKING.store(false, Release);
-    slot
+    r
 }
 
-fn take_slot(site: usize, hook: usize) -> Option<usize> {
+/// A trampoline to `hook` that our jump at `site` reaches (`jmp rel32` on x86-64, `B` on
+/// aarch64), written and executable.
+pub fn trampoline(site: usize, hook: usize) -> Option<usize> {
+    locked(|| take_slots(site, &slot_code(hook)))
+}
+
+/// Consecutive slots within reach of `site`, holding `code` (whole slots).
+fn take_slots(site: usize, code: &[u8]) -> Option<usize> {
+    let n = code.len().div_ceil(SLOT);
     let pages: [(usize, usize); PAGES] =
         std::array::from_fn(|p| (PAGE_BASE[p].load(Relaxed), PAGE_USED[p].load(Relaxed)));
-    let page = page_for(site, &pages, page_size() / SLOT)?;
+    let page = page_for_n(site, &pages, page_size() / SLOT, n)?;
     if PAGE_BASE[page].load(Relaxed) == 0 {
         PAGE_BASE[page].store(map_near(site)?, Relaxed);
     }
     let base = PAGE_BASE[page].load(Relaxed);
     let slot = base + PAGE_USED[page].load(Relaxed) * SLOT;
-    let code = slot_code(hook);
     // Other slots of the page may be running: it stays executable while written.
     make_writable(base, page_size()).ok()?;
     // SAFETY: a slot of our own page, writable now, that no jump leads to yet.
-    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, SLOT) };
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, code.len()) };
     // Fetched by other cores only after the `B` that leads here is stored and synchronised.
     #[cfg(target_arch = "aarch64")]
-    crate::monitor::patch::aarch64::sync_icache(slot, SLOT);
+    crate::monitor::patch::aarch64::sync_icache(slot, code.len());
     // Refused: the page stays writable (said in one line); the slot is not used, and the
     // site is refused (`Far`), which fails that path closed.
     restore_executable(base, page_size()).ok()?;
-    PAGE_USED[page].fetch_add(1, Relaxed);
+    PAGE_USED[page].fetch_add(n, Relaxed);
     Some(slot)
 }
 
-/// The hook that `at`, if one of our trampolines, leads to.
+/// The hook that `at`, if one of our trampolines, leads to (None for one that runs code
+/// of its own first, `undo_then`).
 pub fn trampoline_hook(at: usize) -> Option<usize> {
+    let undo = |a: usize| UNDO_AT.iter().any(|u| u.load(Relaxed) == a);
+    if undo(at) || undo(at.wrapping_sub(SLOT)) {
+        return None;
+    }
     (0..PAGES).find_map(|p| {
         let base = PAGE_BASE[p].load(Relaxed);
         let used = PAGE_USED[p].load(Relaxed);

@@ -60,20 +60,23 @@ __attribute__((unused)) static struct ibv_mr *cycle(char *buf) {
     return mr;
 }
 
-/* Whether p starts with our jump: a `jmp rel32` (x86-64) or a `B` (aarch64). */
+/* Whether p starts with our jump: a `jmp rel32`, or a `jmp rel8` to one in the padding
+ * before the function (x86-64), or a `B` (aarch64). */
 __attribute__((unused)) static int is_our_jump(const unsigned char *p) {
 #if defined(__aarch64__)
     uint32_t insn;
     memcpy(&insn, p, 4);
     return (insn & 0xfc000000u) == 0x14000000u;
 #else
-    return p[0] == 0xe9;
+    return p[0] == 0xe9 || p[0] == 0xeb;
 #endif
 }
 
-/* Our jump at libc's munmap entry: on x86-64 a `jmp rel32` (after an endbr64, if any), on
- * aarch64 a `B` over the first instruction, to our hook or to a trampoline leading there;
- * *to: where it leads. NULL: munmap is not patched. */
+/* Our jump in libc's munmap: on x86-64 over the `syscall` after `mov eax, 11` (kept), a
+ * `jmp rel8` to a `jmp rel32` in the padding before the function (or, where no padding is
+ * known, a `jmp rel32` over the first instruction; after an endbr64, if any), on aarch64 a
+ * `B` over the first instruction, to our hook or to a trampoline leading there; *to: where
+ * it leads. NULL: munmap is not patched. */
 __attribute__((unused)) static unsigned char *our_jump(uintptr_t *to) {
     unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
 #if defined(__aarch64__)
@@ -84,13 +87,17 @@ __attribute__((unused)) static unsigned char *our_jump(uintptr_t *to) {
     *to = (uintptr_t)f + (intptr_t)words * 4;
     return f;
 #else
-    for (int at = 0; f && at <= 4; at += 4)
-        if (is_our_jump(f + at)) {
-            int32_t rel;
-            memcpy(&rel, f + at + 1, 4);
-            *to = (uintptr_t)(f + at + 5) + rel;
-            return f + at;
-        }
+    static const int sites[] = {0, 4, 5, 9};
+    for (unsigned k = 0; f && k < sizeof sites / sizeof *sites; k++) {
+        unsigned char *at = f + sites[k], *rel32 = at;
+        if (!is_our_jump(at)) continue;
+        if (at[0] == 0xeb) rel32 = at + 2 + (signed char)at[1];
+        if (rel32[0] != 0xe9) continue;
+        int32_t rel;
+        memcpy(&rel, rel32 + 1, 4);
+        *to = (uintptr_t)(rel32 + 5) + rel;
+        return at;
+    }
     return NULL;
 #endif
 }

@@ -33,8 +33,9 @@ static int fake_dereg(struct ibv_mr *mr) {
     return 0;
 }
 
-/* Our jump in libc's munmap: a `jmp rel32` (after an endbr64, if any) on x86-64, a `B`
- * over the first instruction on aarch64. */
+/* Our jump in libc's munmap: on x86-64 a `jmp rel8` over the `syscall` after `mov eax, 11`
+ * (or a `jmp rel32` over the first instruction; after an endbr64, if any), a `B` over the
+ * first instruction on aarch64. */
 static unsigned char *our_jump(void) {
     unsigned char *f = dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "munmap");
 #if defined(__aarch64__)
@@ -42,8 +43,9 @@ static unsigned char *our_jump(void) {
     if (f) memcpy(&insn, f, 4);
     return f && (insn & 0xfc000000u) == 0x14000000u ? f : NULL;
 #else
-    for (int at = 0; f && at <= 4; at += 4)
-        if (f[at] == 0xe9) return f + at;
+    static const int sites[] = {0, 4, 5, 9};
+    for (unsigned k = 0; f && k < sizeof sites / sizeof *sites; k++)
+        if (f[sites[k]] == 0xe9 || f[sites[k]] == 0xeb) return f + sites[k];
     return NULL;
 #endif
 }

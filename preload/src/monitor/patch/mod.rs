@@ -2,7 +2,8 @@
 //! `__mmap` from `free`, `malloc_trim`, arena shrinking (with `vm.overcommit_memory=2`, by
 //! `mmap(PROT_NONE, MAP_FIXED)`) and `sbrk`, past any symbol interposition. In glibc these
 //! internal entry points are the same code as the exported functions, so we overwrite the
-//! first instruction of each with a 5-byte jump to our hook, once, in the constructor, and
+//! instruction after the first of each (the first, where nothing else is known) with a jump
+//! to our hook, once, in the constructor, and
 //! never undo it (libfabric's crashes came from patching and un-patching while other
 //! threads ran the code). Other threads may already run them then (a library's constructor
 //! started them): `cross_modify` says how the jump is written so that none of them can
@@ -10,7 +11,9 @@
 //!
 //! Our hooks make the system call themselves and never return into libc's function, so the
 //! overwritten instruction needs no relocation, provided nothing branches into the bytes we
-//! overwrite. We only patch a function whose first bytes are a prologue we recognise byte
+//! overwrite. The first instruction stays where we can: a uprobe or a breakpoint there runs
+//! it elsewhere and resumes on our jump, and writes back only its own first byte
+//! (docs/design.md, "Breakpoints at a patched entry"). We only patch a function whose first bytes are a prologue we recognise byte
 //! for byte (each checked by disassembling that glibc: no branch lands inside them), after
 //! an optional `endbr64` that stays at the entry for CET's indirect branch tracking.
 //! Anything else is left alone; the self-test then reports that path as not covered.
@@ -205,3 +208,5 @@ impl PatchTarget {
 mod tests;
 #[cfg(all(test, target_arch = "aarch64"))]
 mod tests_aarch64;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_kept;

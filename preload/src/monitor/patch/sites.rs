@@ -9,6 +9,8 @@ use super::*;
 use crate::monitor::cross_modify::{self, JMP_LEN};
 use std::ffi::{CStr, c_void};
 #[cfg(target_arch = "x86_64")]
+use std::sync::atomic::AtomicBool;
+#[cfg(target_arch = "x86_64")]
 use std::sync::atomic::Ordering::Release;
 use std::sync::atomic::{
     AtomicU8, AtomicU64, AtomicUsize,
@@ -16,9 +18,9 @@ use std::sync::atomic::{
 };
 
 /// Jumps we wrote: (address of the jump, hook, its bytes), for `intact`. Written in the constructor
-/// (before threads), read anywhere. Eight libc targets; the rest is room for the unit tests'
+/// (before threads), read anywhere. Nine libc targets (with mprotect); the rest is room for the unit tests'
 /// stubs (the constructor patches libc in the test binary too).
-pub(super) const SITES: usize = 16;
+pub(super) const SITES: usize = 32;
 pub(super) static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 pub(super) static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 /// Our jump's bytes at the site, little-endian in the low five bytes (x86-64) or four (aarch64: one `B`).
@@ -27,6 +29,24 @@ pub(super) static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0)
 /// How many bytes of endbr64 we kept before the jump (checked too: a patcher may write its
 /// own short jump over them).
 pub(super) static SITE_ENDBR: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+/// How many bytes of the function's own instructions we kept after the endbr64 and before
+/// the jump (`Prologue::keep`), and every kept byte from the entry on (endbr64 included; the
+/// first eight, and the last eight where there are more), checked like the jump.
+pub(super) static SITE_KEEP: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
+#[cfg(target_arch = "x86_64")]
+pub(super) static SITE_KEPT: [[AtomicU64; 2]; SITES] =
+    [const { [const { AtomicU64::new(0) }; 2] }; SITES];
+/// Whether the kept bytes are the function's own, as in its file: then an `int3` over the
+/// first byte of a kept instruction is a breakpoint (a uprobe, a debugger) that runs that
+/// instruction elsewhere and resumes on our jump, not an overwrite.
+/// Our jump at the entry of site `i`, in front of its kept instructions, where another
+/// patcher's jump there was taken back (`adopt_overwritten`); 0: none. The bytes after it
+/// are never run then: the site is intact with it in place, or with the bytes we first
+/// wrote and kept back (the other patcher wrote back what it had found).
+#[cfg(target_arch = "x86_64")]
+pub(super) static SITE_ADOPTED: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
+#[cfg(target_arch = "x86_64")]
+pub(super) static SITE_BREAK_OK: [AtomicBool; SITES] = [const { AtomicBool::new(false) }; SITES];
 /// The hook another patcher (UCX's bistro, libfabric's memhooks) had put at the entry we
 /// took over: our hook calls it instead of issuing the system call, so both see the call.
 pub(super) static SITE_CHAINED: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
@@ -113,20 +133,26 @@ pub fn adopt_overwritten() -> bool {
         if at == 0 {
             break;
         }
-        let ours = SITE_CODE[i].load(Relaxed).to_le_bytes();
-        let ours: [u8; JMP_LEN] = std::array::from_fn(|k| ours[k]);
+        if site_intact(i, at) {
+            continue;
+        }
+        // Another patcher's jump at the entry: over our jump, or over the instructions we
+        // kept before it. A patcher that overwrote a kept endbr64 is not handled.
+        let entry = at - SITE_KEEP[i].load(Relaxed);
         let mut have = [0u8; MATCH_LEN];
         for (k, b) in have.iter_mut().enumerate() {
             // SAFETY: patched libc code, never unmapped; volatile: another thread writes.
-            *b = unsafe { std::ptr::read_volatile((at as *const u8).add(k)) };
+            *b = unsafe { std::ptr::read_volatile((entry as *const u8).add(k)) };
         }
-        if have[..JMP_LEN] == ours {
-            continue;
-        }
-        // Our jump's first bytes only: a patcher that overwrote kept endbr64 is not handled.
         let hook = SITE_HOOK[i].load(Relaxed);
-        match (foreign_target(at, &have), foreign_first_len(&have)) {
-            (Some(t), Some(len))
+        let ours = if entry == at {
+            let w = SITE_CODE[i].load(Relaxed).to_le_bytes();
+            Ok(std::array::from_fn(|k| w[k]))
+        } else {
+            jump_to(entry, hook)
+        };
+        match (foreign_target(entry, &have), foreign_first_len(&have), ours) {
+            (Some(t), Some(len), Ok(ours))
                 if SITE_ENDBR[i].load(Relaxed) == 0
                     && t != hook
                     && crate::monitor::trampoline::trampoline_hook(t) != Some(hook) =>
@@ -136,10 +162,17 @@ pub fn adopt_overwritten() -> bool {
                 let old = std::array::from_fn(|k| have[k]);
                 // SAFETY: our own patch site in libc's code; the other patcher's first
                 // instruction is replaced by our jump, whose hook now calls its target.
-                let began = watch_begin(at, JMP_LEN);
-                all &= unsafe { cross_modify::replace_entry(at as *mut u8, old, ours, len, None) }
-                    .is_ok();
+                let began = watch_begin(entry, at + JMP_LEN - entry);
+                let done =
+                    unsafe { cross_modify::replace_entry(entry as *mut u8, old, ours, len, None) }
+                        .is_ok();
                 watch_end(began);
+                all &= done;
+                if done && entry != at {
+                    let mut word = [0u8; 8];
+                    word[..JMP_LEN].copy_from_slice(&ours);
+                    SITE_ADOPTED[i].store(u64::from_le_bytes(word), Relaxed);
+                }
             }
             _ => all = false,
         }
@@ -242,7 +275,7 @@ pub fn libc_entry_instead(target: PatchTarget, found: usize) -> Option<usize> {
         .find(|&i| HOOK_AT[i].load(Relaxed) == found && named(&HOOK_NAME[i]))?;
     let (i, at) = site_of(target)?;
     (SITE_CHAINED[i].load(Acquire) != 0 || site_intact(i, at))
-        .then(|| at - SITE_ENDBR[i].load(Relaxed))
+        .then(|| at - SITE_ENDBR[i].load(Relaxed) - SITE_KEEP[i].load(Relaxed))
 }
 
 /// Why each target of `install` was not patched (a `PatchError` code, 0 = patched).
@@ -270,6 +303,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     let mut head = [0u8; ENDBR64.len() + MATCH_LEN];
     // SAFETY: the caller guarantees f has at least that many readable bytes.
     unsafe { std::ptr::copy_nonoverlapping(f, head.as_mut_ptr(), head.len()) };
+    unbreak(target.prologues, &mut head);
     // An entry another patcher already took (its constructor ran first): take it over
     // and chain to its hook.
     let foreign = match site_offset(target.prologues, &head) {
@@ -287,21 +321,31 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     if let Some(t) = foreign {
         crate::monitor::dl::pin_object_of(t);
     }
-    let (skip, first, pad) = match known_start(target.prologues, &head) {
-        Some((skip, p)) => (skip, p.first as usize, p.pad),
+    let (skip, keep, first, pad, undo) = match usable_start(target.prologues, &head, f as usize) {
+        Some((skip, p)) => (skip, p.keep as usize, p.replaced as usize, p.pad, p.undo),
+        // Known bytes, but not the padding a short replaced instruction needs.
+        None if foreign.is_none() => return Err(PatchError::Busy),
         None => (
             0,
+            0,
             foreign_first_len(&head).ok_or(PatchError::Unexpected)?,
+            &[][..],
             &[][..],
         ),
     };
     // SAFETY: inside the function (checked above).
-    let site = unsafe { f.add(skip) };
-    let old: [u8; JMP_LEN] = std::array::from_fn(|k| head[skip + k]);
-    let (code, pad_jump) = if first >= JMP_LEN {
-        (jump_to(site as usize, target.hook)?, None)
+    let site = unsafe { f.add(skip + keep) };
+    let old: [u8; JMP_LEN] = std::array::from_fn(|k| head[skip + keep + k]);
+    let hook = if undo.is_empty() {
+        target.hook
     } else {
-        // A `jmp rel8` over the short first instruction, to a `jmp rel32` in the padding.
+        crate::monitor::trampoline::undo_then(site as usize, undo, target.hook)
+            .ok_or(PatchError::Far)?
+    };
+    let (code, pad_jump) = if first >= JMP_LEN {
+        (jump_to(site as usize, hook)?, None)
+    } else {
+        // A `jmp rel8` over the short replaced instruction, to a `jmp rel32` in the padding.
         let at = (f as usize).wrapping_sub(JMP_LEN);
         if pad.len() < JMP_LEN || !padding_ends_at(f as usize, pad) {
             return Err(PatchError::Busy);
@@ -309,15 +353,15 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         let short = cross_modify::jmp_rel8(site as usize, at).ok_or(PatchError::Busy)?;
         let mut code = old;
         code[..2].copy_from_slice(&short);
-        (code, Some((at, jump_to(at, target.hook)?)))
+        (code, Some((at, jump_to(at, hook)?)))
     };
     // Watched from before the write (a `try_clean` racing it must fail).
     let lo = (f as usize).saturating_sub(JMP_LEN);
     widen(LIBC_SPAN, lo, site as usize + JMP_LEN);
     let began = watch_begin(lo, site as usize + JMP_LEN - lo);
-    // SAFETY: the entry of a function whose first instruction is `first` bytes long (only
-    // its bytes change); the jump leads to its hook, which replaces it; the padding before
-    // the function is dead code.
+    // SAFETY: the function's instruction at `site` is `first` bytes long (only its bytes
+    // change); the jump leads to its hook (after `undo`), which replaces the rest of the
+    // function; the padding before the function is dead code.
     let written = unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) };
     watch_end(began);
     if let Err(e) = written
@@ -336,11 +380,88 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
             SITE_CODE[i].store(u64::from_le_bytes(word), Relaxed);
             SITE_NAME[i].store(target.name.as_ptr() as usize, Relaxed);
             SITE_ENDBR[i].store(skip, Relaxed);
+            record_kept(i, &head[..skip + keep], foreign.is_none());
             SITE_CHAINED[i].store(foreign.unwrap_or(0), Release);
             break;
         }
     }
     written
+}
+
+/// Site `i`'s kept bytes, from the entry on, as the function has them (an `int3` already
+/// there taken back: `unbreak`); `own`: the function's own code (not another patcher's jump).
+#[cfg(target_arch = "x86_64")]
+fn record_kept(i: usize, kept: &[u8], own: bool) {
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    let len = kept.len();
+    SITE_KEEP[i].store(len - SITE_ENDBR[i].load(Relaxed), Relaxed);
+    SITE_KEPT[i][0].store(word(&kept[..len.min(8)]), Relaxed);
+    SITE_KEPT[i][1].store(if len > 8 { word(&kept[len - 8..]) } else { 0 }, Relaxed);
+    SITE_BREAK_OK[i].store(own, Relaxed);
+}
+
+/// A breakpoint already at the entry when we patch (a uprobe attached system-wide before
+/// this process started, a debugger's): an `int3` over the first byte of an `endbr64`, or of
+/// a first instruction that one of `prologues` keeps (we never write there, and whoever put
+/// the `int3` runs the file's instruction and writes its byte back), is read as the byte
+/// that prologue has there. Any other `int3` stays, and the start is not recognised.
+#[cfg(target_arch = "x86_64")]
+fn unbreak(prologues: &[Prologue], head: &mut [u8; ENDBR64.len() + MATCH_LEN]) {
+    if head[0] == 0xcc && head[1..4] == ENDBR64[1..] {
+        head[0] = ENDBR64[0];
+    }
+    let skip = if head[..4] == ENDBR64 { 4 } else { 0 };
+    if head[skip] != 0xcc {
+        return;
+    }
+    for p in prologues.iter().filter(|p| p.keep > 0) {
+        let mut code = [0u8; MATCH_LEN];
+        code.copy_from_slice(&head[skip..skip + MATCH_LEN]);
+        code[0] = p.bytes[0];
+        if matches(p, &code) {
+            head[skip] = p.bytes[0];
+            return;
+        }
+    }
+}
+
+/// A mask of the low `n` bytes of a word.
+#[cfg(target_arch = "x86_64")]
+fn low_bytes(n: usize) -> u64 {
+    if n >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * n)) - 1
+    }
+}
+
+/// Whether the bytes kept before site `i`'s jump at `at` are as recorded, but for an `int3`
+/// over the first byte of a kept instruction of the function's own (`SITE_BREAK_OK`): a
+/// breakpoint, which runs that instruction elsewhere and resumes on our jump.
+#[cfg(target_arch = "x86_64")]
+fn kept_intact(i: usize, at: usize) -> bool {
+    let endbr = SITE_ENDBR[i].load(Relaxed);
+    let len = endbr + SITE_KEEP[i].load(Relaxed);
+    if len == 0 {
+        return true;
+    }
+    let entry = at - len;
+    let want = SITE_KEPT[i][0].load(Relaxed);
+    let mut have = load8(entry) & low_bytes(len);
+    if have != want && SITE_BREAK_OK[i].load(Relaxed) {
+        // The instructions kept start at the entry and after an endbr64.
+        for start in [0, endbr] {
+            let shift = 8 * start as u32;
+            if start < len.min(8) && (have >> shift) & 0xff == 0xcc {
+                have = have & !(0xff << shift) | want & (0xff << shift);
+            }
+        }
+    }
+    have == want && (len <= 8 || load8(entry + len - 8) == SITE_KEPT[i][1].load(Relaxed))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -443,14 +564,15 @@ pub(super) fn load8(at: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
-/// Whether site `i` (patched at `at`) still holds our jump, and the endbr64 kept before
-/// it. Two loads: the jump (with the three bytes after it, masked off) and the endbr64.
+/// Whether site `i` (patched at `at`) still holds our jump, and the bytes kept before it
+/// (`kept_intact`). Two or three loads: the jump (with the three bytes after it, masked
+/// off) and the kept bytes.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn site_intact(i: usize, at: usize) -> bool {
     const MASK: u64 = (1 << (8 * JMP_LEN)) - 1;
-    let endbr_kept = SITE_ENDBR[i].load(Relaxed) == ENDBR64.len();
-    load8(at) & MASK == SITE_CODE[i].load(Relaxed)
-        && (!endbr_kept || load8(at - 4) as u32 == u32::from_le_bytes(ENDBR64))
+    let adopted = SITE_ADOPTED[i].load(Relaxed);
+    (load8(at) & MASK == SITE_CODE[i].load(Relaxed) && kept_intact(i, at))
+        || (adopted != 0 && load8(at - SITE_KEEP[i].load(Relaxed)) & MASK == adopted)
 }
 
 /// Whether site `i` (patched at `at`) still holds our `B` (one 32-bit word; nothing is kept

@@ -6,27 +6,27 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
-static CALLS: AtomicUsize = AtomicUsize::new(0);
+pub(super) static CALLS: AtomicUsize = AtomicUsize::new(0);
 /// Held by tests that change a patched site: the others read every site at once.
-static SITE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(super) static SITE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 thread_local! {
     /// This thread's calls of `test_hook` and the last length it passed: a test that makes
     /// one call counts its own, while other tests' threads call `test_hook` in rounds.
-    static MY_CALLS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+    pub(super) static MY_CALLS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
 }
 
-extern "C" fn test_hook(_addr: *mut c_void, len: usize) -> c_int {
+pub(super) extern "C" fn test_hook(_addr: *mut c_void, len: usize) -> c_int {
     CALLS.fetch_add(1, Relaxed);
     MY_CALLS.with(|c| c.set((c.get().0 + 1, len)));
     0
 }
 
-fn my_calls() -> usize {
+pub(super) fn my_calls() -> usize {
     MY_CALLS.with(|c| c.get().0)
 }
 
 /// A function in executable memory made of `code` (padded with `int3`).
-fn code_page(code: &[u8]) -> *mut u8 {
+pub(super) fn code_page(code: &[u8]) -> *mut u8 {
     // SAFETY: a fresh anonymous mapping, written, then made read+execute.
     unsafe {
         let p = libc::mmap(
@@ -108,6 +108,9 @@ fn overwriting_only_the_kept_endbr64_is_noticed() {
         Some(c"test_cet_munmap_2"),
         "entry overwritten, not noticed"
     );
+    // Put back: `adopt_overwritten` in other tests looks at every site.
+    // SAFETY: our own code page, still writable.
+    unsafe { std::ptr::copy_nonoverlapping(ENDBR64.as_ptr(), f, 4) };
 }
 
 /// Every byte of our jump and of the endbr64 kept before it is checked: any one of them
@@ -234,9 +237,9 @@ fn sbrk_prologues_match_glibc_236_and_241() {
     assert_eq!(site_offset(PatchTarget::Shmdt.prologues(), &shmat), None);
 }
 
-static FOREIGN_CALLS: AtomicUsize = AtomicUsize::new(0);
+pub(super) static FOREIGN_CALLS: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn foreign_hook(_addr: *mut c_void, _len: usize) -> c_int {
+pub(super) extern "C" fn foreign_hook(_addr: *mut c_void, _len: usize) -> c_int {
     FOREIGN_CALLS.fetch_add(1, Relaxed);
     0
 }
@@ -436,8 +439,10 @@ static SHORT: [Prologue; 1] = [Prologue {
         0x41, 0x54, 0xb8, 0x27, 0, 0, 0, 0x0f, 0x05, 0x41, 0x5c, 0xc3, 0xcc, 0xcc,
     ],
     any: 0,
-    first: 2,
+    keep: 0,
+    replaced: 2,
     pad: &NOP10,
+    undo: &[],
 }];
 
 #[test]

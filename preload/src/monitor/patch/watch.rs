@@ -92,7 +92,7 @@ pub static MPROTECT_PATCHED: std::sync::atomic::AtomicBool =
 
 /// glibc's mprotect (2.36 and 2.41): `mov eax, 10; syscall; cmp rax, -4095; jae`.
 #[cfg(target_arch = "x86_64")]
-pub static MPROTECT: [Prologue; 1] = [syscall_stub(0x0a)];
+pub static MPROTECT: [Prologue; STUB_FORMS] = stub_past_mov(syscall_stub(0x0a));
 
 /// glibc 2.41's arm64 mprotect: `bti c; mov x8, #226; svc #0; cmn x0, #0xfff; b.cs +8; ret`
 /// (llvm-objdump of Debian 13's libc6:arm64 2.41-12; 2.36's is not recorded here, so on

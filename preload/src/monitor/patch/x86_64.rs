@@ -5,23 +5,40 @@ use super::*;
 use crate::monitor::cross_modify::{self, JMP_LEN};
 
 /// A recognised function start: `bytes`, where positions in `any` (a bit mask) are
-/// displacements that may differ between builds. `first`: the length of its first
-/// instruction, the only one our jump may replace (threads may stand at any later
-/// boundary). One shorter than `JMP_LEN` is replaced by a `jmp rel8` to a `jmp rel32` in
-/// `pad`: the alignment padding that ends at the function's entry in that glibc (checked by
-/// disassembly: it follows a `ret` or a call that does not return, and nothing branches into
-/// it); empty where the first instruction is long enough.
+/// displacements that may differ between builds. `keep`: the length of the instruction(s)
+/// at the start (after an endbr64) that stay as they are: our jump replaces the instruction
+/// after them, `replaced` bytes long, the only one it may change (threads may stand at any
+/// later boundary). A uprobe or a debugger's breakpoint puts an `int3` over the entry's
+/// first byte, runs the file's first instruction elsewhere and resumes after it, on our
+/// jump; removed, it writes that byte back, which we never changed (docs/design.md,
+/// "Breakpoints at a patched entry"). `keep` 0: the first instruction itself is replaced
+/// (a start where nothing after it is known to be replaceable). `undo`: code run before the
+/// hook that takes back what the kept instructions did to the stack (`pop r12` after
+/// `push r12`). A replaced instruction shorter than `JMP_LEN` becomes a `jmp rel8` to a
+/// `jmp rel32` in `pad`: alignment padding that ends at the function's entry in that glibc
+/// (checked by disassembly: it follows a `ret`, a `jmp` or a call that does not return, and
+/// nothing branches into it); empty where the replaced instruction is long enough.
+#[derive(Clone, Copy)]
 pub struct Prologue {
     pub bytes: [u8; MATCH_LEN],
     pub any: u16,
-    pub first: u8,
+    pub keep: u8,
+    pub replaced: u8,
     pub pad: &'static [u8],
+    pub undo: &'static [u8],
 }
 
 /// GNU as's 10-byte `nopw cs:[rax+rax*1+0]`, and the 6-byte `nopw [rax+rax*1+0]`.
 pub(super) const NOP10: [u8; 10] = [0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0];
 const NOP6: [u8; 6] = [0x66, 0x0f, 0x1f, 0x44, 0, 0];
 const NOP10_NOP2: [u8; 12] = [0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x66, 0x90];
+/// The 9-byte `nopw [rax+rax*1+0]` (disp32) and the 5-byte `nopl [rax+rax*1+0]`.
+const NOP9: [u8; 9] = [0x66, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0];
+const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0, 0];
+/// The paddings that end at glibc 2.36's system call stubs (`objdump -d` of Debian 12's
+/// libc.so.6): munmap and shmdt NOP10_NOP2 after a `ret`, madvise NOP5 after a `jmp`,
+/// mprotect NOP10 and NOP5 after a `ret`, shmat NOP6 after a `ret`, brk NOP9 after a `ret`.
+const STUB_PADS: [&[u8]; 5] = [&NOP10_NOP2, &NOP10, &NOP9, &NOP6, &NOP5];
 
 /// How many bytes of a function start are compared with a `Prologue`, and read of another
 /// patcher's jump.
@@ -68,6 +85,50 @@ pub fn site_offset(
     known_start(prologues, code).map(|(skip, _)| skip)
 }
 
+/// The first of `prologues` that the function at `f`, starting with `code`, can be patched
+/// by: its bytes match, and the padding a short replaced instruction needs is there.
+pub(super) fn usable_start<'p>(
+    prologues: &'p [Prologue],
+    code: &[u8; ENDBR64.len() + MATCH_LEN],
+    f: usize,
+) -> Option<(usize, &'p Prologue)> {
+    let skip = if code[..4] == ENDBR64 { 4 } else { 0 };
+    prologues
+        .iter()
+        .find(|p| {
+            matches(p, &code[skip..skip + MATCH_LEN])
+                && (p.replaced as usize >= JMP_LEN || super::sites::padding_ends_at(f, p.pad))
+        })
+        .map(|p| (skip, p))
+}
+
+/// How many forms `stub_past_mov` gives a stub.
+pub const STUB_FORMS: usize = STUB_PADS.len() + 1;
+
+/// A system call stub patched after its `mov eax, NR` (kept): its `syscall` becomes a
+/// `jmp rel8` to a `jmp rel32` in the padding `pad` before the function.
+const fn past_mov(p: Prologue, pad: &'static [u8]) -> Prologue {
+    Prologue {
+        keep: 5,
+        replaced: 2,
+        pad,
+        ..p
+    }
+}
+
+/// `p` (a system call stub whose first instruction is replaced) patched after its first
+/// instruction where one of the paddings of glibc 2.36's stubs precedes it, else as `p`.
+pub const fn stub_past_mov(p: Prologue) -> [Prologue; STUB_FORMS] {
+    [
+        past_mov(p, STUB_PADS[0]),
+        past_mov(p, STUB_PADS[1]),
+        past_mov(p, STUB_PADS[2]),
+        past_mov(p, STUB_PADS[3]),
+        past_mov(p, STUB_PADS[4]),
+        p,
+    ]
+}
+
 /// The prologue of a glibc system call stub returning an int (`munmap`, `madvise`):
 /// `mov eax, NR; syscall; cmp rax, -4095; jae` (glibc 2.36 and 2.41).
 pub const fn syscall_stub(nr: u8) -> Prologue {
@@ -76,8 +137,10 @@ pub const fn syscall_stub(nr: u8) -> Prologue {
             0xb8, nr, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73,
         ],
         any: 0,
-        first: 5,
+        keep: 0,
+        replaced: 5,
         pad: &[],
+        undo: &[],
     }
 }
 
@@ -87,20 +150,25 @@ pub const BRK: Prologue = Prologue {
         0xb8, 0x0c, 0, 0, 0, 0x0f, 0x05, 0x48, 0x8b, 0x15, 0, 0, 0, 0,
     ],
     any: 0b11_1100_0000_0000,
-    first: 5,
+    keep: 0,
+    replaced: 5,
     pad: &[],
+    undo: &[],
 };
 
 /// glibc's `mmap`, which checks the offset's alignment before the system call.
 pub const MMAP: [Prologue; 2] = [
-    // 2.36: mov r10d, ecx; test r9d, 0xfff; jne +0x14; mov eax, 9 (first 2 bytes)
+    // 2.36: mov r10d, ecx (kept: it only copies the fourth argument); test r9d, 0xfff
+    // (replaced); jne +0x14; mov eax, 9 (first 2 bytes)
     Prologue {
         bytes: [
             0x41, 0x89, 0xca, 0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x14, 0xb8, 0x09,
         ],
         any: 0,
-        first: 3,
-        pad: &NOP10,
+        keep: 3,
+        replaced: 7,
+        pad: &[],
+        undo: &[],
     },
     // 2.41: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx; mov rbx, rdi (2 of 3)
     Prologue {
@@ -108,27 +176,31 @@ pub const MMAP: [Prologue; 2] = [
             0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48,
         ],
         any: 0,
-        first: 7,
+        keep: 0,
+        replaced: 7,
         pad: &[],
+        undo: &[],
     },
 ];
 
-static MUNMAP_STUB: [Prologue; 1] = [syscall_stub(0x0b)];
-static MADVISE_STUB: [Prologue; 1] = [syscall_stub(0x1c)];
-static BRK_STUB: [Prologue; 1] = [BRK];
-/// glibc 2.36's mremap: `sub rsp, 0x58; mov [rsp+0x40], r8; mov rax, fs:[0x28]` (the stack
-/// protector; the jump ends inside that load, which nothing branches into).
+static MUNMAP_STUB: [Prologue; STUB_FORMS] = stub_past_mov(syscall_stub(0x0b));
+static MADVISE_STUB: [Prologue; STUB_FORMS] = stub_past_mov(syscall_stub(0x1c));
+static BRK_STUB: [Prologue; STUB_FORMS] = stub_past_mov(BRK);
+/// glibc 2.36's mremap: `sub rsp, 0x58` (kept, taken back by `add rsp, 0x58` before the
+/// hook); `mov [rsp+0x40], r8` (replaced: exactly the jump's length); `mov rax, fs:[0x28]`.
 static MREMAP_START: [Prologue; 1] = [Prologue {
     bytes: [
         0x48, 0x83, 0xec, 0x58, 0x4c, 0x89, 0x44, 0x24, 0x40, 0x64, 0x48, 0x8b, 0x04, 0x25,
     ],
     any: 0,
-    first: 4,
-    pad: &NOP6,
+    keep: 4,
+    replaced: 5,
+    pad: &[],
+    undo: &[0x48, 0x83, 0xc4, 0x58],
 }];
 /// glibc's shmdt: `mov eax, 67; syscall; cmp rax, -4096; ja` (a pointer-returning stub).
-static SHMDT_STUB: [Prologue; 1] = [pointer_stub(0x43)];
-static SHMAT_STUB: [Prologue; 1] = [pointer_stub(0x1e)];
+static SHMDT_STUB: [Prologue; STUB_FORMS] = stub_past_mov(pointer_stub(0x43));
+static SHMAT_STUB: [Prologue; STUB_FORMS] = stub_past_mov(pointer_stub(0x1e));
 
 /// A system call stub returning a pointer (`shmat`, `shmdt`): `mov eax, NR; syscall;
 /// cmp rax, -4096; ja` (glibc 2.36 and 2.41).
@@ -138,22 +210,26 @@ const fn pointer_stub(nr: u8) -> Prologue {
             0xb8, nr, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x00, 0xf0, 0xff, 0xff, 0x77,
         ],
         any: 0,
-        first: 5,
+        keep: 0,
+        replaced: 5,
         pad: &[],
+        undo: &[],
     }
 }
 
 /// glibc's sbrk, an ordinary function (checked: no branch in it lands inside these bytes).
 static SBRK_START: [Prologue; 2] = [
-    // 2.36: push r12; mov r12, [rip + __curbrk@GOT]; cmp byte [rip + __libc_initial], 0
-    // (the jump ends inside that compare)
+    // 2.36: push r12 (kept, taken back by `pop r12` before the hook); mov r12,
+    // [rip + __curbrk@GOT] (replaced); cmp byte [rip + __libc_initial], 0
     Prologue {
         bytes: [
             0x41, 0x54, 0x4c, 0x8b, 0x25, 0, 0, 0, 0, 0x80, 0x3d, 0, 0, 0,
         ],
         any: 0b11_1001_1110_0000,
-        first: 2,
-        pad: &NOP10_NOP2,
+        keep: 2,
+        replaced: 7,
+        pad: &[],
+        undo: &[0x41, 0x5c],
     },
     // 2.41: cmp byte [rip + __libc_initial], 0; push r12; push rbp; push rbx; mov rbx, rdi
     Prologue {
@@ -161,8 +237,10 @@ static SBRK_START: [Prologue; 2] = [
             0x80, 0x3d, 0, 0, 0, 0, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb,
         ],
         any: 0b00_0000_0011_1100,
-        first: 7,
+        keep: 0,
+        replaced: 7,
         pad: &[],
+        undo: &[],
     },
 ];
 
