@@ -26,11 +26,13 @@
 //! "aarch64 patching"); every other architecture fails closed (nothing is patched).
 //!
 //! Here: the targets and why one was refused; `x86_64` and `aarch64` (the prologues each
-//! recognises), `sites` (our jumps: writing them, what each holds now, chaining), `watch`
-//! (the one word a hit reads instead of every site).
+//! recognises), `sites` (our jumps: writing them, what each holds now, chaining),
+//! `own_hooks` (our exported hooks' first bytes), `watch` (the one word a hit reads instead
+//! of every site).
 
 #[cfg(any(target_arch = "aarch64", test))]
 pub(crate) mod aarch64;
+mod own_hooks;
 mod sites;
 #[cfg(target_arch = "aarch64")]
 mod sites_aarch64;
@@ -46,6 +48,7 @@ mod x86_64;
 
 #[cfg(target_arch = "aarch64")]
 pub use aarch64::Prologue;
+pub use own_hooks::*;
 pub use sites::*;
 #[cfg(target_arch = "aarch64")]
 pub use sites_aarch64::{adopt_overwritten, patch_at};
