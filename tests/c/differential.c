@@ -1381,6 +1381,18 @@ static void tail(const char *path, int lines) {
     free(t);
 }
 
+/* Keep a log in the current directory: differential-SEED-NAME.log. */
+static void save(const char *seed, const char *name, const struct log *l) {
+    char path[256];
+    snprintf(path, sizeof path, "differential-%s-%s.log", seed, name);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return;
+    for (int i = 0; i < l->n; i++)
+        fprintf(f, "%s\n", l->lines[i]);
+    fclose(f);
+}
+
 static int compare(int argc, char **argv, int n, const char *ops, const char *confs,
                    int timeout_s) {
     const struct config *sel[NCONF];
@@ -1451,6 +1463,10 @@ static int compare(int argc, char **argv, int n, const char *ops, const char *co
                 printf("  %-17s  %s\n", sel[k]->name, ib < other.n ? other.lines[ib] : "(end)");
                 printf("  reproduce: differential compare --configs=%s %s %s %s\n", sel[k]->name,
                        nb, ob, seed);
+                save(seed, "alone", &plain);
+                save(seed, sel[k]->name, &other);
+                printf("  both logs: differential-%s-alone.log, differential-%s-%s.log\n", seed,
+                       seed, sel[k]->name);
                 tail(other.err, 8);
             }
             unlink(other.err);
