@@ -19,7 +19,7 @@
  * live registration again, while its memory is untouched), late (an RDMA op with a dead
  * key), fork and _fork (a child registering an inherited buffer), mprotect (PROT_READ,
  * PROT_NONE, back to read-write), memlock (RLIMIT_MEMLOCK; with it in LIST the run drops
- * CAP_IPC_LOCK and starts at a 16 MiB limit).
+ * CAP_IPC_LOCK and starts at a 4 MiB limit).
  *
  * Every registration is proven through its keys over a loopback RC QP on the same device:
  * L the lkey as the source of an RDMA WRITE (the NIC reads the region), W the lkey as the
@@ -822,7 +822,7 @@ static void op_mprotect(void) {
 }
 
 static void op_memlock(void) {
-    static const size_t mib[] = {4, 6, 8, 12, 32};
+    static const size_t mib[] = {1, 2, 3, 4, 8};
     size_t l = mib[rn(5)] * MiB;
     begin("memlock");
     add(" %zuMiB", l / MiB);
@@ -1143,7 +1143,7 @@ static void low_memlock(char **argv) {
     data[0].permitted &= ~(1u << CAP_IPC_LOCK);
     data[0].inheritable &= ~(1u << CAP_IPC_LOCK);
     CHECK(syscall(SYS_capset, &hdr, data) == 0, "capset: %s", strerror(errno));
-    struct rlimit rl = {16 * MiB, 16 * MiB};
+    struct rlimit rl = {4 * MiB, 4 * MiB};
     CHECK(setrlimit(RLIMIT_MEMLOCK, &rl) == 0, "setrlimit: %s", strerror(errno));
     setenv("DIFFERENTIAL_MEMLOCK_SET", "1", 1);
     execv("/proc/self/exe", argv);
