@@ -67,7 +67,7 @@ pub fn disarm() {
 #[inline]
 fn open() -> Option<(&'static Cache<Provider>, bool)> {
     let g = GATE.load(Acquire);
-    if g & ARMED == 0 || guard::nested() {
+    if g & ARMED == 0 || guard::nested() || crate::runtime::drain::cycle_due() {
         return None;
     }
     Some((armed_in(g)?, g & CHECK_PATCHES != 0))
