@@ -133,6 +133,15 @@ fn prepare_handler_lock_held_across_registration() {
     passes("fork_lock", "lock", &["50"], &[]);
 }
 
+/// fork() in a SIGALRM handler (300 us after the last handler returned) while the main
+/// thread maps, registers (a miss), registers again (a hit), deregisters and unmaps, 20,000
+/// rounds (about 700 forks): no fork waits for the cache lock the interrupted frame holds
+/// (tests/c/guest/fork_in_signal_handler.c).
+#[test]
+fn fork_in_a_signal_handler_that_interrupted_a_registration() {
+    passes("fork_in_signal_handler", "storm", &["20000"], &[]);
+}
+
 /// `_Fork()` in a program that starts no threads, 4,000 times while cached entries die and
 /// are deregistered: it stays single-threaded (no thread of ours), each child's calloc
 /// returns, and every dead entry is deregistered by the next call
