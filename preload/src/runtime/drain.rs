@@ -77,7 +77,11 @@ pub fn cycle_here() {
     let now = coarse_ns();
     if now >= NEXT_CYCLE.load(Relaxed) {
         NEXT_CYCLE.store(now + CYCLE_NS, Relaxed);
+        // The app's errno is the registration's to set, not the cycle's (an ioctl the
+        // kernel does not know leaves ENOTTY).
+        let saved = crate::sys::errno();
         cycle();
+        crate::sys::set_errno(saved);
     }
 }
 
