@@ -3,7 +3,8 @@
 //! tests with a fake verbs provider (tests/c/guest/fork_fake.h) and, behind libmrcache.so,
 //! a stand-in for libibverbs (tests/c/guest/fork_shim.c: passthrough reg/dereg, and
 //! ibv_dontfork_range / ibv_dofork_range that record what they are given). Every program
-//! bounds itself with alarm() (parent and child), and runs under `timeout -s KILL 30`.
+//! bounds itself (alarm() in parent and child, or a timer where SIGALRM is the program's),
+//! and runs under `timeout -s KILL` (30 s unless said).
 
 mod common;
 
@@ -32,16 +33,28 @@ fn ending(out: &Output) -> Option<String> {
         (Some(1), _) => Some("broken".into()),
         (Some(3), _) => Some("set-up failed".into()),
         (_, Some(libc::SIGALRM)) => Some("hung (killed by its own alarm)".into()),
-        (_, Some(libc::SIGKILL)) => Some("hung (killed by the 30 s timeout)".into()),
+        (_, Some(libc::SIGVTALRM)) => Some("hung (killed by its own bound)".into()),
+        (_, Some(libc::SIGKILL)) => Some("hung (killed by the timeout)".into()),
         _ => Some(format!("failed ({st})")),
     }
 }
 
 /// Runs `prog args` preloaded (libmrcache.so, then the shim) with `env`, killed after 30 s.
 fn run(prog: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<String>, String) {
+    run_for(30, prog, name, args, env)
+}
+
+/// `run`, killed after `limit` seconds.
+fn run_for(
+    limit: u32,
+    prog: &str,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<String>, String) {
     let (shim, prog) = programs(prog, name);
     let out = Command::new("timeout")
-        .args(["-s", "KILL", "30"])
+        .args(["-s", "KILL", &limit.to_string()])
         .arg(&prog)
         .args(args)
         .env("LD_PRELOAD", common::preload_with(&shim))
@@ -118,6 +131,34 @@ fn shadow_released_in_child_handler() {
 #[test]
 fn prepare_handler_lock_held_across_registration() {
     passes("fork_lock", "lock", &["50"], &[]);
+}
+
+/// fork() in a SIGALRM handler (300 us after the last handler returned) while the main
+/// thread maps, registers (a miss), registers again (a hit), deregisters and unmaps, 20,000
+/// rounds (about 700 forks): no fork waits for the cache lock the interrupted frame holds
+/// (tests/c/guest/fork_in_signal_handler.c).
+#[test]
+fn fork_in_a_signal_handler_that_interrupted_a_registration() {
+    passes("fork_in_signal_handler", "storm", &["20000"], &[]);
+}
+
+/// `_Fork()` in a program that starts no threads, 4,000 times while cached entries die and
+/// are deregistered: it stays single-threaded (no thread of ours), each child's calloc
+/// returns, and every dead entry is deregistered by the next call
+/// (tests/c/guest/underscore_fork_single_thread.c).
+#[test]
+fn underscore_fork_children_of_a_single_threaded_program_may_malloc() {
+    let (why, out) = run_for(
+        150,
+        "underscore_fork_single_thread",
+        "single_thread",
+        &["4000"],
+        &[],
+    );
+    if let Some(why) = why {
+        panic!("underscore_fork_single_thread 4000: {why}:\n{out}");
+    }
+    println!("{out}");
 }
 
 /// `MRCACHE_FORK=flush`: no idle entry is a hit after fork() in the parent, neither one

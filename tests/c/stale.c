@@ -365,8 +365,23 @@ static void arena_fill_in_thread(int value) {
     CHECK(pthread_join(t, NULL) == 0, "pthread_join");
 }
 
+static void *no_alloc(void *arg) { return arg; }
+
+/* A thread that allocates nothing (takes no arena). */
+static void thread_without_arena(void) {
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, no_alloc, NULL) == 0, "pthread_create");
+    CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+}
+
 static int s_arena_shrink(void) {
     mallopt(M_MMAP_THRESHOLD, 32 * MIB);
+    /* mrcache starts its drain thread at the first registration after the program has had
+     * a thread: let that be now, so its arena is a new one, not the one the first filler
+     * leaves on glibc's free list for the second. */
+    static char page[4096] __attribute__((aligned(4096)));
+    thread_without_arena();
+    warm(page, sizeof page);
     arena_fill_in_thread(0x11);
     char *first = arena_block;
     /* Past the top pad glibc keeps (128 KiB), inside the block (its header untouched). */

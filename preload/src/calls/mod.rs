@@ -7,7 +7,7 @@
 use crate::ffi::{IbvContext, IbvMr, IbvPd};
 use crate::runtime::guard::{Guard, shielded, with_cache};
 use crate::runtime::{
-    cache, ensure_drain_thread, flush_after_fork, forking, log, note_bypass, runtime,
+    cache, drain::ensure_drain_thread, flush_after_fork, forking, log, note_bypass, runtime,
 };
 use crate::trace;
 use crate::verbs::provider::Provider;
@@ -237,6 +237,7 @@ fn register_inner(
                 return passthrough(Bypassed::SettingUp); // a _Fork() is in progress on another thread
             }
             flush_after_fork(cache);
+            crate::runtime::drain::cycle_here();
             if rt.monitor == Monitor::Patch {
                 crate::runtime::init::check_patches_watched(cache);
             }

@@ -13,7 +13,9 @@
 //! a jump overwritten since the last registration must stop caching before any hit; the
 //! full path does that; here every site is read only while the watch word says a watched
 //! page may have changed, `patch::watch_clean`) and the re-entrancy check: a registration nested in one of our
-//! calls on this thread, and its deregistration, pass through as on the full path.
+//! calls on this thread, and its deregistration, pass through as on the full path. In a
+//! program without threads (no drain thread, `runtime::drain`) the first call after a drain
+//! cycle falls due takes the full path, whose registration runs the cycle before its lookup.
 //!
 //! Safe without the guard and the shield: `try_hit` and `try_release` promise no cache
 //! lock, no allocation, no registrar call and no panic, so nothing here can re-enter a
@@ -67,7 +69,7 @@ pub fn disarm() {
 #[inline]
 fn open() -> Option<(&'static Cache<Provider>, bool)> {
     let g = GATE.load(Acquire);
-    if g & ARMED == 0 || guard::nested() {
+    if g & ARMED == 0 || guard::nested() || crate::runtime::drain::cycle_due() {
         return None;
     }
     Some((armed_in(g)?, g & CHECK_PATCHES != 0))

@@ -67,15 +67,33 @@ pub(crate) fn for_ranges(
 /// registered at the first verbs call) and may make verbs calls, or wait for a thread that
 /// makes one. The fork is marked in progress instead: registrations meanwhile pass
 /// through uncached, releases work as ever.
+///
+/// A fork from a signal handler that interrupted one of our calls on this thread (or this
+/// very handler) may not wait for the cache lock: the interrupted frame may hold it. Then
+/// the fork gets `_Fork()`'s treatment (`signal_safe_fork`), only atomic stores: no idle
+/// entry is deregistered and no range marked DONTFORK before it, the parent flushes idle
+/// entries (when the policy says so) at its next registration, the child replaces the
+/// inherited cache at its first call.
 pub extern "C" fn prepare() {
     // Run twice for one fork (handlers registered twice by any path): once is enough.
-    if HELD.try_with(|h| h.borrow().is_some()).unwrap_or(true) {
+    // (Not borrowed: a fork in a signal handler may interrupt this very store.)
+    if HELD
+        .try_with(|h| h.try_borrow().map_or(true, |h| h.is_some()))
+        .unwrap_or(true)
+    {
         return;
     }
     if runtime::get().is_none() {
         return;
     }
     runtime::begin_fork();
+    let Some(_inside) = crate::runtime::guard::Guard::enter() else {
+        // Inside one of our calls on this thread: the `_Fork` way (no log line: that
+        // allocates, and the interrupted frame may be in the allocator).
+        runtime::COUNTERS.add(mrcache::stats::Counter::Forks, 1);
+        let _ = HELD.try_with(|h| h.try_borrow_mut().map(|mut h| *h = Some(Vec::new())));
+        return;
+    };
     let mut ranges = Vec::new();
     if let Some((cache, decision)) = runtime::fork_state() {
         // Apply pending unmaps first: an entry in use whose memory went away is dead, and
@@ -92,18 +110,25 @@ pub extern "C" fn prepare() {
         for_ranges(&real::DONTFORK_RANGE, &ranges);
         runtime::note_fork(flushed, ranges.len());
     }
-    let _ = HELD.try_with(|h| *h.borrow_mut() = Some(ranges));
+    let _ = HELD.try_with(|h| h.try_borrow_mut().map(|mut h| *h = Some(ranges)));
 }
 
 pub extern "C" fn parent() {
-    if let Some(ranges) = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten() {
+    if let Some(ranges) = HELD
+        .try_with(|h| h.try_borrow_mut().ok()?.take())
+        .ok()
+        .flatten()
+    {
         for_ranges(&real::DOFORK_RANGE, &ranges);
         runtime::after_fork_parent();
     }
 }
 
 pub extern "C" fn child() {
-    let ranges = HELD.try_with(|h| h.borrow_mut().take()).ok().flatten();
+    let ranges = HELD
+        .try_with(|h| h.try_borrow_mut().ok()?.take())
+        .ok()
+        .flatten();
     runtime::fork_child_ranges(ranges.unwrap_or_default());
     runtime::fork_child();
 }

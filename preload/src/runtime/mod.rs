@@ -1,14 +1,16 @@
 //! The process-wide state behind the hooks: the runtime (set up by `init` at the first verbs
 //! call, never in the constructor, so a process that never touches verbs reads no
 //! configuration, prints nothing and starts nothing), the cache a fork child replaces,
-//! the fork bookkeeping, the background drain, and the shell's counters. Beside it: the
-//! set-up (`init`, `once`, `budget`), the fast hit path's gate (`fast`), the re-entrancy
-//! guard and panic shield (`guard`), the fork handlers (`fork`) and the report (`report`).
+//! the fork bookkeeping and the shell's counters. Beside it: the set-up (`init`, `once`,
+//! `budget`), the background drain (`drain`), the fast hit path's gate (`fast`), the
+//! re-entrancy guard and panic shield (`guard`), the fork handlers (`fork`) and the report
+//! (`report`).
 //!
 //! Layer: below `calls`; uses `verbs`, `monitor`, `trace`, `sys` and `ffi`
 //! (docs/design.md, "Architecture").
 
 pub mod budget;
+pub mod drain;
 pub mod fast;
 pub mod fork;
 pub mod guard;
@@ -25,7 +27,6 @@ use mrcache::config::{LogLevel, Monitor, StatsMode};
 use mrcache::fork::FlushRequests;
 use mrcache::stats::{Bypassed, Counter, Counters, Tally};
 use once::InitOnce;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 pub struct Runtime {
@@ -48,7 +49,6 @@ pub fn note_bypass(why: Bypassed) {
 
 /// The report counters the shell keeps itself (forks); the cache keeps its own.
 pub static COUNTERS: Counters = Counters::new();
-static DRAIN_RUNNING: AtomicBool = AtomicBool::new(false);
 
 /// One line on stderr at or above the configured level (`MRCACHE_LOG`). Only ever called
 /// from verbs calls and fork handlers, never from memory hooks.
@@ -271,7 +271,7 @@ pub fn after_signal_safe_fork_child() -> bool {
     crate::runtime::fast::disarm();
     crate::runtime::guard::after_fork_child();
     crate::monitor::patch::after_fork_child();
-    DRAIN_RUNNING.store(false, Relaxed);
+    drain::after_fork_child();
     trace::writer_gone();
     // Other threads' hooks may have been mid-push at the fork: they are gone.
     QUEUE.reset_after_fork(memory::open_here());
@@ -332,33 +332,4 @@ pub fn fork_child() {
         LogLevel::Info,
         format_args!("fork child: cache emptied (the parent's registrations are not usable here)"),
     );
-}
-
-/// Deregisters idle entries whose memory went away even when the program makes no more
-/// verbs calls, so their pinned pages are given back. Started at the first registration
-/// (and again in a fork child).
-pub fn ensure_drain_thread() {
-    // Load first: a swap on every registration would write this line from every thread.
-    if DRAIN_RUNNING.load(Relaxed) || DRAIN_RUNNING.swap(true, Relaxed) {
-        return;
-    }
-    crate::sys::thread::spawn_settled(c"mrcache-drain", || {
-        loop {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            if let Some(rt) = RUNTIME.get()
-                && let Some(cache) = cache()
-            {
-                let _ = catch_unwind(AssertUnwindSafe(|| {
-                    if rt.monitor == Monitor::Patch {
-                        crate::runtime::init::check_patches(cache);
-                        if cache.caching_stopped().is_none() {
-                            crate::monitor::patch::drain_tick();
-                        }
-                    }
-                    flush_after_fork(cache);
-                    cache.drain_pending()
-                }));
-            }
-        }
-    });
 }

@@ -15,22 +15,33 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 /// thread-local destructor, which takes the loader lock, so a first registration made in a
 /// library constructor (under that lock) waited the whole 100 ms. The wait stays bounded:
 /// the new thread may simply not get a CPU for a while.
+///
+/// The thread starts with every signal blocked: a signal sent to the process is the
+/// program's, and its handler runs on one of the program's threads, as without us (a
+/// handler that forks on our thread would fork inside our drain, with our locks held).
 pub fn spawn_settled(name: &'static CStr, body: fn()) {
     let start = Arc::new(Start {
         body,
         settled: AtomicBool::new(false),
     });
     let arg = Arc::into_raw(start.clone()) as *mut libc::c_void;
-    // SAFETY: plain pthread calls on a local attr; `run` takes over `arg`'s reference
-    // when the thread starts, and we take it back when it does not.
+    // SAFETY: plain pthread calls on a local attr and local signal sets; `run` takes over
+    // `arg`'s reference when the thread starts, and we take it back when it does not.
     let started = unsafe {
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
         // std::thread's default, so the address space looks as it did.
         libc::pthread_attr_setstacksize(&mut attr, 2 << 20);
+        // The new thread inherits the creator's mask: all blocked for the call (the few
+        // glibc keeps for itself stay open), the caller's restored after.
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut caller: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut caller);
         let mut thread: libc::pthread_t = 0;
         let rc = libc::pthread_create(&mut thread, &attr, run, arg);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &caller, std::ptr::null_mut());
         libc::pthread_attr_destroy(&mut attr);
         if rc == 0 {
             libc::pthread_setname_np(thread, name.as_ptr());

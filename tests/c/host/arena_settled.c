@@ -5,11 +5,14 @@
  * the same pages"). Counts the arenas malloc_info lists before and right after the first
  * ibv_reg_mr (fake provider). With MRCACHE_LOG=trace the trace writer takes one too.
  *   arena_settled WANT       exit 0 when WANT more arenas exist right after the registration
- *   arena_settled 1 LIB      exit 0 when LIB's constructor saw the drain thread settle */
+ *   arena_settled 1 LIB      exit 0 when LIB's constructor saw the drain thread settle
+ * The program starts (and joins) a thread of its own first: mrcache starts its threads only
+ * in a program that has threads (docs/design.md, "Fork"). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +36,12 @@ static int arenas(void) {
     return n;
 }
 
+static void *nothing(void *arg) { return arg; }
+
 int main(int argc, char **argv) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, nothing, NULL) || pthread_join(t, NULL))
+        return 5;
     if (argc == 3) {
         void *lib = dlopen(argv[2], RTLD_NOW);
         int *sleeping = lib ? dlsym(lib, "drain_sleeping") : NULL;

@@ -1,7 +1,10 @@
 /* Counts the calling thread's clock_gettime calls, preloaded after libmrcache.so (whose
  * clock reads, through Rust's Instant, are libc calls it binds to this definition first):
- * clock_reads_here() is this thread's count so far. Forwards to the system call. Also
- * process_vm_readv (probes_here()). */
+ * clock_reads_here() is this thread's count so far. Forwards to the system call. The coarse
+ * clocks are not counted: the vDSO serves them from its data page without a counter read or
+ * a system call, in the TCG guest too (mrcache reads CLOCK_MONOTONIC_COARSE on each call
+ * of a program without threads, for its inline drain cycle). Also process_vm_readv
+ * (probes_here()). */
 #define _GNU_SOURCE
 #include <sys/syscall.h>
 #include <time.h>
@@ -10,7 +13,8 @@
 static __thread long reads;
 
 int clock_gettime(clockid_t id, struct timespec *ts) {
-    reads++;
+    if (id != CLOCK_MONOTONIC_COARSE && id != CLOCK_REALTIME_COARSE)
+        reads++;
     return (int)syscall(SYS_clock_gettime, id, ts);
 }
 

@@ -13,11 +13,15 @@
  *   drain_start arena_E a 200 MiB block malloc'd, freed and malloc'd again around the
  *                       first cached call (E=early: one cached call at the start too),
  *                       after a remote pair passed through: "arena E: same address S"
+ * The program starts (and joins) a thread of its own first: mrcache's drain thread runs
+ * only in a program that has threads (one without keeps glibc's single-threaded rules, and
+ * its drain runs at its verbs calls: tests/c/guest/underscore_fork_single_thread.c).
  * exit 0 unless set-up failed (3). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,8 +90,12 @@ static int scenario(const char *name) {
     return 0;
 }
 
+static void *nothing(void *arg) { return arg; }
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "late";
+    pthread_t t;
+    if (pthread_create(&t, NULL, nothing, NULL) || pthread_join(t, NULL)) return 3;
     ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
     ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
     pd.context = &ctx;
