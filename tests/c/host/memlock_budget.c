@@ -10,7 +10,8 @@
  *                                "uncharged: shares 1"
  *   memlock_budget drain         budget 3 MiB: a 2 MiB buffer A registered, deregistered (idle)
  *                                and unmapped; the provider's deregistration is slow (200 ms)
- *                                and, under the preload, made by the background drain; while
+ *                                and, under the preload, made by the background drain (a
+ *                                thread started first, so that it runs); while
  *                                it is in flight a 2 MiB buffer B is registered:
  *                                "drain: big 1 errno 0"
  *   memlock_budget random SEED [REF]
@@ -27,6 +28,7 @@
  * exit 0 unless set-up failed (3). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <infiniband/verbs.h>
 #include <linux/capability.h>
 #include <stdint.h>
@@ -119,8 +121,15 @@ static int scenario(int keep_cap) {
     return 0;
 }
 
+static void *nothing(void *arg) { return arg; }
+
 static int drain(void) {
     const size_t two = 2 << 20;
+    /* The background drain runs on a thread of the library's, which it starts only in a
+     * program that has had a thread of its own (a program without threads drains inside its
+     * next registration): one first. */
+    pthread_t t;
+    if (pthread_create(&t, NULL, nothing, NULL) || pthread_join(t, NULL)) return 3;
     budget = 3 << 20;
     if (charged(budget)) return 3;
     char *a = map(two), *b = map(two);
