@@ -53,7 +53,7 @@ pub fn cycle_due() -> bool {
 /// glibc's `__libc_single_threaded` (2.32+): nonzero while the process has started no
 /// thread. Looked up once; where it is missing (an older glibc, another libc) the program
 /// counts as threaded.
-fn program_single_threaded() -> bool {
+pub(crate) fn program_single_threaded() -> bool {
     const UNKNOWN: usize = usize::MAX;
     static FLAG: AtomicUsize = AtomicUsize::new(UNKNOWN);
     let mut p = FLAG.load(Relaxed);

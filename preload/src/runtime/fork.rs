@@ -74,6 +74,11 @@ pub(crate) fn for_ranges(
 /// entry is deregistered and no range marked DONTFORK before it, the parent flushes idle
 /// entries (when the policy says so) at its next registration, the child replaces the
 /// inherited cache at its first call.
+///
+/// So does any fork of a program without threads of its own (`drain::program_single_threaded`)
+/// unless ranges in use are to be marked DONTFORK: glibc's fork() then takes no allocator
+/// lock, so a signal handler may fork while the program is in its own `malloc`, where
+/// deregistering (libibverbs frees) or a `Vec` would corrupt the heap.
 pub extern "C" fn prepare() {
     // Run twice for one fork (handlers registered twice by any path): once is enough.
     // (Not borrowed: a fork in a signal handler may interrupt this very store.)
@@ -87,9 +92,15 @@ pub extern "C" fn prepare() {
         return;
     }
     runtime::begin_fork();
-    let Some(_inside) = crate::runtime::guard::Guard::enter() else {
-        // Inside one of our calls on this thread: the `_Fork` way (no log line: that
-        // allocates, and the interrupted frame may be in the allocator).
+    let lock_free = crate::runtime::drain::program_single_threaded()
+        && !runtime::get()
+            .and_then(|r| r.fork.as_ref())
+            .is_some_and(|d| d.dontfork_in_use);
+    let inside = crate::runtime::guard::Guard::enter();
+    let (Some(_inside), false) = (inside, lock_free) else {
+        // Inside one of our calls on this thread, or no thread to wait for: the `_Fork`
+        // way (no log line: that allocates, and the interrupted frame may be in the
+        // allocator).
         runtime::COUNTERS.add(mrcache::stats::Counter::Forks, 1);
         let _ = HELD.try_with(|h| h.try_borrow_mut().map(|mut h| *h = Some(Vec::new())));
         return;

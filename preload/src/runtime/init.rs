@@ -122,6 +122,8 @@ pub fn set_up() -> Runtime {
         // parent's registrations (and this flag), and handlers registered twice would
         // run prepare twice and block on the lock the first one holds.
         if !ATFORK_REGISTERED.swap(true, SeqCst) {
+            // Looked up now, not first in a prepare handler a signal handler may run.
+            crate::runtime::drain::program_single_threaded();
             // SAFETY: registering plain extern "C" handlers.
             unsafe {
                 libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child))
