@@ -73,7 +73,8 @@ pub fn set_up() -> Runtime {
         }
         if config.monitor != Monitor::None
             && blind.is_none()
-            && let Some(san) = crate::sys::sanitizer::allocator()
+            && let Some(san) =
+                crate::sys::sanitizer::allocator(crate::monitor::cross_modify::single_threaded())
         {
             let linked = if san.linked_in {
                 ", linked into the program,"

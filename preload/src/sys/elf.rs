@@ -237,6 +237,16 @@ pub unsafe fn defines(info: &libc::dl_phdr_info, name: &CStr) -> Option<bool> {
     Some(unsafe { lookup_gnu_hash(base, dynamic, name) }? != 0)
 }
 
+/// Whether an object in the loader's list defines `name`, read without the loader's lock.
+/// Only for a process with no thread but the caller's, where nothing can load or unload an
+/// object meanwhile: `dl_iterate_phdr` takes that lock, and in a fork child it may be held
+/// for ever by a thread that exists only in the parent.
+pub fn defined_in_loaded_objects_alone(name: &CStr) -> bool {
+    // SAFETY: each map is one of the loader's, its load base and mapped dynamic section;
+    // with no other thread, none is unloaded while it is read.
+    maps().any(|m| unsafe { lookup_gnu_hash(m.l_addr, m.l_ld, name) }.is_some_and(|a| a != 0))
+}
+
 /// The address of `name` in an object (0: not defined there; None: no GNU hash table):
 /// its default version (`name@@VER`) or an unversioned definition, as `dlsym` answers;
 /// a hidden version (`name@VER`) only when there is nothing else.

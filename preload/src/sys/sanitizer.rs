@@ -43,9 +43,18 @@ pub struct Runtime {
 
 /// The sanitizer whose runtime (and allocator) is in the process, if any. Read from the
 /// loaded objects' symbol tables (not with `dlsym`, whose failure would leave an error for
-/// the program's next `dlerror()`), then from the executable's file. Set-up only.
-pub fn allocator() -> Option<Runtime> {
-    if let Some(i) = in_loaded_objects() {
+/// the program's next `dlerror()`), then from the executable's file. Set-up only. `alone`:
+/// the process has no other thread, so the loaded objects are read without the loader's lock
+/// (`elf::defined_in_loaded_objects_alone`: a fork child can inherit that lock held).
+pub fn allocator(alone: bool) -> Option<Runtime> {
+    let loaded = if alone {
+        RUNTIMES
+            .iter()
+            .position(|(symbol, _)| crate::sys::elf::defined_in_loaded_objects_alone(symbol))
+    } else {
+        in_loaded_objects()
+    };
+    if let Some(i) = loaded {
         return Some(Runtime {
             name: RUNTIMES[i].1,
             linked_in: false,
