@@ -10,7 +10,10 @@ use crate::monitor::memory::{
 use crate::monitor::patch::{self, PatchTarget, Target};
 use crate::sys::symbol;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
 
 /// libc's own handle, for its internal entry points: its `struct link_map`, from the
 /// loader's list (`dlsym::libc_handle`, not `dlopen`, which a sanitizer intercepts).
@@ -145,9 +148,8 @@ static PATCH_WANTED: AtomicBool = AtomicBool::new(false);
 /// is safe with the program's threads running (`cross_modify`). A process that never
 /// registers memory keeps libc as it was.
 pub fn patch_libc() {
-    static PATCHING: AtomicBool = AtomicBool::new(false);
     install();
-    if !PATCH_WANTED.load(Relaxed) || PATCHING.swap(true, Relaxed) {
+    if !PATCH_WANTED.load(Relaxed) || !claim_patch() {
         return;
     }
     let h = LIBC.load(Relaxed);
@@ -167,6 +169,50 @@ pub fn patch_libc() {
         hook: crate::monitor::memory::mprotect_from_libc as *const () as usize,
     };
     patch::MPROTECT_PATCHED.store(patch::patch(h, &mprotect).is_ok(), Relaxed);
+    PATCH_DONE.store(true, Release);
+}
+
+/// The process whose thread patches (or patched) libc (0: none yet), that thread, and
+/// whether it is done.
+static PATCH_OWNER: AtomicI32 = AtomicI32::new(0);
+static PATCH_TID: AtomicI32 = AtomicI32::new(0);
+static PATCH_DONE: AtomicBool = AtomicBool::new(false);
+
+/// How long a caller waits for another thread's patch of libc.
+const PATCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the caller is to patch libc now. Once per process: a caller that finds another
+/// thread of its process patching waits until it is done (at most `PATCH_WAIT`), so that no
+/// caller goes on to create the cache before libc is patched; the patching thread come back
+/// (a signal handler's `dlsym`) returns at once. A fork child whose parent was patching when
+/// it forked (that thread is not in the child) patches itself when no jump was written yet
+/// (its libc is as libc was: the patch's slow part, the membarrier registration, comes
+/// first); one that inherited jumps keeps them and fails closed as before.
+fn claim_patch() -> bool {
+    let sys = |nr| crate::sys::syscall6(nr, 0, 0, 0, 0, 0, 0) as i32;
+    let (me, tid) = (sys(libc::SYS_getpid), sys(libc::SYS_gettid));
+    let mut seen = PATCH_OWNER.load(Acquire);
+    loop {
+        if seen == me {
+            if PATCH_TID.load(Acquire) != tid {
+                let deadline = std::time::Instant::now() + PATCH_WAIT;
+                while !PATCH_DONE.load(Acquire) && std::time::Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+            }
+            return false;
+        }
+        if seen != 0 && (PATCH_DONE.load(Acquire) || patch::any_site_written()) {
+            return false;
+        }
+        match PATCH_OWNER.compare_exchange(seen, me, AcqRel, Acquire) {
+            Ok(_) => {
+                PATCH_TID.store(tid, Release);
+                return true;
+            }
+            Err(now) => seen = now,
+        }
+    }
 }
 
 /// Whether libc's entries can only be patched while the process has no other thread, so

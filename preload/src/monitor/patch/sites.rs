@@ -508,6 +508,12 @@ pub(super) fn site_intact(i: usize, at: usize) -> bool {
     load8(at) & 0xffff_ffff == SITE_CODE[i].load(Relaxed)
 }
 
+/// Whether any jump was written into libc (or a hook taken over): a fork child of a patch
+/// in progress knows from it whether its libc is still as libc was.
+pub fn any_site_written() -> bool {
+    SITE_AT[0].load(Relaxed) != 0
+}
+
 /// The first of our jumps that is no longer in place (another patcher wrote over it), by
 /// function name. A few byte compares per patched function: cheap enough for every
 /// registration. No allocation, no lock.
