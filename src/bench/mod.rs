@@ -156,12 +156,16 @@ fn page_round(n: usize) -> usize {
 /// The bytes the bench may have pinned at once, charged against `RLIMIT_MEMLOCK`: a size's
 /// cached entry plus one more registration of the same size (libibverbs alone, or a miss),
 /// and the cache's byte cap is 3/4 of the limit without CAP_IPC_LOCK, so it must hold two
-/// entries of the largest size; and the hit-path regions.
+/// entries of the largest size; one more of the largest whose memory went away but which
+/// is deregistered only at the process's next registration through the cache (the bench
+/// starts no thread, so the cache drains inline, not on a thread of its own, and libibverbs
+/// alone registers in between); and the hit-path regions.
 pub fn memlock_needed(sizes: &[usize]) -> u64 {
     let largest = sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64;
     let hit = (HIT_REGIONS * HIT_REGION_BYTES) as u64;
-    // 2 entries under a 3/4 cap: 8/3 of the largest; rounded up to whole MiB.
-    let bytes = (largest * 8).div_ceil(3) + hit + (1 << 20);
+    // 2 entries under a 3/4 cap (8/3 of the largest) and one awaiting its deregistration;
+    // rounded up to whole MiB.
+    let bytes = (largest * 8).div_ceil(3) + largest + hit + (1 << 20);
     bytes.div_ceil(1 << 20) << 20
 }
 
