@@ -284,6 +284,41 @@ mod tests {
 
     #[test]
     fn the_test_binary_has_no_sanitizer() {
-        assert_eq!(allocator(), None);
+        // Through dl_iterate_phdr, and walking the loader's list as a process alone does
+        // (no test here loads or unloads an object).
+        assert_eq!(allocator(false), None);
+        assert_eq!(allocator(true), None);
+    }
+
+    #[test]
+    fn the_lock_free_walk_finds_what_dl_iterate_phdr_finds() {
+        for name in [
+            c"malloc",
+            c"dl_iterate_phdr",
+            c"__asan_init",
+            c"no_such_symbol_here",
+        ] {
+            unsafe extern "C" fn visit(
+                info: *mut libc::dl_phdr_info,
+                _size: usize,
+                data: *mut c_void,
+            ) -> c_int {
+                // SAFETY: data is the (&CStr, bool) passed below; info the loader's.
+                let (name, found) = unsafe { &mut *(data as *mut (&CStr, bool)) };
+                // SAFETY: as above.
+                if unsafe { crate::sys::elf::defines(&*info, name) } == Some(true) {
+                    *found = true;
+                }
+                0
+            }
+            let mut data = (name, false);
+            // SAFETY: visit matches the callback type and only reads what it is given.
+            unsafe { iterate_phdr(visit, &mut data as *mut (&CStr, bool) as *mut c_void) };
+            assert_eq!(
+                crate::sys::elf::defined_in_loaded_objects_alone(name),
+                data.1,
+                "{name:?}"
+            );
+        }
     }
 }
