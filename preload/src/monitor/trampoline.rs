@@ -56,8 +56,8 @@ const SLOT_HOOK_AT: usize = 8;
 
 /// The trampoline page whose next free slot our jump at `site` reaches, or an unmapped one
 /// (base 0). The slot itself is checked, not the page's base: a page whose first slot is in
-/// reach can have its later slots beyond it (review of i24: a later slot out of +-128 MiB
-/// would be written and jumped to by a `B` that cannot encode it).
+/// reach can have its later slots beyond it (on aarch64 a later slot out of +-128 MiB would
+/// be written and jumped to by a `B` that cannot encode it).
 #[cfg(test)]
 fn page_for(site: usize, pages: &[(usize, usize)], slots_per_page: usize) -> Option<usize> {
     page_for_n(site, pages, slots_per_page, 1)
