@@ -117,3 +117,44 @@ fn the_first_registration_patches_libc_and_registers_the_atfork_handlers() {
     );
     assert_eq!(common::line(&out, "atfork:"), "atfork: 1");
 }
+
+/// The library the loader maps into every process needs only libc and the loader: no
+/// unwinder library (libgcc_s.so.1 costs a process that never uses verbs about 0.15 ms of
+/// start-up, its constructor's `cpuid` included; build.rs links the same unwinder
+/// statically), and no unwinder symbol escapes into the process's scope, where it would
+/// bind a C++ program's exceptions to our copy.
+#[test]
+fn the_library_needs_only_libc_and_the_loader() {
+    let out = Command::new("readelf")
+        .args(["-dW", "--dyn-syms"])
+        .arg(common::lib())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let needed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| l.split('[').nth(1)?.split(']').next())
+        .collect();
+    assert!(
+        !needed.is_empty(),
+        "no NEEDED entry read from readelf:\n{text}"
+    );
+    for lib in &needed {
+        assert!(
+            lib.starts_with("libc.so") || lib.starts_with("ld-linux"),
+            "libmrcache.so needs {lib} (all: {needed:?}): the loader maps it into every process"
+        );
+    }
+    let exported: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" GLOBAL ") && !l.contains(" UND "))
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter(|name| name.starts_with("_Unwind") || name.starts_with("__gcc_personality"))
+        .collect();
+    assert!(
+        exported.is_empty(),
+        "unwinder symbols exported: {exported:?}"
+    );
+}
