@@ -9,6 +9,8 @@
 //! - [`config`]: the `MRCACHE_*` environment variables.
 //! - [`node`]: what the default byte cap depends on (ranks per node, the memlock limit).
 
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 pub mod access;
 pub mod admission;
 pub mod cache;
