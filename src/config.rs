@@ -13,28 +13,44 @@ pub use values::{Admit, ForkMode, Monitor, RemoteMode, StatsMode};
 mod variables;
 pub use variables::{VARIABLES, Variable};
 
+/// The parsed `MRCACHE_*` variables (docs/configuration.md has each one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// `MRCACHE_ENABLE`, false also after a bad value.
     pub enabled: bool,
+    /// `MRCACHE_MAX_ENTRIES`.
     pub max_entries: usize,
+    /// `MRCACHE_MAX_BYTES`, or the default derived for this node (`max_bytes_why`).
     pub max_bytes: u64,
+    /// `MRCACHE_SHADOW`.
     pub shadow: bool,
+    /// `MRCACHE_REMOTE_SUPERSET`.
     pub remote_superset: bool,
+    /// `MRCACHE_REMOTE`.
     pub remote: RemoteMode,
     /// `MRCACHE_ADMIT`.
     pub admit: Admit,
+    /// `MRCACHE_STATS`.
     pub stats: StatsMode,
+    /// `MRCACHE_STATS_FILE`.
     pub stats_file: Option<String>,
+    /// `MRCACHE_LOG_FILE`.
     pub log_file: Option<String>,
+    /// `MRCACHE_MONITOR`.
     pub monitor: Monitor,
+    /// `MRCACHE_VERIFY=pfn`.
     pub verify_pfn: bool,
     /// `MRCACHE_PATCH_CHECK=every-hit`: every hit reads every patched site (no watch).
     pub patch_check_every_hit: bool,
+    /// `MRCACHE_FORK`.
     pub fork: ForkMode,
+    /// The most verbose level `MRCACHE_LOG` enables.
     pub log: LogLevel,
     /// `MRCACHE_LOG` as given (an `EnvFilter`; see `log::parse_filter`).
     pub log_filter: String,
+    /// `MRCACHE_LOG_FORMAT`.
     pub log_format: LogFormat,
+    /// `MRCACHE_TRACE_BUFFER`: records the trace ring holds.
     pub trace_buffer: usize,
     /// How `max_bytes` was chosen: "MRCACHE_MAX_BYTES" when set, else the derivation of
     /// the default (see `node::auto_max_bytes`).
@@ -47,7 +63,7 @@ pub struct Config {
 
 impl Config {
     /// The defaults for a machine with `physical_memory` bytes.
-    pub fn defaults(physical_memory: u64) -> Config {
+    pub(crate) fn defaults(physical_memory: u64) -> Config {
         let (max_bytes, max_bytes_why) = node::auto_max_bytes(&Node {
             physical_memory,
             local_ranks: None,
@@ -104,15 +120,22 @@ pub fn physical_memory() -> u64 {
 pub enum Problem {
     /// A bad value: the cache must stay off.
     Invalid {
+        /// The variable.
         name: String,
+        /// Its value.
         value: String,
+        /// What it accepts.
         allowed: &'static str,
     },
     /// An `MRCACHE_*` name this version does not know (a typo?): reported, not fatal.
-    Unknown { name: String },
+    Unknown {
+        /// The variable.
+        name: String,
+    },
 }
 
 impl Problem {
+    /// Whether the cache must stay off for it (a bad value, not an unknown name).
     pub fn is_fatal(&self) -> bool {
         matches!(self, Problem::Invalid { .. })
     }

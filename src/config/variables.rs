@@ -107,9 +107,14 @@ pub const VARIABLES: &[Variable] = &[
     },
 ];
 
+/// One `MRCACHE_*` variable, as the reference documents it.
 pub struct Variable {
+    /// The variable's name, `MRCACHE_...`.
     pub name: &'static str,
+    /// Its value when unset.
     pub default: &'static str,
+    /// The values it accepts.
     pub allowed: &'static str,
+    /// What it does, one paragraph.
     pub about: &'static str,
 }
