@@ -83,7 +83,7 @@ pub struct Cache<R: Registrar> {
     /// (all of them drained): while the queue's count still equals it, nothing needs
     /// draining and a hit may skip the lock.
     clean: AtomicU64,
-    /// The cache's counters (the preload adds its own to them).
+    /// The cache's counters, hits apart (`hits`; `snapshot` adds them together).
     pub(crate) stats: Counters,
     /// Hits, counted apart: those of the lock-free path in their slots' state words and
     /// flushed here in bulk, the others here, in stripes picked by the key's hash, so
