@@ -10,7 +10,7 @@
 //!   (which `miss_ns` already counts).
 //!
 //! [`verdict`] caches a class only where a cached round is cheaper than a miss.
-//! [`verdict_at`] says the same at an observed hit ratio `h`: a cache that misses `1 - h`
+//! `verdict_at` says the same at an observed hit ratio `h`: a cache that misses `1 - h`
 //! of the time pays `h * cached + (1 - h) * (miss + evict)` per call against `miss`
 //! without it; [`verdict`] is `verdict_at(.., 1.0)`.
 //!

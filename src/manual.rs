@@ -1,4 +1,4 @@
-//! The `mrcache-config(7)` manual page, written from [`config::VARIABLES`]: the same table
+//! The `mrcache-config(7)` manual page, written from [`crate::config::VARIABLES`]: the same table
 //! `mrcache info` prints and docs/configuration.md is checked against (tests/manual.rs), so
 //! the page, the launcher and the reference cannot disagree. The launcher writes it with its
 //! other pages (`mrcache __generate DIR`, used by `make install` and ci/package).
