@@ -82,7 +82,7 @@ pub trait Registrar: Sync {
     /// Whether the kernel charges this process's pins against a limit now (a finite
     /// `RLIMIT_MEMLOCK` without CAP_IPC_LOCK). Asked before a containing-range hit, which
     /// would keep a wider range pinned than the app's handle needs: while pins are charged
-    /// a request is served only by an entry of its own range (docs/design.md, "The
+    /// a request is served only by an entry of its own range (docs/design/cache.md, "The
     /// locked-memory limit").
     fn pins_charged(&self) -> bool {
         false

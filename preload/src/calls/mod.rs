@@ -2,7 +2,7 @@
 //! and the calls that must first flush the cache's idle entries.
 //!
 //! Layer: below `abi`; uses `runtime`, `verbs`, `monitor`, `trace`, `sys` and `ffi`
-//! (docs/design.md, "Architecture").
+//! (docs/design/overview.md).
 
 use crate::ffi::{IbvContext, IbvMr, IbvPd};
 use crate::runtime::guard::{Guard, shielded, with_cache};

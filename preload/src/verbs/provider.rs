@@ -313,14 +313,14 @@ impl Registrar for Provider {
 /// ordinary memory ibv_reg_mr pins with get_user_pages but a peer-memory client's (GPU
 /// memory through nvidia-peermem), whose pages can change with no unmap we could see.
 /// Only on a miss (`Registrar::uncacheable`; no hit pays): two system calls, about 2 us here
-/// (docs/design.md, "Device memory"). `msync(MS_ASYNC)` walks the VMAs of the whole range
+/// (docs/design/monitor.md, "Device memory"). `msync(MS_ASYNC)` walks the VMAs of the whole range
 /// and fails with ENOMEM at a hole; `process_vm_readv` of our own first and last byte goes
 /// through get_user_pages as the kernel's registration does, and fails at `PROT_NONE` and
 /// at `VM_IO`/`VM_PFNMAP` mappings. A VMA strictly inside the range with readable ones on
 /// both sides is not seen, nor a range made unreadable after it was cached. Where
 /// process_vm_readv is refused (a seccomp filter: ENOSYS or EPERM) the range is taken as
 /// readable, as before this check (a filter that kills or traps on it kills the process at
-/// its first miss: docs/design.md, "Device memory").
+/// its first miss: docs/design/monitor.md, "Device memory").
 pub fn cpu_unreadable(addr: usize, len: usize) -> Option<&'static str> {
     if len == 0 || addr.checked_add(len).is_none() {
         return None; // the cache's own checks say what is wrong with it
