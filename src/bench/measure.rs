@@ -423,7 +423,7 @@ fn measure(
         std::thread::sleep(plain);
         // Every MISS_EVERY rounds (and once at least), a miss through the cache on fresh
         // memory; then unmapped and drained. After the rest, as the phases come after one
-        // (the review of session 6: before, the miss was timed unrested).
+        // (a miss timed unrested would carry the phases' deferred work).
         if rounds % MISS_EVERY == MISS_EVERY - 1 {
             let m0 = Instant::now();
             miss_round(&mut miss)?;

@@ -528,7 +528,7 @@ mod tests {
         );
         assert_eq!(p(""), None);
         assert_eq!(preload_without_us(None), None);
-        // The library under another name, through a symbolic link (the review's libfoo.so).
+        // The library under another name, through a symbolic link (libfoo.so).
         let dir = std::env::temp_dir().join(format!("mrcache-bench-link-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let lib = dir.join("libmrcache.so");

@@ -77,7 +77,7 @@ pub trait Registrar: Sync {
         Ok(())
     }
     /// `handle` (from `grant`), its key revoked already, is free again: the next `grant`
-    /// may reuse it (the alias of a sole-grant `ibv_rereg_mr` was deregistered, issue 25).
+    /// may reuse it (the alias of a sole-grant `ibv_rereg_mr` was deregistered).
     fn recycle_grant(&self, _handle: usize) {}
     /// Whether the kernel charges this process's pins against a limit now (a finite
     /// `RLIMIT_MEMLOCK` without CAP_IPC_LOCK). Asked before a containing-range hit, which

@@ -194,7 +194,7 @@ impl Registrar for Provider {
         // Remote write or atomic rights without local write: every provider refuses them
         // (the kernel's ib_check_mr_access), ours without them would not, and the window
         // bind of them would fail and break the PD's bind QP for every later remote
-        // registration (issue 25). libibverbs refuses it instead.
+        // registration. libibverbs refuses it instead.
         let remote_writes = mrcache::access::REMOTE_WRITE | mrcache::access::REMOTE_ATOMIC;
         if req.access & remote_writes != 0 && req.access & mrcache::access::LOCAL_WRITE == 0 {
             return Err(mrcache::cache::UNSUPPORTED);
@@ -211,7 +211,7 @@ impl Registrar for Provider {
         match self.register(&local) {
             // MW_BIND makes the kernel pin the pages writable: read-only memory (a
             // PROT_READ mapping, remote read only) fails with it, not with the app's
-            // rights (issue 25). libibverbs registers it with those instead.
+            // rights. libibverbs registers it with those instead.
             // Our failed attempt's errno is not the app's: libibverbs' success leaves it.
             Err(e) if e != libc::ENOMEM && req.access & writes == 0 => {
                 crate::sys::set_errno(saved);

@@ -1,4 +1,4 @@
-//! The aarch64 patch mechanism (issue 24), the counterpart of the x86-64 jump in `x86_64` and
+//! The aarch64 patch mechanism, the counterpart of the x86-64 jump in `x86_64` and
 //! `cross_modify`; `sites_aarch64::patch_at` writes it with `cross_modify::replace_word`.
 //! What is here is the part that can be checked anywhere: the instruction encodings, Debian 12's and 13's arm64 glibc
 //! prologues (word for word, from aarch64-linux-gnu-objdump of libc6 2.36-9+deb12u14 and
