@@ -233,3 +233,104 @@ fn a_breakpoint_already_at_the_entry_is_patched_past() {
     assert_eq!(call(std::ptr::null_mut(), 5), 0);
     assert_eq!(my_calls(), before + 1);
 }
+
+/// glibc 2.41's mmap as Debian 13's libc.so.6 (2.41-12+deb13u5) has it, from the `ret` that
+/// ends the function before (objdump): NOP10 and NOP5 of padding, then `test r9d, 0xfff;
+/// jne +0x27; push rbp; mov ebp, ecx; push rbx; mov rbx, rdi; test rdi, rdi; je; ...`.
+const MMAP_241_IN_LIBC: [u8; 48] = [
+    0xc3, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0f, 0x1f, 0x44, 0x00, 0x00,
+    0x41, 0xf7, 0xc1, 0xff, 0x0f, 0x00, 0x00, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48, 0x89, 0xfb,
+    0x48, 0x85, 0xff, 0x74, 0x3b, 0x41, 0x89, 0xea, 0x48, 0x89, 0xdf, 0xb8, 0x09, 0x00, 0x00, 0x00,
+];
+/// glibc 2.41's sbrk, likewise: NOP10 and NOP2 after a `ret`, then `cmp byte [rip +
+/// __libc_initial], 0; push r12; push rbp; push rbx; mov rbx, rdi; jne; test rdi, rdi; ...`.
+const SBRK_241_IN_LIBC: [u8; 48] = [
+    0xff, 0xff, 0xff, 0xc3, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00, 0x66, 0x90,
+    0x80, 0x3d, 0x82, 0x5e, 0x0e, 0x00, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb, 0x75, 0x28,
+    0x48, 0x85, 0xff, 0x75, 0x66, 0x31, 0xff, 0xe8, 0x94, 0x77, 0xff, 0xff, 0x85, 0xc0, 0x78, 0x69,
+];
+
+/// Patches `code` (a function at byte 16, padding before it) by `t`'s real prologues: its
+/// first 7 bytes (the 2.41 entry's first instruction) are kept, the 2-byte instruction after
+/// them becomes a `jmp rel8` to a `jmp rel32` in the padding, nothing else changes; a call
+/// reaches the hook; an `int3` over the entry's first byte is no overwrite, any other
+/// change to the kept bytes or the jump is. Returns the entry.
+fn kept_241_entry(code: &[u8; 48], t: PatchTarget, name: &'static std::ffi::CStr) -> *mut u8 {
+    let p = code_page(code);
+    // SAFETY: inside our own code page.
+    let f = unsafe { p.add(16) };
+    let target = Target {
+        name,
+        prologues: t.prologues(),
+        hook: test_hook as *const () as usize,
+    };
+    // SAFETY: our own copy of libc's function, its padding before it.
+    assert_eq!(unsafe { patch_at(f, &target) }, Ok(()));
+    // SAFETY: readable.
+    let now = unsafe { std::slice::from_raw_parts(p, 48) };
+    assert_eq!(&now[16..23], &code[16..23], "the first instruction kept");
+    assert_eq!(&now[23..25], &[0xeb, 0xf2], "jmp rel8 to the padding");
+    assert_eq!(&now[25..], &code[25..], "nothing after it changed");
+    assert_eq!(now[11], 0xe9, "jmp rel32 in the padding");
+    assert_eq!(&now[..11], &code[..11], "the padding before it untouched");
+    let site = f as usize + 7;
+    let i = site_index(site);
+    assert!(site_intact(i, site));
+    // SAFETY: our own code page, made writable; each byte is put back after.
+    unsafe {
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        assert_eq!(libc::mprotect(p as *mut c_void, 4096, rwx), 0);
+        let first = *f;
+        *f = 0xcc;
+        assert!(site_intact(i, site), "a breakpoint on the kept instruction");
+        *f = first;
+        assert!(site_intact(i, site), "libc's byte written back");
+        for k in 0..7 + JMP_LEN {
+            *f.add(k) ^= 0x40;
+            assert!(!site_intact(i, site), "byte {k} changed, not noticed");
+            *f.add(k) ^= 0x40;
+        }
+        for k in 1..7 + JMP_LEN {
+            let was = *f.add(k);
+            *f.add(k) = 0xcc;
+            assert!(!site_intact(i, site), "int3 at byte {k}, not noticed");
+            *f.add(k) = was;
+        }
+        assert_eq!(
+            libc::mprotect(p as *mut c_void, 4096, libc::PROT_READ | libc::PROT_EXEC),
+            0
+        );
+    }
+    assert!(site_intact(i, site));
+    f
+}
+
+/// glibc 2.41's mmap keeps `test r9d, 0xfff` at its entry: a uprobe there (an `int3` over
+/// its first byte, written back when the probe goes) never touches our jump.
+#[test]
+fn glibc_241_mmap_keeps_its_first_instruction() {
+    let _writes = SITE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+    let f = kept_241_entry(&MMAP_241_IN_LIBC, PatchTarget::Mmap, c"test_mmap_241");
+    // SAFETY: the entry runs `test r9d, 0xfff` and then jumps to test_hook (this prototype).
+    let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
+    let before = my_calls();
+    assert_eq!(call(std::ptr::null_mut(), 4096), 0);
+    assert_eq!(my_calls(), before + 1, "the hook caught the call");
+}
+
+/// glibc 2.41's sbrk keeps `cmp byte [rip + __libc_initial], 0` at its entry, likewise;
+/// with the displacement pointed at a zero byte of the page, a call reaches the hook.
+#[test]
+fn glibc_241_sbrk_keeps_its_first_instruction() {
+    let _writes = SITE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+    kept_241_entry(&SBRK_241_IN_LIBC, PatchTarget::Sbrk, c"test_sbrk_241");
+    let mut code = SBRK_241_IN_LIBC;
+    // cmp byte [rip + d], 0 ends at byte 23; byte 9 (in the NOP10) is 0.
+    code[18..22].copy_from_slice(&(9i32 - 23).to_le_bytes());
+    let f = kept_241_entry(&code, PatchTarget::Sbrk, c"test_sbrk_241_called");
+    // SAFETY: the entry runs the cmp (a byte of its own page) and then jumps to test_hook.
+    let call: extern "C" fn(*mut c_void, usize) -> c_int = unsafe { std::mem::transmute(f) };
+    let before = my_calls();
+    assert_eq!(call(std::ptr::null_mut(), 0), 0);
+    assert_eq!(my_calls(), before + 1, "the hook caught the call");
+}

@@ -156,8 +156,18 @@ pub const BRK: Prologue = Prologue {
     undo: &[],
 };
 
+/// glibc 2.41's `mmap` start: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx;
+/// mov rbx, rdi (2 of 3).
+const MMAP_241: [u8; MATCH_LEN] = [
+    0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48,
+];
+/// The padding that ends at glibc 2.41's `mmap` (after a `ret`): NOP10, NOP5.
+const NOP10_NOP5: [u8; 15] = [
+    0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x0f, 0x1f, 0x44, 0, 0,
+];
+
 /// glibc's `mmap`, which checks the offset's alignment before the system call.
-pub const MMAP: [Prologue; 2] = [
+pub const MMAP: [Prologue; 3] = [
     // 2.36: mov r10d, ecx (kept: it only copies the fourth argument); test r9d, 0xfff
     // (replaced); jne +0x14; mov eax, 9 (first 2 bytes)
     Prologue {
@@ -170,11 +180,19 @@ pub const MMAP: [Prologue; 2] = [
         pad: &[],
         undo: &[],
     },
-    // 2.41: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx; mov rbx, rdi (2 of 3)
+    // 2.41: test r9d, 0xfff (kept: it only sets the flags); jne +0x27 (replaced: a `jmp
+    // rel8` to a `jmp rel32` in the padding before the function)
     Prologue {
-        bytes: [
-            0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48,
-        ],
+        bytes: MMAP_241,
+        any: 0,
+        keep: 7,
+        replaced: 2,
+        pad: &NOP10_NOP5,
+        undo: &[],
+    },
+    // 2.41 without that padding: the first instruction is replaced.
+    Prologue {
+        bytes: MMAP_241,
         any: 0,
         keep: 0,
         replaced: 7,
@@ -217,8 +235,15 @@ const fn pointer_stub(nr: u8) -> Prologue {
     }
 }
 
+/// glibc 2.41's `sbrk` start: cmp byte [rip + __libc_initial], 0; push r12; push rbp;
+/// push rbx; mov rbx, rdi.
+const SBRK_241: [u8; MATCH_LEN] = [
+    0x80, 0x3d, 0, 0, 0, 0, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb,
+];
+const SBRK_241_ANY: u16 = 0b00_0000_0011_1100;
+
 /// glibc's sbrk, an ordinary function (checked: no branch in it lands inside these bytes).
-static SBRK_START: [Prologue; 2] = [
+static SBRK_START: [Prologue; 3] = [
     // 2.36: push r12 (kept, taken back by `pop r12` before the hook); mov r12,
     // [rip + __curbrk@GOT] (replaced); cmp byte [rip + __libc_initial], 0
     Prologue {
@@ -231,12 +256,20 @@ static SBRK_START: [Prologue; 2] = [
         pad: &[],
         undo: &[0x41, 0x5c],
     },
-    // 2.41: cmp byte [rip + __libc_initial], 0; push r12; push rbp; push rbx; mov rbx, rdi
+    // 2.41: the cmp (kept: it only reads memory and sets the flags); push r12 (replaced:
+    // a `jmp rel8` to a `jmp rel32` in the padding, NOP10 and NOP2 after a `ret`).
     Prologue {
-        bytes: [
-            0x80, 0x3d, 0, 0, 0, 0, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb,
-        ],
-        any: 0b00_0000_0011_1100,
+        bytes: SBRK_241,
+        any: SBRK_241_ANY,
+        keep: 7,
+        replaced: 2,
+        pad: &NOP10_NOP2,
+        undo: &[],
+    },
+    // 2.41 without that padding: the first instruction is replaced.
+    Prologue {
+        bytes: SBRK_241,
+        any: SBRK_241_ANY,
         keep: 0,
         replaced: 7,
         pad: &[],
