@@ -248,14 +248,20 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         crate::monitor::dl::pin_object_of(t);
     }
     let (skip, keep, first, pad, undo) = match usable_start(target.prologues, &head, f as usize) {
-        Some((skip, p)) => (skip, p.keep as usize, p.replaced as usize, p.pad, p.undo),
+        Some((skip, p)) => (
+            skip,
+            p.keep as usize,
+            p.replaced as usize,
+            (p.pad, pad_end(p, f as usize, skip)),
+            p.undo,
+        ),
         // Known bytes, but not the padding a short replaced instruction needs.
         None if foreign.is_none() => return Err(PatchError::Busy),
         None => (
             0,
             0,
             foreign_first_len(&head).ok_or(PatchError::Unexpected)?,
-            &[][..],
+            (&[][..], f as usize),
             &[][..],
         ),
     };
@@ -272,8 +278,9 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         (jump_to(site as usize, hook)?, None)
     } else {
         // A `jmp rel8` over the short replaced instruction, to a `jmp rel32` in the padding.
-        let at = (f as usize).wrapping_sub(JMP_LEN);
-        if pad.len() < JMP_LEN || !padding_ends_at(f as usize, pad) {
+        let (pad, end) = pad;
+        let at = end.wrapping_sub(JMP_LEN);
+        if pad.len() < JMP_LEN || !padding_ends_at(end, pad) {
             return Err(PatchError::Busy);
         }
         let short = cross_modify::jmp_rel8(site as usize, at).ok_or(PatchError::Busy)?;
@@ -283,11 +290,12 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     };
     // Watched from before the write (a `try_clean` racing it must fail).
     let lo = (f as usize).saturating_sub(JMP_LEN);
-    widen(LIBC_SPAN, lo, site as usize + JMP_LEN);
-    let began = watch_begin(lo, site as usize + JMP_LEN - lo);
+    let hi = pad_jump.map_or(site as usize, |(at, _)| at.max(site as usize)) + JMP_LEN;
+    widen(LIBC_SPAN, lo, hi);
+    let began = watch_begin(lo, hi - lo);
     // SAFETY: the function's instruction at `site` is `first` bytes long (only its bytes
     // change); the jump leads to its hook (after `undo`), which replaces the rest of the
-    // function; the padding before the function is dead code.
+    // function; the padding before or after the function is dead code.
     let written = unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) };
     watch_end(began);
     if let Err(e) = written
