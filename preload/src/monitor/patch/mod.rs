@@ -99,7 +99,7 @@ impl PatchError {
                 "mprotect of libc's code to writable, or back to read+execute (asked first, so that nothing is left writable), was refused (MemoryDenyWriteExecute, SELinux deny_execmem, PR_SET_MDWE or a seccomp filter)"
             }
             PatchError::Busy => {
-                "its first instruction is shorter than the 5-byte jump and no alignment padding this version of mrcache knows precedes it (or the jump would cross an aligned 16-byte block): a running thread could be left inside a half-replaced instruction"
+                "its first instruction is shorter than the 5-byte jump and no alignment padding this version of mrcache knows precedes or follows it (or the jump would cross an aligned 16-byte block): a running thread could be left inside a half-replaced instruction"
             }
             PatchError::NoSync => {
                 "other threads were already running, and membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE) is unavailable (Linux < 4.16 or a seccomp filter) to make them all run the new code"
@@ -112,7 +112,7 @@ impl PatchError {
                 "mprotect(PROT_READ|PROT_EXEC) after the write was refused: libc's code page stays writable and executable"
             }
             PatchError::Alone => {
-                "its first instruction is not one the architecture lets us replace while other threads may execute it (Debian 12's arm64 glibc), and other threads were already running"
+                "its first instruction (Debian 12's arm64 mmap, mremap and sbrk) is not one the architecture lets us replace while other threads may execute it, and other threads were already running"
             }
         }
     }
@@ -211,5 +211,7 @@ impl PatchTarget {
 mod tests;
 #[cfg(all(test, target_arch = "aarch64"))]
 mod tests_aarch64;
+#[cfg(test)]
+mod tests_aarch64_stubs;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests_kept;

@@ -442,6 +442,7 @@ static SHORT: [Prologue; 1] = [Prologue {
     keep: 0,
     replaced: 2,
     pad: &NOP10,
+    pad_end: 0,
     undo: &[],
 }];
 
