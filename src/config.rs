@@ -490,7 +490,7 @@ mod tests {
     }
 }
 
-/// Review of i24 (rev-i24): the reference's names against the table.
+/// The reference's names against the table.
 #[cfg(test)]
 #[path = "config/documented_test.rs"]
 mod documented_test;

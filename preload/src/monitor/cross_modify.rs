@@ -20,16 +20,16 @@
 //!
 //! An instruction shorter than the jump (2 to 4 bytes: a stub's `syscall`, `push r12`) is
 //! replaced by a 2-byte `jmp rel8`, the same way, to a `jmp rel32` written first into the
-//! alignment padding just before the function (dead bytes the caller recognised). Where none
-//! of this applies (a block the write would straddle, no SYNC_CORE membarrier with other
-//! threads), nothing is written and the caller fails closed. The thread count never relaxes
+//! alignment padding just before the function, or after its last `ret` (dead bytes the
+//! caller recognised). Where none of this applies (a block the write would straddle, no
+//! SYNC_CORE membarrier with other threads), nothing is written and the caller fails closed. The thread count never relaxes
 //! these rules: `/proc/self/stat` does not count tasks cloned with `CLONE_VM` alone.
 //!
 //! The barrier and the `mprotect` that makes the page read+execute again are both tried
 //! before the first write (`sync_core_ready`, `make_writable`), so a policy that refuses
 //! either refuses the site untouched; one that fails after the write is an error that keeps
-//! the jump (`finish`), and the runtime turns caching off. docs/design.md ("The write
-//! protocol against the JITs' and the kernel's") compares this with HotSpot and Linux's
+//! the jump (`finish`), and the runtime turns caching off. docs/design/monitor.md ("Patching
+//! code other threads are running") compares this with HotSpot and Linux's
 //! `text_poke_bp`, and says what remains on CPUs with cross-modifying-code errata.
 //!
 //! A hook more than 2 GiB from the site is reached through a trampoline (`trampoline`).
@@ -255,7 +255,7 @@ pub mod test_refuse {
 /// Replace the `JMP_LEN` bytes at `site`, which must still read `old`, with `new`.
 /// `first_len` is the length of the instruction starting at `site`: the only instruction
 /// boundary a thread may be at among the bytes that change, so every byte from `first_len`
-/// on must stay as it is. `pad`: 5 bytes of alignment padding before the function, which no
+/// on must stay as it is. `pad`: 5 bytes of alignment padding before or after the function, which no
 /// thread executes, written first (where a short first instruction becomes a 2-byte
 /// `jmp rel8` to a `jmp rel32` there).
 ///
@@ -288,7 +288,8 @@ pub unsafe fn replace_entry(
         return Err(PatchError::NoSync);
     }
     let low = pad.map_or(at, |(p, _)| p.min(at));
-    let (start, end) = (page_down(low), page_down(at + 15) + page_size());
+    let high = pad.map_or(at + 15, |(p, _)| (p + JMP_LEN - 1).max(at + 15));
+    let (start, end) = (page_down(low), page_down(high) + page_size());
     make_writable(start, end - start)?;
     if let Some((p, code)) = pad {
         // SAFETY: alignment padding between two functions, never executed, writable now; the
@@ -442,7 +443,8 @@ pub unsafe fn replace_word(site: *mut u32, old: u32, new: u32) -> Result<(), Pat
     if unsafe_under_execution || !sync {
         // Asked only when needed: the thread count never relaxes the architecture's rule
         // for another thread that is counted, and a CLONE_VM task it misses is the one
-        // residual hazard of patching an ordinary first instruction (docs/design.md).
+        // residual hazard of patching an ordinary first instruction
+        // (docs/design/monitor.md, "aarch64").
         if !single_threaded() {
             return Err(if unsafe_under_execution {
                 PatchError::Alone

@@ -1,4 +1,4 @@
-//! The aarch64 patch mechanism (issue 24), the counterpart of the x86-64 jump in `x86_64` and
+//! The aarch64 patch mechanism, the counterpart of the x86-64 jump in `x86_64` and
 //! `cross_modify`; `sites_aarch64::patch_at` writes it with `cross_modify::replace_word`.
 //! What is here is the part that can be checked anywhere: the instruction encodings, Debian 12's and 13's arm64 glibc
 //! prologues (word for word, from aarch64-linux-gnu-objdump of libc6 2.36-9+deb12u14 and
@@ -6,17 +6,21 @@
 //! execute them, the trampoline, and the decoding of UCX's and libfabric's aarch64 jumps;
 //! plus, on aarch64 only, the cache maintenance after a code write.
 //!
-//! The mechanism (docs/design.md, "aarch64 patching"): one aligned 32-bit store of a `B` to
+//! The mechanism (docs/design/monitor.md, "aarch64"): one aligned 32-bit store of a `B` to
 //! a 16-byte trampoline slot (`ldr x16, #8; br x16; .quad hook`) mapped within +-128 MiB of
 //! libc. The Arm ARM allows an instruction to be modified while another thread executes it
 //! only when the old and the new instruction are both B, BL, BRK, HVC, ISB, NOP (which
 //! Linux's `aarch64_insn_is_nop` reads as every hint but YIELD, WFE, WFI, SEV and SEVL),
-//! SMC or SVC: `concurrent_safe` says so for the old one. Every 2.41 target starts with such
-//! a hint (`bti c` or `paciasp`), and 2.36's munmap and madvise with a `nop`; the others
-//! start with an ordinary instruction, patched only while the process has one thread.
+//! SMC or SVC: `concurrent_safe` says so for the old one. In the system call stubs the `B`
+//! replaces the `svc #0` (`Prologue::keep`): the instructions before it (`bti c`, `nop`,
+//! `mov x8, #NR`, register moves no hook reads) stay, so a uprobe or a breakpoint on the
+//! entry (a `BRK` over its first word, the file's word written back when it goes) never
+//! touches our `B`, and a thread in the kernel returns past it. Every other 2.41 target
+//! starts with a hint (`bti c` or `paciasp`), replaced by the `B`; 2.36's mmap, mremap and
+//! sbrk start with an ordinary instruction, patched only while the process has one thread.
 //! Nothing is relocated: our hooks make the system call themselves and never return into
 //! libc's function, so the replaced instruction is never executed again by us; a thread
-//! that had executed it already runs on into the unchanged second instruction.
+//! that had executed it already runs on into the unchanged next instruction.
 
 use super::PatchTarget;
 
@@ -68,6 +72,23 @@ pub fn concurrent_safe(insn: u32) -> bool {
 pub struct Prologue {
     pub words: &'static [u32],
     pub any: u8,
+}
+
+/// `svc #0`.
+pub const SVC0: u32 = 0xd400_0001;
+
+impl Prologue {
+    /// How many words stay before our `B`: in a system call stub, every word before its
+    /// `svc #0` (which the `B` replaces: the architecture lets both be modified under
+    /// execution, and a thread in the kernel returns to the word after it); elsewhere none.
+    pub fn keep(&self) -> usize {
+        self.words.iter().position(|&w| w == SVC0).unwrap_or(0)
+    }
+}
+
+/// Whether `insn` is a `BRK` (a uprobe's, `BRK #5`, or a debugger's breakpoint).
+pub fn is_brk(insn: u32) -> bool {
+    insn & 0xffe0_001f == 0xd420_0000
 }
 
 /// The opcode bits of an `adrp` (its immediate and nothing else may differ).

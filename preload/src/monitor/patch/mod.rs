@@ -13,7 +13,7 @@
 //! overwritten instruction needs no relocation, provided nothing branches into the bytes we
 //! overwrite. The first instruction stays where we can: a uprobe or a breakpoint there runs
 //! it elsewhere and resumes on our jump, and writes back only its own first byte
-//! (docs/design.md, "Breakpoints at a patched entry"). We only patch a function whose first bytes are a prologue we recognise byte
+//! (docs/design/monitor.md, "Where the jump goes"). We only patch a function whose first bytes are a prologue we recognise byte
 //! for byte (each checked by disassembling that glibc: no branch lands inside them), after
 //! an optional `endbr64` that stays at the entry for CET's indirect branch tracking.
 //! Anything else is left alone; the self-test then reports that path as not covered.
@@ -22,8 +22,8 @@
 //! and the checks before each hit compare the bytes; the runtime stops caching when they changed.
 
 //!
-//! On aarch64 the jump is one `B` word to a trampoline (`aarch64`, docs/design.md,
-//! "aarch64 patching"); every other architecture fails closed (nothing is patched).
+//! On aarch64 the jump is one `B` word to a trampoline (`aarch64`, docs/design/monitor.md,
+//! "aarch64"); every other architecture fails closed (nothing is patched).
 //!
 //! Here: the targets and why one was refused; `x86_64` and `aarch64` (the prologues each
 //! recognises), `sites` (our jumps: writing them, what each holds now, chaining),
@@ -99,7 +99,7 @@ impl PatchError {
                 "mprotect of libc's code to writable, or back to read+execute (asked first, so that nothing is left writable), was refused (MemoryDenyWriteExecute, SELinux deny_execmem, PR_SET_MDWE or a seccomp filter)"
             }
             PatchError::Busy => {
-                "its first instruction is shorter than the 5-byte jump and no alignment padding this version of mrcache knows precedes it (or the jump would cross an aligned 16-byte block): a running thread could be left inside a half-replaced instruction"
+                "its first instruction is shorter than the 5-byte jump and no alignment padding this version of mrcache knows precedes or follows it (or the jump would cross an aligned 16-byte block): a running thread could be left inside a half-replaced instruction"
             }
             PatchError::NoSync => {
                 "other threads were already running, and membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE) is unavailable (Linux < 4.16 or a seccomp filter) to make them all run the new code"
@@ -112,7 +112,7 @@ impl PatchError {
                 "mprotect(PROT_READ|PROT_EXEC) after the write was refused: libc's code page stays writable and executable"
             }
             PatchError::Alone => {
-                "its first instruction is not one the architecture lets us replace while other threads may execute it (Debian 12's arm64 glibc), and other threads were already running"
+                "its first instruction (Debian 12's arm64 mmap, mremap and sbrk) is not one the architecture lets us replace while other threads may execute it, and other threads were already running"
             }
         }
     }
@@ -211,5 +211,7 @@ impl PatchTarget {
 mod tests;
 #[cfg(all(test, target_arch = "aarch64"))]
 mod tests_aarch64;
+#[cfg(test)]
+mod tests_aarch64_stubs;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests_kept;

@@ -4,12 +4,12 @@
 //! are watched in `own_hooks`.
 
 #[cfg(target_arch = "aarch64")]
-use super::sites_aarch64::load8;
+use super::sites_aarch64::site_intact;
 use super::*;
 #[cfg(target_arch = "x86_64")]
 use crate::monitor::cross_modify::{self, JMP_LEN};
 use std::ffi::{CStr, c_void};
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use std::sync::atomic::AtomicBool;
 #[cfg(target_arch = "x86_64")]
 use std::sync::atomic::Ordering::Release;
@@ -32,9 +32,10 @@ pub(super) static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0)
 pub(super) static SITE_ENDBR: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
 /// How many bytes of the function's own instructions we kept after the endbr64 and before
 /// the jump (`Prologue::keep`), and every kept byte from the entry on (endbr64 included; the
-/// first eight, and the last eight where there are more), checked like the jump.
+/// first eight, and the last eight where there are more), checked like the jump. On
+/// aarch64: 4 per word kept before the `B`, and the kept words, two to a `SITE_KEPT` slot.
 pub(super) static SITE_KEEP: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(super) static SITE_KEPT: [[AtomicU64; 2]; SITES] =
     [const { [const { AtomicU64::new(0) }; 2] }; SITES];
 /// Whether the kept bytes are the function's own, as in its file: then an `int3` over the
@@ -44,9 +45,9 @@ pub(super) static SITE_KEPT: [[AtomicU64; 2]; SITES] =
 /// patcher's jump there was taken back (`adopt_overwritten`); 0: none. The bytes after it
 /// are never run then: the site is intact with it in place, or with the bytes we first
 /// wrote and kept back (the other patcher wrote back what it had found).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(super) static SITE_ADOPTED: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(super) static SITE_BREAK_OK: [AtomicBool; SITES] = [const { AtomicBool::new(false) }; SITES];
 /// The hook another patcher (UCX's bistro, libfabric's memhooks) had put at the entry we
 /// took over: our hook calls it instead of issuing the system call, so both see the call.
@@ -248,14 +249,20 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         crate::monitor::dl::pin_object_of(t);
     }
     let (skip, keep, first, pad, undo) = match usable_start(target.prologues, &head, f as usize) {
-        Some((skip, p)) => (skip, p.keep as usize, p.replaced as usize, p.pad, p.undo),
+        Some((skip, p)) => (
+            skip,
+            p.keep as usize,
+            p.replaced as usize,
+            (p.pad, pad_end(p, f as usize, skip)),
+            p.undo,
+        ),
         // Known bytes, but not the padding a short replaced instruction needs.
         None if foreign.is_none() => return Err(PatchError::Busy),
         None => (
             0,
             0,
             foreign_first_len(&head).ok_or(PatchError::Unexpected)?,
-            &[][..],
+            (&[][..], f as usize),
             &[][..],
         ),
     };
@@ -272,8 +279,9 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         (jump_to(site as usize, hook)?, None)
     } else {
         // A `jmp rel8` over the short replaced instruction, to a `jmp rel32` in the padding.
-        let at = (f as usize).wrapping_sub(JMP_LEN);
-        if pad.len() < JMP_LEN || !padding_ends_at(f as usize, pad) {
+        let (pad, end) = pad;
+        let at = end.wrapping_sub(JMP_LEN);
+        if pad.len() < JMP_LEN || !padding_ends_at(end, pad) {
             return Err(PatchError::Busy);
         }
         let short = cross_modify::jmp_rel8(site as usize, at).ok_or(PatchError::Busy)?;
@@ -283,11 +291,12 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
     };
     // Watched from before the write (a `try_clean` racing it must fail).
     let lo = (f as usize).saturating_sub(JMP_LEN);
-    widen(LIBC_SPAN, lo, site as usize + JMP_LEN);
-    let began = watch_begin(lo, site as usize + JMP_LEN - lo);
+    let hi = pad_jump.map_or(site as usize, |(at, _)| at.max(site as usize)) + JMP_LEN;
+    widen(LIBC_SPAN, lo, hi);
+    let began = watch_begin(lo, hi - lo);
     // SAFETY: the function's instruction at `site` is `first` bytes long (only its bytes
     // change); the jump leads to its hook (after `undo`), which replaces the rest of the
-    // function; the padding before the function is dead code.
+    // function; the padding before or after the function is dead code.
     let written = unsafe { cross_modify::replace_entry(site, old, code, first, pad_jump) };
     watch_end(began);
     if let Err(e) = written
@@ -501,9 +510,8 @@ pub(super) fn site_intact(i: usize, at: usize) -> bool {
         || (adopted != 0 && load8(at - SITE_KEEP[i].load(Relaxed)) & MASK == adopted)
 }
 
-/// Whether site `i` (patched at `at`) still holds our `B` (one 32-bit word; nothing is kept
-/// before it on aarch64).
-#[cfg(not(target_arch = "x86_64"))]
+/// Nothing is patched on other architectures: whether the recorded word is there.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(super) fn site_intact(i: usize, at: usize) -> bool {
     load8(at) & 0xffff_ffff == SITE_CODE[i].load(Relaxed)
 }

@@ -10,14 +10,18 @@ use crate::monitor::cross_modify::{self, JMP_LEN};
 /// after them, `replaced` bytes long, the only one it may change (threads may stand at any
 /// later boundary). A uprobe or a debugger's breakpoint puts an `int3` over the entry's
 /// first byte, runs the file's first instruction elsewhere and resumes after it, on our
-/// jump; removed, it writes that byte back, which we never changed (docs/design.md,
-/// "Breakpoints at a patched entry"). `keep` 0: the first instruction itself is replaced
+/// jump; removed, it writes that byte back, which we never changed (docs/design/monitor.md,
+/// "Where the jump goes"). `keep` 0: the first instruction itself is replaced
 /// (a start where nothing after it is known to be replaceable). `undo`: code run before the
 /// hook that takes back what the kept instructions did to the stack (`pop r12` after
 /// `push r12`). A replaced instruction shorter than `JMP_LEN` becomes a `jmp rel8` to a
 /// `jmp rel32` in `pad`: alignment padding that ends at the function's entry in that glibc
 /// (checked by disassembly: it follows a `ret`, a `jmp` or a call that does not return, and
 /// nothing branches into it); empty where the replaced instruction is long enough.
+/// `pad_end`: where that padding ends, in bytes from the prologue's start (after an
+/// endbr64); 0: at the function's entry (padding before it). Otherwise it is the padding
+/// after the function's last `ret`, up to the next function (where the padding before the
+/// entry is shorter than the jump), and `pad` begins with that `ret`.
 #[derive(Clone, Copy)]
 pub struct Prologue {
     pub bytes: [u8; MATCH_LEN],
@@ -25,6 +29,7 @@ pub struct Prologue {
     pub keep: u8,
     pub replaced: u8,
     pub pad: &'static [u8],
+    pub pad_end: u8,
     pub undo: &'static [u8],
 }
 
@@ -85,6 +90,14 @@ pub fn site_offset(
     known_start(prologues, code).map(|(skip, _)| skip)
 }
 
+/// Where the padding `p` needs ends in the function at `f` whose prologue starts at `skip`.
+pub(super) fn pad_end(p: &Prologue, f: usize, skip: usize) -> usize {
+    match p.pad_end {
+        0 => f,
+        end => f + skip + end as usize,
+    }
+}
+
 /// The first of `prologues` that the function at `f`, starting with `code`, can be patched
 /// by: its bytes match, and the padding a short replaced instruction needs is there.
 pub(super) fn usable_start<'p>(
@@ -97,13 +110,40 @@ pub(super) fn usable_start<'p>(
         .iter()
         .find(|p| {
             matches(p, &code[skip..skip + MATCH_LEN])
-                && (p.replaced as usize >= JMP_LEN || super::sites::padding_ends_at(f, p.pad))
+                && (p.replaced as usize >= JMP_LEN
+                    || super::sites::padding_ends_at(pad_end(p, f, skip), p.pad))
         })
         .map(|p| (skip, p))
 }
 
 /// How many forms `stub_past_mov` gives a stub.
 pub const STUB_FORMS: usize = STUB_PADS.len() + 1;
+
+/// The padding after glibc 2.41's madvise (its `ret`, NOP10, NOP5, up to the next function
+/// at +0x30) and brk (its `ret`, NOP10, NOP2, up to +0x40), whose padding before the entry
+/// (NOP3 after a call that does not return, NOP4 after a `jmp`) is shorter than the jump
+/// (`objdump -d` of Debian 13's libc.so.6; nothing branches into it).
+const RET_NOP10_NOP5: [u8; 16] = [
+    0xc3, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x0f, 0x1f, 0x44, 0, 0,
+];
+const RET_NOP10_NOP2: [u8; 13] = [
+    0xc3, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x66, 0x90,
+];
+
+/// `stub_past_mov`'s forms, and before the last (the first instruction replaced) the stub
+/// patched after its first instruction with the padding `pad` ending `end` bytes after it.
+const fn stub_past_mov_or_after(
+    p: Prologue,
+    pad: &'static [u8],
+    end: u8,
+) -> [Prologue; STUB_FORMS + 1] {
+    let f = stub_past_mov(p);
+    let after = Prologue {
+        pad_end: end,
+        ..past_mov(p, pad)
+    };
+    [f[0], f[1], f[2], f[3], f[4], after, f[5]]
+}
 
 /// A system call stub patched after its `mov eax, NR` (kept): its `syscall` becomes a
 /// `jmp rel8` to a `jmp rel32` in the padding `pad` before the function.
@@ -140,6 +180,7 @@ pub const fn syscall_stub(nr: u8) -> Prologue {
         keep: 0,
         replaced: 5,
         pad: &[],
+        pad_end: 0,
         undo: &[],
     }
 }
@@ -153,11 +194,22 @@ pub const BRK: Prologue = Prologue {
     keep: 0,
     replaced: 5,
     pad: &[],
+    pad_end: 0,
     undo: &[],
 };
 
+/// glibc 2.41's `mmap` start: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx;
+/// mov rbx, rdi (2 of 3).
+const MMAP_241: [u8; MATCH_LEN] = [
+    0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48,
+];
+/// The padding that ends at glibc 2.41's `mmap` (after a `ret`): NOP10, NOP5.
+const NOP10_NOP5: [u8; 15] = [
+    0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x0f, 0x1f, 0x44, 0, 0,
+];
+
 /// glibc's `mmap`, which checks the offset's alignment before the system call.
-pub const MMAP: [Prologue; 2] = [
+pub const MMAP: [Prologue; 3] = [
     // 2.36: mov r10d, ecx (kept: it only copies the fourth argument); test r9d, 0xfff
     // (replaced); jne +0x14; mov eax, 9 (first 2 bytes)
     Prologue {
@@ -168,24 +220,36 @@ pub const MMAP: [Prologue; 2] = [
         keep: 3,
         replaced: 7,
         pad: &[],
+        pad_end: 0,
         undo: &[],
     },
-    // 2.41: test r9d, 0xfff; jne +0x27; push rbp; mov ebp, ecx; push rbx; mov rbx, rdi (2 of 3)
+    // 2.41: test r9d, 0xfff (kept: it only sets the flags); jne +0x27 (replaced: a `jmp
+    // rel8` to a `jmp rel32` in the padding before the function)
     Prologue {
-        bytes: [
-            0x41, 0xf7, 0xc1, 0xff, 0x0f, 0, 0, 0x75, 0x27, 0x55, 0x89, 0xcd, 0x53, 0x48,
-        ],
+        bytes: MMAP_241,
+        any: 0,
+        keep: 7,
+        replaced: 2,
+        pad: &NOP10_NOP5,
+        pad_end: 0,
+        undo: &[],
+    },
+    // 2.41 without that padding: the first instruction is replaced.
+    Prologue {
+        bytes: MMAP_241,
         any: 0,
         keep: 0,
         replaced: 7,
         pad: &[],
+        pad_end: 0,
         undo: &[],
     },
 ];
 
 static MUNMAP_STUB: [Prologue; STUB_FORMS] = stub_past_mov(syscall_stub(0x0b));
-static MADVISE_STUB: [Prologue; STUB_FORMS] = stub_past_mov(syscall_stub(0x1c));
-static BRK_STUB: [Prologue; STUB_FORMS] = stub_past_mov(BRK);
+static MADVISE_STUB: [Prologue; STUB_FORMS + 1] =
+    stub_past_mov_or_after(syscall_stub(0x1c), &RET_NOP10_NOP5, 0x30);
+static BRK_STUB: [Prologue; STUB_FORMS + 1] = stub_past_mov_or_after(BRK, &RET_NOP10_NOP2, 0x40);
 /// glibc 2.36's mremap: `sub rsp, 0x58` (kept, taken back by `add rsp, 0x58` before the
 /// hook); `mov [rsp+0x40], r8` (replaced: exactly the jump's length); `mov rax, fs:[0x28]`.
 static MREMAP_START: [Prologue; 1] = [Prologue {
@@ -196,6 +260,7 @@ static MREMAP_START: [Prologue; 1] = [Prologue {
     keep: 4,
     replaced: 5,
     pad: &[],
+    pad_end: 0,
     undo: &[0x48, 0x83, 0xc4, 0x58],
 }];
 /// glibc's shmdt: `mov eax, 67; syscall; cmp rax, -4096; ja` (a pointer-returning stub).
@@ -213,12 +278,20 @@ const fn pointer_stub(nr: u8) -> Prologue {
         keep: 0,
         replaced: 5,
         pad: &[],
+        pad_end: 0,
         undo: &[],
     }
 }
 
+/// glibc 2.41's `sbrk` start: cmp byte [rip + __libc_initial], 0; push r12; push rbp;
+/// push rbx; mov rbx, rdi.
+const SBRK_241: [u8; MATCH_LEN] = [
+    0x80, 0x3d, 0, 0, 0, 0, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb,
+];
+const SBRK_241_ANY: u16 = 0b00_0000_0011_1100;
+
 /// glibc's sbrk, an ordinary function (checked: no branch in it lands inside these bytes).
-static SBRK_START: [Prologue; 2] = [
+static SBRK_START: [Prologue; 3] = [
     // 2.36: push r12 (kept, taken back by `pop r12` before the hook); mov r12,
     // [rip + __curbrk@GOT] (replaced); cmp byte [rip + __libc_initial], 0
     Prologue {
@@ -229,17 +302,28 @@ static SBRK_START: [Prologue; 2] = [
         keep: 2,
         replaced: 7,
         pad: &[],
+        pad_end: 0,
         undo: &[0x41, 0x5c],
     },
-    // 2.41: cmp byte [rip + __libc_initial], 0; push r12; push rbp; push rbx; mov rbx, rdi
+    // 2.41: the cmp (kept: it only reads memory and sets the flags); push r12 (replaced:
+    // a `jmp rel8` to a `jmp rel32` in the padding, NOP10 and NOP2 after a `ret`).
     Prologue {
-        bytes: [
-            0x80, 0x3d, 0, 0, 0, 0, 0x00, 0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb,
-        ],
-        any: 0b00_0000_0011_1100,
+        bytes: SBRK_241,
+        any: SBRK_241_ANY,
+        keep: 7,
+        replaced: 2,
+        pad: &NOP10_NOP2,
+        pad_end: 0,
+        undo: &[],
+    },
+    // 2.41 without that padding: the first instruction is replaced.
+    Prologue {
+        bytes: SBRK_241,
+        any: SBRK_241_ANY,
         keep: 0,
         replaced: 7,
         pad: &[],
+        pad_end: 0,
         undo: &[],
     },
 ];
