@@ -1,20 +1,26 @@
 //! `ibv_access_flags`: which registrations the cache may serve, and which cached entry may
 //! serve a request without widening what the app (or a remote peer) can do with it.
 
+/// `IBV_ACCESS_LOCAL_WRITE`.
 pub const LOCAL_WRITE: u32 = 1;
+/// `IBV_ACCESS_REMOTE_WRITE`.
 pub const REMOTE_WRITE: u32 = 1 << 1;
+/// `IBV_ACCESS_REMOTE_READ`.
 pub const REMOTE_READ: u32 = 1 << 2;
+/// `IBV_ACCESS_REMOTE_ATOMIC`.
 pub const REMOTE_ATOMIC: u32 = 1 << 3;
+/// `IBV_ACCESS_MW_BIND`.
 pub const MW_BIND: u32 = 1 << 4;
-pub const ZERO_BASED: u32 = 1 << 5;
-pub const ON_DEMAND: u32 = 1 << 6;
-pub const HUGETLB: u32 = 1 << 7;
-pub const FLUSH_GLOBAL: u32 = 1 << 8;
-pub const FLUSH_PERSISTENT: u32 = 1 << 9;
+pub(crate) const ZERO_BASED: u32 = 1 << 5;
+pub(crate) const ON_DEMAND: u32 = 1 << 6;
+pub(crate) const HUGETLB: u32 = 1 << 7;
+pub(crate) const FLUSH_GLOBAL: u32 = 1 << 8;
+pub(crate) const FLUSH_PERSISTENT: u32 = 1 << 9;
 /// Bits 20..29: "optional" flags (RELAXED_ORDERING is bit 20). libibverbs strips them when
 /// the device does not support them, so such registrations go through its wrapper.
 pub const OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
+/// Every remote right: a registration with any of them hands a peer a key.
 pub const REMOTE: u32 = REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
 const CACHEABLE: u32 =
     LOCAL_WRITE | REMOTE | MW_BIND | HUGETLB | FLUSH_GLOBAL | FLUSH_PERSISTENT | OPTIONAL_RANGE;
@@ -55,8 +61,11 @@ pub enum Bypass {
 
 /// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).
 pub const REREG_CHANGE_TRANSLATION: i32 = 1;
+/// `IBV_REREG_MR_CHANGE_PD`.
 pub const REREG_CHANGE_PD: i32 = 2;
+/// `IBV_REREG_MR_CHANGE_ACCESS`.
 pub const REREG_CHANGE_ACCESS: i32 = 4;
+/// Every flag above: any other bit is libibverbs' to refuse.
 pub const REREG_FLAGS_SUPPORTED: i32 = 7;
 
 /// libibverbs' own argument checks of `ibv_rereg_mr` (it returns IBV_REREG_MR_ERR_INPUT when
@@ -75,7 +84,7 @@ pub fn rereg_args_valid(flags: i32, addr: usize, len: usize, access: i32) -> boo
 
 /// Decide whether a registration request can go through the cache.
 #[inline]
-pub fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
+pub(crate) fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
     if access & ON_DEMAND != 0 {
         return Err(Bypass::OnDemand);
     }
@@ -98,6 +107,7 @@ pub fn classify(addr: usize, len: usize, access: u32) -> Result<(), Bypass> {
 /// (unless `remote_superset`): a containing or wider entry would let a peer reach memory
 /// the app never exposed. A local-only request may use a containing entry that grants no
 /// remote access and at least its local rights; every other flag must match.
+/// Public for the integration tests only.
 pub fn can_serve(
     have: u32,
     have_range: (usize, usize),

@@ -10,7 +10,7 @@
 //!   (which `miss_ns` already counts).
 //!
 //! [`verdict`] caches a class only where a cached round is cheaper than a miss.
-//! [`verdict_at`] says the same at an observed hit ratio `h`: a cache that misses `1 - h`
+//! `verdict_at` says the same at an observed hit ratio `h`: a cache that misses `1 - h`
 //! of the time pays `h * cached + (1 - h) * (miss + evict)` per call against `miss`
 //! without it; [`verdict`] is `verdict_at(.., 1.0)`.
 //!
@@ -35,8 +35,10 @@ pub enum Access {
 }
 
 impl Access {
+    /// Both kinds, in the order of the figures' table.
     pub const ALL: [Access; 2] = [Access::Local, Access::Remote];
 
+    /// "local" or "remote", as reports write it.
     pub fn name(self) -> &'static str {
         match self {
             Access::Local => "local",
@@ -46,11 +48,11 @@ impl Access {
 }
 
 /// The number of size classes: 2^0 .. 2^63 bytes.
-pub const CLASSES: usize = 64;
+pub(crate) const CLASSES: usize = 64;
 
 /// The size class of a registration of `len` bytes: the exponent of the smallest power of
 /// two at or above `len` (0 for 0 and 1; 12 for 4 KiB; 13 for 4 KiB + 1).
-pub fn size_class(len: usize) -> u32 {
+pub(crate) fn size_class(len: usize) -> u32 {
     if len <= 1 {
         0
     } else {
@@ -59,7 +61,7 @@ pub fn size_class(len: usize) -> u32 {
 }
 
 /// A class's name for reports: "4KiB", "64KiB", "1MiB", ...
-pub fn class_name(class: u32) -> String {
+pub(crate) fn class_name(class: u32) -> String {
     let (n, unit) = match class {
         0..=9 => (1u64 << class, "B"),
         10..=19 => (1u64 << (class - 10), "KiB"),
@@ -146,7 +148,7 @@ pub fn verdict(access: Access, costs: &Costs) -> Verdict {
 
 /// `verdict` at hit ratio `hit_ratio` (clamped to 0..=1): caching costs
 /// `h * cached_ns + (1 - h) * (miss_ns + evict_ns)` per call, passing through `miss_ns`.
-pub fn verdict_at(_access: Access, costs: &Costs, hit_ratio: f64) -> Verdict {
+pub(crate) fn verdict_at(_access: Access, costs: &Costs, hit_ratio: f64) -> Verdict {
     if !known(costs.miss_ns) || !known(costs.cached_ns) {
         return Verdict::Cache;
     }
@@ -172,10 +174,10 @@ pub fn verdict_at(_access: Access, costs: &Costs, hit_ratio: f64) -> Verdict {
 /// more than `BAND_OUT` misses, a passed-through one comes back only under `BAND_IN`
 /// (figures near a tie would otherwise flip the verdict with every sample).
 pub const BAND_OUT: f64 = 1.25;
-pub const BAND_IN: f64 = 0.8;
+pub(crate) const BAND_IN: f64 = 0.8;
 /// Updates in a row within the band before a passed-through class's dearer miss resets its
 /// trial interval (`Figures::settle`): one stall lifts the miss figure for a few only.
-pub const BAND_UPDATES: u32 = 16;
+pub(crate) const BAND_UPDATES: u32 = 16;
 
 /// `verdict` with the band: the verdict that follows `held` at these costs.
 pub fn verdict_banded(costs: &Costs, held: Verdict) -> Verdict {
@@ -192,7 +194,8 @@ pub fn verdict_banded(costs: &Costs, held: Verdict) -> Verdict {
 
 /// The hit ratio above which caching pays (`None`: never, a cached round costs at least a
 /// miss; `Some(0.0)`: a figure is missing).
-pub fn break_even(costs: &Costs) -> Option<f64> {
+#[cfg(test)]
+pub(crate) fn break_even(costs: &Costs) -> Option<f64> {
     if !known(costs.miss_ns) || !known(costs.cached_ns) {
         return Some(0.0);
     }
@@ -212,32 +215,34 @@ pub fn break_even(costs: &Costs) -> Option<f64> {
 /// interval doubles after each trial, up to `PROBE_MAX`, and comes back to this when its
 /// round comes down by more than a quarter or a dearer miss brings the round within the
 /// band (`Figures::settle`).
+/// Public for the integration tests only.
 pub const PROBE_EVERY: u64 = 32;
-pub const PROBE_MAX: u64 = 1024;
+pub(crate) const PROBE_MAX: u64 = 1024;
 /// The longest interval between a cached remote class's probes, in hits.
-pub const PROBE_HITS_MAX: u64 = 8192;
+pub(crate) const PROBE_HITS_MAX: u64 = 8192;
 /// A cached remote class's probe passes this many of its calls through in a row; the first
 /// is not a sample (`Figures::probe_cold`). After a long run of hits it is the cold one
 /// (the provider's and the kernel's paths out of the caches, and under TCG out of the
 /// translated code: 2-4x a plain back-to-back miss in the aarch64 guest), while the app
 /// without the cache makes its calls back to back; the others are what a miss costs.
+/// Public for the integration tests only.
 pub const PROBE_BURST: u32 = 4;
 /// A cached class passes through only on at least this many cached rounds (`Figures::complete`).
-pub const MIN_ROUNDS: u64 = 3;
+pub(crate) const MIN_ROUNDS: u64 = 3;
 /// A cached remote class passes through only on at least this many cached rounds, and
 /// `MIN_MISSES` misses measured whole: its first rounds are slow (the first binds, cold
 /// paths) and the mean forgets them only over a dozen samples; with `MIN_ROUNDS` a probe
 /// burst's first warm miss against those rounds flipped remote 256 KiB, which pays 1.5x
 /// in the x86 guest (`reg_loop_default`: 32 of 10000 registrations on the first MR).
 pub const SETTLED_ROUNDS: u64 = 16;
-pub const MIN_MISSES: u64 = 3;
+pub(crate) const MIN_MISSES: u64 = 3;
 /// A cached remote class passes through only once its figures have said so for this many
 /// more samples (whole rounds and misses): a single stall sample (counted up to 8x the
 /// mean) can lift a cached round by 87%, past the band of a class that pays 1.3x (remote
 /// 256 KiB in the x86 guest: `reg_loop_default` flipped after 3111 and 6073 of 10000 hits).
 pub const FLIP_SAMPLES: u64 = 8;
 /// A trial's entry serves this many hits (each timed) before the class passes through again.
-pub const TRIAL_HITS: u32 = 4;
+pub(crate) const TRIAL_HITS: u32 = 4;
 
 /// The running figures of one class.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -264,18 +269,18 @@ pub struct Figures {
     pub evict: Mean,
     /// Calls of this class since its last trial (pass-through class) or probe (remote
     /// cached class).
-    pub misses: u64,
+    pub(crate) misses: u64,
     /// Remote cached class: hits passed through to re-measure what a miss costs now.
     pub probes: u64,
     /// Calls left to pass through in the current probe burst (`PROBE_BURST`).
-    pub probe_burst: u32,
+    pub(crate) probe_burst: u32,
     /// The class's next pass-through sample is a burst's first: not counted in `pass_reg`,
     /// nor its deregistration in `pass_dereg`.
-    pub probe_cold: bool,
+    pub(crate) probe_cold: bool,
     /// Hits between those probes now (0: `PROBE_EVERY`); doubles up to `PROBE_HITS_MAX`
     /// and comes back only when the verdict changes (a probe costs a whole miss, and noisy
     /// figures would otherwise keep it at 32).
-    pub probe_hits_every: u64,
+    pub(crate) probe_hits_every: u64,
     /// Misses passed through because caching did not pay.
     pub passed: u64,
     /// Cached trials of a passed-through class.
@@ -283,47 +288,47 @@ pub struct Figures {
     /// The verdict of the last miss.
     pub verdict: Option<Verdict>,
     /// Misses between trials now (0: `PROBE_EVERY`).
-    pub probe_every: u64,
+    pub(crate) probe_every: u64,
     /// The last pass-through sample was more than half off `pass_reg` (either way): the
     /// cost is changing, every pass-through is timed until a sample no longer moves it
     /// (`Cache::wants_passthrough_sample`; steady, one in `SAMPLE_EVERY`).
-    pub pass_moving: bool,
+    pub(crate) pass_moving: bool,
     /// The banded verdict (`verdict_banded`) as of the last update (`None`: cache).
-    pub held: Option<Verdict>,
+    pub(crate) held: Option<Verdict>,
     /// A cached remote class: the count of samples (`samples`) when its figures first said
     /// pass-through, in a run of updates that all said so (`FLIP_SAMPLES`).
     pub pass_since: Option<u64>,
     /// Hits left in the current trial: a passed-through class's cached entries serve this
     /// many hits after a trial (timing its cached round), then are evicted at the next.
-    pub trial_hits: u32,
+    pub(crate) trial_hits: u32,
     /// A trial's first hit and first release are not samples (`COLD_HIT`, `COLD_RELEASE`
     /// while still to come): after a run of pass-throughs they are the cold ones, as a
     /// probe burst's first pass-through is after a run of hits (`probe_cold`).
-    pub trial_cold: u8,
+    pub(crate) trial_cold: u8,
     /// A passed-through class's cached round at its last trial: a trial that brings it
     /// down by a quarter resets the trial interval (`settle`).
-    pub trial_round: Option<f64>,
+    pub(crate) trial_round: Option<f64>,
     /// A passed-through class: updates in a row with its round within the band of its miss,
     /// and whether that may reset the trial interval (armed at the flip to pass-through and
     /// at a trial made outside the band, spent when it fires: `settle`).
-    pub band_run: u32,
-    pub band_armed: bool,
+    pub(crate) band_run: u32,
+    pub(crate) band_armed: bool,
 }
 
 /// In `Figures::trial_cold`.
-pub const COLD_HIT: u8 = 1;
-pub const COLD_RELEASE: u8 = 2;
+pub(crate) const COLD_HIT: u8 = 1;
+pub(crate) const COLD_RELEASE: u8 = 2;
 
 impl Figures {
     /// A sample of a cached hit (a trial's first is skipped: `trial_cold`).
-    pub fn add_hit(&mut self, ns: f64) {
+    pub(crate) fn add_hit(&mut self, ns: f64) {
         if !self.take_cold(COLD_HIT) {
             self.hit.add(ns);
         }
     }
 
     /// A sample of a cached release (a trial's first is skipped: `trial_cold`).
-    pub fn add_release(&mut self, ns: f64) {
+    pub(crate) fn add_release(&mut self, ns: f64) {
         if !self.take_cold(COLD_RELEASE) {
             self.release.add(ns);
         }
@@ -343,7 +348,7 @@ impl Figures {
     /// `BAND_UPDATES` updates, once a flip or trial: a stall in one pass-through's timing
     /// lifts the miss figure for a few updates (`noisy`: on the aarch64 guest any move
     /// brought trials back 64-91 times in 8,000 calls).
-    pub fn settle(&mut self, access: Access, before: &Costs) {
+    pub(crate) fn settle(&mut self, access: Access, before: &Costs) {
         let now = self.costs(access);
         let moved = |a: f64, b: f64| known(a) && known(b) && ((a - b).abs() > 0.25 * a.min(b));
         let measured = |c: &Costs| known(c.miss_ns) && known(c.cached_ns);
@@ -376,7 +381,7 @@ impl Figures {
 
     /// The registration figure of a miss. Like with like: libibverbs' own call as the app
     /// pays it, once measured (`pass_reg`), else the cache's registrations.
-    pub fn miss_reg(&self) -> Mean {
+    pub(crate) fn miss_reg(&self) -> Mean {
         if self.pass_reg.samples > 0 {
             self.pass_reg
         } else {
@@ -385,7 +390,7 @@ impl Figures {
     }
 
     /// The deregistration figure of a miss (`pass_dereg` once measured, else `dereg`).
-    pub fn miss_dereg(&self) -> Mean {
+    pub(crate) fn miss_dereg(&self) -> Mean {
         if self.pass_dereg.samples > 0 {
             self.pass_dereg
         } else {
@@ -445,10 +450,12 @@ fn slot(access: Access, class: u32) -> usize {
 }
 
 impl Classes {
+    /// The figures of the size class of `len` bytes for `access`.
     pub fn get(&self, access: Access, len: usize) -> &Figures {
         &self.figures[slot(access, size_class(len))]
     }
 
+    /// As `get`, to update them (the class is then among those `take_touched` returns).
     pub fn get_mut(&mut self, access: Access, len: usize) -> &mut Figures {
         let i = slot(access, size_class(len));
         self.touched[i / CLASSES] |= 1 << (i % CLASSES);
@@ -493,7 +500,7 @@ impl Classes {
     /// A cached entry of `len` bytes was found: whether it may serve the hit. Not in a
     /// passed-through class (the caller evicts it if idle and takes the miss path), except
     /// the `TRIAL_HITS` hits after a trial.
-    pub fn allow_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
+    pub(crate) fn allow_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
         let f = self.get_mut(access, len);
         if !auto || f.held_verdict(access) == Verdict::Cache {
             return true;
@@ -511,7 +518,7 @@ impl Classes {
     /// that what a miss costs is re-measured (the caller times the registration libibverbs
     /// makes, `Cache::note_passthrough`): a cached class never misses otherwise, and its
     /// miss figure would stay whatever its first miss cost (set-up included).
-    pub fn probe_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
+    pub(crate) fn probe_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
         let f = self.get_mut(access, len);
         if !auto || access != Access::Remote {
             return false;
@@ -545,7 +552,7 @@ mod sketch;
 mod steady;
 mod verdict;
 pub use mean::Mean;
-pub use sketch::Sketch;
+pub(crate) use sketch::Sketch;
 
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,7 @@ pub struct Decision {
     pub flush_idle: bool,
     /// Mark the ranges of entries in use DONTFORK for the fork's duration.
     pub dontfork_in_use: bool,
+    /// The reason, for the log line and the report.
     pub why: String,
 }
 
@@ -77,6 +78,7 @@ pub struct FlushRequests {
 }
 
 impl FlushRequests {
+    /// None asked, none done.
     pub const fn new() -> FlushRequests {
         FlushRequests {
             asked: AtomicU64::new(0),

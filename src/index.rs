@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 const CLASSES: usize = usize::BITS as usize;
 
 #[derive(Default)]
-pub struct RangeIndex {
+pub(crate) struct RangeIndex {
     classes: Vec<BTreeMap<(usize, u32), usize>>,
     len: usize,
 }
@@ -32,12 +32,8 @@ impl RangeIndex {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Add `id` for `[start, end)`; `end > start`.
-    pub fn insert(&mut self, start: usize, end: usize, id: u32) {
+    pub(crate) fn insert(&mut self, start: usize, end: usize, id: u32) {
         if self.classes[class_of(end - start)]
             .insert((start, id), end)
             .is_none()
@@ -47,7 +43,7 @@ impl RangeIndex {
     }
 
     /// Remove `id` for `[start, end)`; returns whether it was there.
-    pub fn remove(&mut self, start: usize, end: usize, id: u32) -> bool {
+    pub(crate) fn remove(&mut self, start: usize, end: usize, id: u32) -> bool {
         let removed = self.classes[class_of(end - start)]
             .remove(&(start, id))
             .is_some();
@@ -58,7 +54,12 @@ impl RangeIndex {
     }
 
     /// Call `f(id, start, end)` for every range overlapping `[start, end)`.
-    pub fn for_each_overlap(&self, start: usize, end: usize, mut f: impl FnMut(u32, usize, usize)) {
+    pub(crate) fn for_each_overlap(
+        &self,
+        start: usize,
+        end: usize,
+        mut f: impl FnMut(u32, usize, usize),
+    ) {
         if end <= start {
             return;
         }

@@ -24,7 +24,7 @@ const CAPACITY: usize = 1024;
 /// touched. 31 bits of 64 KiB units span 2^47 bytes, all of x86-64's 4-level user space;
 /// a range reaching beyond that becomes "everything".
 mod packed {
-    pub const EMPTY: u64 = 0;
+    pub(crate) const EMPTY: u64 = 0;
     const PRESENT: u64 = 1 << 63;
     const EVERYTHING: u64 = 1 << 62;
     const UNIT: u32 = 16;
@@ -32,7 +32,7 @@ mod packed {
     const MASK: u64 = (1 << FIELD) - 1;
     const LIMIT: usize = 1 << (UNIT + FIELD);
 
-    pub fn pack(start: usize, end: usize) -> u64 {
+    pub(crate) fn pack(start: usize, end: usize) -> u64 {
         if end > LIMIT {
             return PRESENT | EVERYTHING;
         }
@@ -42,7 +42,7 @@ mod packed {
     }
 
     /// The smallest packed range covering both.
-    pub fn merge(a: u64, b: u64) -> u64 {
+    pub(crate) fn merge(a: u64, b: u64) -> u64 {
         if a == EMPTY {
             return b;
         }
@@ -55,7 +55,7 @@ mod packed {
     }
 
     /// `[start, end)` of a present packed range.
-    pub fn unpack(w: u64) -> (usize, usize) {
+    pub(crate) fn unpack(w: u64) -> (usize, usize) {
         if w & EVERYTHING != 0 {
             return (0, usize::MAX);
         }
@@ -65,6 +65,7 @@ mod packed {
     }
 }
 
+/// Ranges the memory hooks report before memory goes away, lock-free and allocation-free, for the cache to drain.
 pub struct InvalidationQueue {
     /// Pending ranges: the invalidation's number (its place in the `started` count), start,
     /// end.
@@ -85,6 +86,7 @@ impl Default for InvalidationQueue {
 }
 
 impl InvalidationQueue {
+    /// An empty queue, inactive (usable in a `static`).
     pub const fn new() -> InvalidationQueue {
         let mut slots = [const { ring::Slot::new(0) }; CAPACITY];
         let mut i = 0;
@@ -107,6 +109,7 @@ impl InvalidationQueue {
         self.active.store(true, SeqCst);
     }
 
+    /// Whether `activate` was called.
     pub fn is_active(&self) -> bool {
         self.active.load(Relaxed)
     }
@@ -125,7 +128,7 @@ impl InvalidationQueue {
     }
 
     /// When no invalidation is in flight: the number begun so far. None while one is.
-    pub fn quiet(&self) -> Option<u64> {
+    pub(crate) fn quiet(&self) -> Option<u64> {
         self.quiet_with(|| {})
     }
 
@@ -141,7 +144,7 @@ impl InvalidationQueue {
     }
 
     #[inline]
-    pub fn started(&self) -> u64 {
+    pub(crate) fn started(&self) -> u64 {
         self.started.load(SeqCst)
     }
 
@@ -177,7 +180,7 @@ impl InvalidationQueue {
     }
 
     /// Whether anything is waiting to be drained.
-    pub fn has_pending(&self) -> bool {
+    pub(crate) fn has_pending(&self) -> bool {
         self.ring.has_pending() || self.overflow.load(Acquire) != packed::EMPTY
     }
 

@@ -18,16 +18,22 @@ use tracing_subscriber::{EnvFilter, Registry, fmt};
 /// `MRCACHE_LOG`: how much the library says on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
+    /// Nothing.
     Off,
+    /// Errors only.
     Error,
+    /// Errors and warnings.
     Warn,
+    /// The set-up line and what the library decided.
     Info,
+    /// Details of decisions.
     Debug,
+    /// Every interposed call, through the trace ring.
     Trace,
 }
 
 impl LogLevel {
-    pub fn parse(v: &str) -> Option<LogLevel> {
+    pub(crate) fn parse(v: &str) -> Option<LogLevel> {
         Some(match v.to_ascii_lowercase().as_str() {
             "off" | "0" => LogLevel::Off,
             "error" => LogLevel::Error,
@@ -43,12 +49,14 @@ impl LogLevel {
 /// `MRCACHE_LOG_FORMAT`: how lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
+    /// Plain text lines.
     Text,
+    /// One JSON object per line.
     Json,
 }
 
 impl LogFormat {
-    pub fn parse(v: &str) -> Option<LogFormat> {
+    pub(crate) fn parse(v: &str) -> Option<LogFormat> {
         match v.to_ascii_lowercase().as_str() {
             "text" => Some(LogFormat::Text),
             "json" => Some(LogFormat::Json),
@@ -176,6 +184,7 @@ pub struct Logger {
 }
 
 impl Logger {
+    /// A logger for events `filter` passes, formatted as `format`, each line given to `sink`.
     pub fn new(filter: EnvFilter, format: LogFormat, sink: fn(&str)) -> Logger {
         let layer = fmt::layer().with_writer(Lines(sink)).with_ansi(false);
         let dispatch = match format {

@@ -2,6 +2,8 @@
 //! preloaded (keeping any LD_PRELOAD already set); `mrcache info` says what the library
 //! would do here; `mrcache stats FILES...` aggregates the JSON statistics of a job's ranks.
 
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 mod bench;
 
 use clap::{ArgAction, Parser, Subcommand};

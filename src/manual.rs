@@ -1,4 +1,4 @@
-//! The `mrcache-config(7)` manual page, written from [`config::VARIABLES`]: the same table
+//! The `mrcache-config(7)` manual page, written from [`crate::config::VARIABLES`]: the same table
 //! `mrcache info` prints and docs/configuration.md is checked against (tests/manual.rs), so
 //! the page, the launcher and the reference cannot disagree. The launcher writes it with its
 //! other pages (`mrcache __generate DIR`, used by `make install` and ci/package).
@@ -7,6 +7,7 @@ use crate::config::VARIABLES;
 
 /// Text made safe for roff: backslashes escaped, hyphens literal, and a line that would start
 /// with a control character (`.` or `'`) guarded.
+/// Public for the integration tests only.
 pub fn roff_escape(text: &str) -> String {
     let s = text.replace('\\', "\\e").replace('-', "\\-");
     if s.starts_with('.') || s.starts_with('\'') {
@@ -17,7 +18,7 @@ pub fn roff_escape(text: &str) -> String {
 }
 
 /// The inverse of [`roff_escape`] (for the checks).
-pub fn roff_unescape(text: &str) -> String {
+pub(crate) fn roff_unescape(text: &str) -> String {
     text.trim_start_matches("\\&")
         .replace("\\-", "-")
         .replace("\\e", "\\")
@@ -65,6 +66,7 @@ pub fn config_page() -> String {
 
 /// The variables a page lists, with their defaults and allowed values, read back from its
 /// roff (for the checks: the page as installed, not as this crate would write it).
+/// Public for the integration tests only.
 pub fn variables_in_page(page: &str) -> Vec<(String, String, String)> {
     let lines: Vec<&str> = page.lines().collect();
     let mut out = Vec::new();

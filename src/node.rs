@@ -17,7 +17,9 @@ use std::fmt;
 /// The node-local rank count and the variable it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalRanks {
+    /// Ranks on this node.
     pub count: u32,
+    /// The launcher variable it was read from.
     pub from: &'static str,
 }
 
@@ -72,7 +74,7 @@ fn slurm_same_on_every_node(list: &str) -> Option<u32> {
 
 /// Slurm's compressed per-node task list (`2(x3),1`: three nodes with 2 tasks, then one
 /// with 1), entry `node`.
-pub fn slurm_tasks_on_node(list: &str, node: usize) -> Option<u32> {
+pub(crate) fn slurm_tasks_on_node(list: &str, node: usize) -> Option<u32> {
     let mut index = 0usize;
     for part in list.trim().split(',') {
         let (n, repeat) = match part.split_once("(x") {
@@ -95,6 +97,7 @@ pub fn slurm_tasks_on_node(list: &str, node: usize) -> Option<u32> {
 pub enum Memlock {
     /// The soft limit, in bytes.
     Limit(u64),
+    /// No limit (`RLIMIT_INFINITY`).
     Unlimited,
     /// The process has CAP_IPC_LOCK: the kernel does not charge its pins against the limit.
     CapIpcLock,
@@ -105,7 +108,7 @@ pub enum Memlock {
 impl Memlock {
     /// From the text of `/proc/self/limits` and `/proc/self/status`, and the target of
     /// `/proc/self/ns/user`.
-    pub fn from_proc(limits: &str, status: &str, user_ns: &str) -> Memlock {
+    pub(crate) fn from_proc(limits: &str, status: &str, user_ns: &str) -> Memlock {
         // The kernel asks capable(CAP_IPC_LOCK), i.e. in the initial user namespace: root in
         // a namespace of its own (rootless containers) has the bit, yet its pins are charged.
         if user_ns == INITIAL_USER_NS && has_cap_ipc_lock(status) {
@@ -160,8 +163,8 @@ fn has_cap_ipc_lock(status: &str) -> bool {
 
 /// What the default byte cap is derived from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Node {
-    pub physical_memory: u64,
+pub(crate) struct Node {
+    pub(crate) physical_memory: u64,
     pub local_ranks: Option<LocalRanks>,
     pub memlock: Memlock,
 }
@@ -169,7 +172,7 @@ pub struct Node {
 /// The default cap and why: a quarter of physical memory, divided among the node's ranks,
 /// and at most three quarters of the locked memory limit (the rest is left for what the
 /// process pins outside the cache: uncached registrations, queues, the app's own mlock).
-pub fn auto_max_bytes(node: &Node) -> (u64, String) {
+pub(crate) fn auto_max_bytes(node: &Node) -> (u64, String) {
     let mut why = Vec::new();
     let mut bytes = if node.physical_memory == 0 {
         why.push("physical memory unknown".to_string());

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
-pub struct Slot<const W: usize> {
+pub(crate) struct Slot<const W: usize> {
     seq: AtomicUsize,
     words: [AtomicU64; W],
 }
@@ -24,26 +24,27 @@ impl<const W: usize> Slot<W> {
 }
 
 /// Slots in a fixed array (a `static`) or a boxed slice (a size chosen at run time).
-pub struct Ring<const W: usize, S> {
+pub(crate) struct Ring<const W: usize, S> {
     slots: S,
     head: AtomicUsize,
     tail: AtomicUsize,
 }
 
 /// A slot claimed by a producer, to fill.
-pub struct Claim<'a, const W: usize> {
+pub(crate) struct Claim<'a, const W: usize> {
     slot: &'a Slot<W>,
     pos: usize,
 }
 
 impl<const W: usize> Claim<'_, W> {
     /// The claimed position.
-    pub fn pos(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pos(&self) -> usize {
         self.pos
     }
 
     /// Publish the record: the consumer sees it whole.
-    pub fn fill(self, words: [u64; W]) {
+    pub(crate) fn fill(self, words: [u64; W]) {
         for (w, v) in self.slot.words.iter().zip(words) {
             w.store(v, Relaxed);
         }
@@ -53,7 +54,7 @@ impl<const W: usize> Claim<'_, W> {
 
 /// What the consumer finds at the head.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Next<const W: usize> {
+pub(crate) enum Next<const W: usize> {
     Empty,
     /// Claimed by a producer that has not filled it yet.
     Unfilled,
@@ -62,7 +63,7 @@ pub enum Next<const W: usize> {
 
 impl<const W: usize, S: AsRef<[Slot<W>]>> Ring<W, S> {
     /// A ring over fresh `slots` (slot `i` made by `Slot::new(i)`).
-    pub const fn with_slots(slots: S) -> Self {
+    pub(crate) const fn with_slots(slots: S) -> Self {
         Ring {
             slots,
             head: AtomicUsize::new(0),
@@ -75,7 +76,7 @@ impl<const W: usize, S: AsRef<[Slot<W>]>> Ring<W, S> {
     }
 
     /// Claim the next slot; None when the ring is full. Lock-free, allocation-free.
-    pub fn claim(&self) -> Option<Claim<'_, W>> {
+    pub(crate) fn claim(&self) -> Option<Claim<'_, W>> {
         let slots = self.slots();
         loop {
             let pos = self.tail.load(Relaxed);
@@ -121,7 +122,7 @@ impl<const W: usize, S: AsRef<[Slot<W>]>> Ring<W, S> {
     /// The filled records at positions `from..to`, without consuming them. The head stays
     /// behind them (only the consumer moves it), so no producer can reuse these slots
     /// meanwhile.
-    pub fn peek_filled(&self, from: usize, to: usize, mut f: impl FnMut([u64; W])) {
+    pub(crate) fn peek_filled(&self, from: usize, to: usize, mut f: impl FnMut([u64; W])) {
         let slots = self.slots();
         for pos in from..to {
             let slot = &slots[pos % slots.len()];
@@ -132,21 +133,21 @@ impl<const W: usize, S: AsRef<[Slot<W>]>> Ring<W, S> {
     }
 
     /// The consumer's position.
-    pub fn head(&self) -> usize {
+    pub(crate) fn head(&self) -> usize {
         self.head.load(Acquire)
     }
 
     /// The next position a producer claims.
-    pub fn tail(&self) -> usize {
+    pub(crate) fn tail(&self) -> usize {
         self.tail.load(Acquire)
     }
 
-    pub fn has_pending(&self) -> bool {
+    pub(crate) fn has_pending(&self) -> bool {
         self.head() != self.tail()
     }
 
     /// Empty and fresh again (a fork child, where no other thread exists).
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         for (i, slot) in self.slots().iter().enumerate() {
             slot.seq.store(i, SeqCst);
         }
@@ -157,7 +158,7 @@ impl<const W: usize, S: AsRef<[Slot<W>]>> Ring<W, S> {
     /// Forget what is pending but keep the positions (a fork child where a claimed slot
     /// may still be filled by the forking thread): later claims of unfilled slots' positions
     /// only find the ring full.
-    pub fn skip_pending(&self) {
+    pub(crate) fn skip_pending(&self) {
         self.head.store(self.tail.load(SeqCst), SeqCst);
     }
 }

@@ -4,9 +4,12 @@
 
 use std::fmt;
 
+/// What the self-test saw for one way memory goes away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
+    /// The monitor reported it.
     Caught,
+    /// The monitor did not report it: a stale registration could follow.
     Missed,
     /// Not exercised; the text says why.
     NotRun(&'static str),
@@ -25,7 +28,9 @@ impl fmt::Display for Status {
 /// The self-test's result: each path with its status, and how long it took.
 #[derive(Debug, Clone, Default)]
 pub struct Coverage {
+    /// Each path exercised, by name, with its status.
     pub results: Vec<(&'static str, Status)>,
+    /// How long the self-test took.
     pub nanos: u64,
 }
 

@@ -16,14 +16,17 @@ macro_rules! named_enum {
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum $name { $($(#[$vm])* $v,)* }
         impl $name {
+            /// Every variant, in order.
             pub const ALL: &[$name] = &[$($name::$v,)*];
+            /// How many variants.
             pub const COUNT: usize = Self::ALL.len();
             const NAMES: [&str; Self::COUNT] = [$($s,)*];
             /// The name in reports and JSON.
             pub const fn name(self) -> &'static str {
                 Self::NAMES[self as usize]
             }
-            pub fn from_name(name: &str) -> Option<Self> {
+            #[allow(dead_code, reason = "not every enum's is read outside tests")]
+            pub(crate) fn from_name(name: &str) -> Option<Self> {
                 Self::ALL.iter().copied().find(|c| c.name() == name)
             }
         }
@@ -33,32 +36,49 @@ macro_rules! named_enum {
 named_enum! {
     /// The numeric statistics of one process (the names are the JSON keys).
     pub enum Counter {
+        /// Requests served by a cached registration of the same range.
         Hits = "hits",
+        /// Requests served by a cached registration of a containing range.
         HitsContaining = "hits_containing",
+        /// Registrations made and cached.
         Misses = "misses",
+        /// Registrations made and not cached (limits, or invalidated meanwhile).
         Uncached = "uncached",
+        /// Idle entries evicted to make room.
         Evictions = "evictions",
+        /// Idle entries given back after the provider failed with ENOMEM.
         EvictionsEnomem = "evictions_enomem",
         /// Cached entries dropped because their memory went away.
         Invalidated = "invalidated_entries",
+        /// Unmapped ranges merged into one because the invalidation ring was full.
         UnmapsMergedOnOverflow = "unmaps_merged_on_overflow",
+        /// Second `ibv_dereg_mr` calls of one handle.
         DoubleDeregs = "double_deregs",
+        /// Hits refused by `MRCACHE_VERIFY=pfn` (the pages had changed).
         VerifyMismatches = "verify_mismatches",
+        /// Provider deregistrations that failed.
         DeregFailures = "dereg_failures",
+        /// Entries still cached at exit.
         EntriesAtExit = "entries_at_exit",
+        /// Bytes still cached at exit.
         BytesAtExit = "bytes_at_exit",
+        /// Most entries cached at once.
         PeakEntries = "peak_entries",
+        /// Most bytes cached at once.
         PeakBytes = "peak_bytes",
         /// Time spent in provider registrations (misses and uncached).
         RegistrationNs = "registration_ns",
+        /// `fork()` calls seen.
         Forks = "forks",
-        /// Idle entries deregistered before a fork, and ranges in use marked DONTFORK.
+        /// Idle entries deregistered before a fork.
         ForkIdleDeregistered = "fork_idle_deregistered",
+        /// Ranges in use marked DONTFORK for a fork.
         ForkRangesDontfork = "fork_ranges_dontfork",
         /// Remote keys handed out through windows (`MRCACHE_REMOTE=revoke`).
         RemoteGrants = "remote_grants",
         /// ... and revoked at `ibv_dereg_mr`.
         RemoteRevokes = "remote_revokes",
+        /// Trace records dropped because the ring was full.
         TraceRecordsDropped = "trace_records_dropped",
         /// Misses passed through (local: registered uncached; remote: to libibverbs)
         /// because caching their size class did not pay at the measured costs.
@@ -72,7 +92,7 @@ named_enum! {
 
 impl Counter {
     /// A high-water mark: a job's total is the largest, not the sum.
-    pub fn is_peak(self) -> bool {
+    pub(crate) fn is_peak(self) -> bool {
         matches!(self, Counter::PeakEntries | Counter::PeakBytes)
     }
 }
@@ -82,8 +102,11 @@ named_enum! {
     pub enum Bypassed {
         /// ON_DEMAND: nothing is pinned, nothing to cache.
         OnDemand = "on-demand",
+        /// ZERO_BASED: the cache keys on virtual addresses.
         ZeroBased = "zero-based",
+        /// Access bits libibverbs does not define.
         UnknownFlags = "unknown-access-flags",
+        /// Zero length, or a range that wraps the address space.
         BadRange = "bad-range",
         /// Made inside one of our own calls (by the provider or the cache).
         Nested = "nested",
@@ -93,6 +116,7 @@ named_enum! {
         NullPd = "null-pd",
         /// A bug: the cache panicked, the call fell back.
         Panic = "panic",
+        /// Remote access under `MRCACHE_REMOTE=bypass`, or revocation not possible here.
         RemoteAccess = "remote-access",
         /// Another thread sets the library up, replaces a fork child's cache, or forks.
         SettingUp = "setting-up",
@@ -139,14 +163,23 @@ impl From<crate::access::Bypass> for Bypassed {
 named_enum! {
     /// The memory hook that reported an unmap (`Report::unmaps_by_source` keys).
     pub enum UnmapSource {
+        /// `munmap`.
         Munmap = "munmap",
+        /// `madvise` that frees pages (`MADV_DONTNEED`, `MADV_FREE`, ...).
         Madvise = "madvise",
+        /// `mremap`.
         Mremap = "mremap",
+        /// `mmap` with `MAP_FIXED` over existing memory.
         MmapFixed = "mmap-fixed",
+        /// `brk` that shrinks the heap.
         Brk = "brk",
+        /// `sbrk` with a negative increment.
         Sbrk = "sbrk",
+        /// `shmat` with `SHM_REMAP` over existing memory.
         ShmatRemap = "shmat-remap",
+        /// `shmdt`.
         Shmdt = "shmdt",
+        /// glibc's `realloc` of an mmapped chunk (moved by its internal `__mremap`).
         Realloc = "realloc",
         /// A protection change that takes access away (not an unmap, reported as one).
         Mprotect = "mprotect",
@@ -158,21 +191,24 @@ named_enum! {
 pub struct Tally<const N: usize>([AtomicU64; N]);
 
 impl<const N: usize> Tally<N> {
+    /// All zero.
     pub const fn new() -> Self {
         Tally([const { AtomicU64::new(0) }; N])
     }
+    /// Add `n` to counter `i`.
     #[inline]
     pub fn add(&self, i: usize, n: u64) {
         self.0[i].fetch_add(n, Relaxed);
     }
     #[inline]
-    pub fn max(&self, i: usize, v: u64) {
+    pub(crate) fn max(&self, i: usize, v: u64) {
         self.0[i].fetch_max(v, Relaxed);
     }
+    /// Counter `i` now.
     pub fn get(&self, i: usize) -> u64 {
         self.0[i].load(Relaxed)
     }
-    pub fn values(&self) -> [u64; N] {
+    pub(crate) fn values(&self) -> [u64; N] {
         std::array::from_fn(|i| self.get(i))
     }
 }
@@ -188,20 +224,24 @@ impl<const N: usize> Default for Tally<N> {
 pub struct Counters(Tally<{ Counter::COUNT }>);
 
 impl Counters {
+    /// All zero.
     pub const fn new() -> Self {
         Counters(Tally::new())
     }
+    /// Add `n` to `c`.
     #[inline]
     pub fn add(&self, c: Counter, n: u64) {
         self.0.add(c as usize, n);
     }
     #[inline]
-    pub fn max(&self, c: Counter, v: u64) {
+    pub(crate) fn max(&self, c: Counter, v: u64) {
         self.0.max(c as usize, v);
     }
+    /// `c` now.
     pub fn get(&self, c: Counter) -> u64 {
         self.0.get(c as usize)
     }
+    /// A copy of every counter.
     pub fn counts(&self) -> Counts {
         Counts(self.0.values())
     }
@@ -265,18 +305,25 @@ impl<'de> Deserialize<'de> for Counts {
     }
 }
 
+/// One process's statistics, as `MRCACHE_STATS=json` writes them and `mrcache stats` reads them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// The library's version.
     pub version: String,
+    /// The process.
     pub pid: u32,
+    /// The host name.
     pub host: String,
+    /// Every counter, flattened into the object by its name.
     #[serde(flatten)]
     pub counts: Counts,
     /// Registrations passed to libibverbs untouched, by `Bypassed` name.
     pub bypassed: BTreeMap<String, u64>,
     /// Unmaps reported by the memory hooks, by `UnmapSource` name.
     pub unmaps_by_source: BTreeMap<String, u64>,
+    /// What happens at fork, and why.
     pub fork_decision: String,
+    /// `MRCACHE_MONITOR` in force.
     pub monitor: String,
     /// Why caching was turned off in this process (empty: it was not).
     #[serde(default)]
@@ -288,6 +335,7 @@ pub struct Report {
     /// a quarter of memory / node-local ranks, capped under RLIMIT_MEMLOCK).
     #[serde(default)]
     pub max_bytes: u64,
+    /// How `max_bytes` was chosen.
     #[serde(default)]
     pub max_bytes_why: String,
     /// The node-local rank count a launcher set (0: none).
@@ -296,7 +344,9 @@ pub struct Report {
     /// RLIMIT_MEMLOCK as it applies to pinning ("unlimited", "N bytes", ...).
     #[serde(default)]
     pub memlock: String,
+    /// How long the startup self-test took, in microseconds.
     pub selftest_us: u64,
+    /// The self-test's status of each way memory goes away.
     pub selftest: BTreeMap<String, String>,
     /// `MRCACHE_ADMIT`: auto or always.
     #[serde(default)]
@@ -316,18 +366,25 @@ pub struct AdmissionClass {
     pub class: String,
     /// "cache" or "pass-through".
     pub verdict: String,
+    /// What a registration costs without the cache: reg + dereg.
     pub miss_ns: f64,
+    /// The provider's registration.
     pub reg_ns: f64,
+    /// The provider's deregistration.
     pub dereg_ns: f64,
+    /// A cached round: hit and release (with bind and unbind for remote).
     pub cached_ns: f64,
     /// Where `cached_ns` comes from: "lock-free round" (local, timed by the cache on a new
     /// entry), "locked rounds" (hits and releases timed whole, with bind and unbind for
     /// remote), or "none yet".
     pub cached_from: String,
+    /// One eviction's bookkeeping beyond its deregistration.
     pub evict_ns: f64,
     /// Samples behind reg_ns, dereg_ns and cached_ns.
     pub samples: [u64; 3],
+    /// Registrations of the class passed through uncached.
     pub passed: u64,
+    /// Registrations of the class cached on trial (or probed) to measure it again.
     pub trials: u64,
 }
 
@@ -339,10 +396,12 @@ impl std::ops::Index<Counter> for Report {
 }
 
 impl Report {
+    /// Hits of the same range and of a containing one.
     pub fn hits_total(&self) -> u64 {
         self[Counter::Hits] + self[Counter::HitsContaining]
     }
 
+    /// Hits over all cacheable registrations (0 when none).
     pub fn hit_rate(&self) -> f64 {
         let all = self.hits_total() + self[Counter::Misses] + self[Counter::Uncached];
         if all == 0 {

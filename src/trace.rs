@@ -11,23 +11,41 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Call {
+    /// `ibv_reg_mr`.
     RegMr = 1,
+    /// `ibv_reg_mr_iova`.
     RegMrIova,
+    /// `ibv_reg_mr_iova2`.
     RegMrIova2,
+    /// `ibv_dereg_mr`.
     DeregMr,
+    /// `ibv_rereg_mr`.
     ReregMr,
+    /// `ibv_reg_dmabuf_mr`.
     RegDmabufMr,
+    /// `ibv_dealloc_pd`.
     DeallocPd,
+    /// `ibv_close_device`.
     CloseDevice,
+    /// `ibv_fork_init`.
     ForkInit,
+    /// `munmap`.
     Munmap,
+    /// `madvise`.
     Madvise,
+    /// `mremap`.
     Mremap,
+    /// `mmap` (over an existing mapping).
     Mmap,
+    /// `brk`.
     Brk,
+    /// `sbrk`.
     Sbrk,
+    /// `shmat`.
     Shmat,
+    /// `shmdt`.
     Shmdt,
+    /// `realloc` (of a block it moves).
     Realloc,
 }
 
@@ -53,6 +71,7 @@ const CALLS: [Call; 18] = [
 ];
 
 impl Call {
+    /// The C function's name.
     pub fn name(self) -> &'static str {
         match self {
             Call::RegMr => "ibv_reg_mr",
@@ -108,17 +127,29 @@ impl Call {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Outcome {
+    /// Served by a cached registration of the same range.
     Hit = 1,
+    /// Served by a cached registration of a containing range.
     HitContaining,
+    /// Registered and cached.
     Miss,
+    /// Registered, not cached.
     Uncached,
+    /// Passed to libibverbs untouched (not for the cache).
     Bypass,
+    /// The provider refused it.
     Failed,
+    /// Released; the registration stays cached.
     Kept,
+    /// Released and deregistered.
     Deregistered,
+    /// Passed to the real function, nothing for the cache to do.
     Passthrough,
+    /// A second `ibv_dereg_mr` of the same handle.
     DoubleDereg,
+    /// A memory hook that removed cached ranges.
     Invalidate,
+    /// A PD or context teardown that flushed cached entries.
     Flush,
 }
 
@@ -138,6 +169,7 @@ const OUTCOMES: [Outcome; 12] = [
 ];
 
 impl Outcome {
+    /// The outcome as trace lines write it.
     pub fn name(self) -> &'static str {
         match self {
             Outcome::Hit => "hit",
@@ -165,11 +197,17 @@ impl Outcome {
 pub struct Record {
     /// Nanoseconds since the trace started.
     pub at_ns: u64,
+    /// How long the call took.
     pub dur_ns: u64,
+    /// Which call.
     pub call: Call,
+    /// What the library did with it.
     pub outcome: Outcome,
+    /// The calling thread.
     pub tid: u32,
+    /// The call's arguments (pointers and lengths as integers).
     pub args: [u64; 5],
+    /// Its return value.
     pub result: i64,
 }
 
@@ -178,10 +216,12 @@ const WORDS: usize = 9;
 /// Bounded multi-producer ring of records (`ring::Ring`); one consumer (the writer thread).
 pub struct TraceRing {
     ring: Ring<WORDS, Box<[ring::Slot<WORDS>]>>,
+    /// Records dropped because the ring was full.
     pub dropped: AtomicU64,
 }
 
 impl TraceRing {
+    /// An empty ring of `capacity` records.
     pub fn new(capacity: usize) -> TraceRing {
         TraceRing {
             ring: Ring::with_slots((0..capacity).map(ring::Slot::new).collect()),

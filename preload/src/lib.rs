@@ -17,6 +17,7 @@
 // the test binary's own munmap, dlclose and fork stay libc's), so what only they call
 // looks unused there.
 #![cfg_attr(test, allow(dead_code))]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod abi;
 mod calls;

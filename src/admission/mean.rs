@@ -9,11 +9,14 @@ use super::known;
 /// page faults). 0 until the first sample.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Mean {
+    /// The mean, in nanoseconds (0 until the first sample).
     pub value: f64,
+    /// How many samples were added.
     pub samples: u64,
 }
 
 impl Mean {
+    /// Add one sample of `ns` nanoseconds.
     pub fn add(&mut self, ns: f64) {
         // A sample floors at 1 ns (a coarse clock reads 0): the 8x cap of a stall is
         // relative, so a mean at 0 would never rise again.

@@ -4,7 +4,7 @@ use super::*;
 
 impl Classes {
     /// Every class that has figures, as (access, class, figures).
-    pub fn measured(&self) -> impl Iterator<Item = (Access, u32, &Figures)> {
+    pub(crate) fn measured(&self) -> impl Iterator<Item = (Access, u32, &Figures)> {
         self.figures.iter().enumerate().filter_map(|(i, f)| {
             let access = Access::ALL[i / CLASSES];
             (f.reg.samples > 0 || f.pass_reg.samples > 0 || f.hit.samples > 0).then_some((

@@ -5,7 +5,7 @@
 /// (TinyLFU's rule over the clock; see docs/design/admission.md). Frequencies are small saturating
 /// counters, halved every `period` sightings so the past fades.
 #[derive(Debug, Clone)]
-pub struct Sketch {
+pub(crate) struct Sketch {
     counters: Vec<u8>,
     mask: usize,
     sightings: u64,
@@ -34,7 +34,7 @@ impl Sketch {
     }
 
     /// How often `hash` was seen lately (the smallest of its 4 counters).
-    pub fn frequency(&self, hash: u64) -> u8 {
+    pub(crate) fn frequency(&self, hash: u64) -> u8 {
         (0..4)
             .map(|r| self.counters[self.index(hash, r)])
             .min()
@@ -42,7 +42,7 @@ impl Sketch {
     }
 
     /// `hash` was seen `n` times more.
-    pub fn see(&mut self, hash: u64, n: u64) {
+    pub(crate) fn see(&mut self, hash: u64, n: u64) {
         let f = self.frequency(hash);
         let to = f
             .saturating_add(n.min(SKETCH_MAX as u64) as u8)
@@ -66,7 +66,7 @@ impl Sketch {
     /// The rule: a candidate seen `candidate` times may displace a victim used `victim`
     /// times only if strictly more (a tie keeps what is cached: in a cyclic scan larger
     /// than the cache every key ties, and the cache keeps its share instead of thrashing).
-    pub fn admits(candidate: u8, victim: u8) -> bool {
+    pub(crate) fn admits(candidate: u8, victim: u8) -> bool {
         candidate > victim
     }
 }

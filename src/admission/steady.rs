@@ -9,7 +9,7 @@ impl Figures {
     /// moving). For such a class `Cache::wants_hit_sample` is false and
     /// `Cache::wants_passthrough_sample` is the sampling alone, both answered without the
     /// classes' lock. Only these four fields decide it (`Classes::get_mut_counts`).
-    pub fn steady_pass(&self) -> bool {
+    pub(crate) fn steady_pass(&self) -> bool {
         self.held == Some(Verdict::PassThrough)
             && self.trial_hits == 0
             && self.pass_reg.samples >= 4
@@ -26,7 +26,7 @@ impl Classes {
 
     /// The classes `get_mut` handed out since the last call, a bit per class per access
     /// kind (`Access as usize`); forgets them.
-    pub fn take_touched(&mut self) -> [u64; 2] {
+    pub(crate) fn take_touched(&mut self) -> [u64; 2] {
         std::mem::take(&mut self.touched)
     }
 
@@ -36,7 +36,7 @@ impl Classes {
     /// sampling) with no change of verdict pending; and never the call its trial is due at
     /// (`misses + 1` reaching the interval), which is `decide`'s. The cache's lock-free
     /// lane (`cache/lane.rs`) passes that many without the lock.
-    pub fn lane_grant(&self, access: Access, class: u32) -> u32 {
+    pub(crate) fn lane_grant(&self, access: Access, class: u32) -> u32 {
         let f = self.of_class(access, class);
         // `steady_pass` checks the held verdict: read as it is, not through
         // `held_verdict`, whose check would fire in a drop while a panic unwinds from a
@@ -55,7 +55,7 @@ impl Classes {
     /// `taken` calls of the class passed through by the lane (`lane_grant`): for each,
     /// `pass_early`'s bookkeeping (toward the next trial, and passed). Its counts only:
     /// `Figures::steady_pass` stays as it was.
-    pub fn fold_lane(&mut self, access: Access, class: u32, taken: u32) {
+    pub(crate) fn fold_lane(&mut self, access: Access, class: u32, taken: u32) {
         let f = &mut self.figures[slot(access, class)];
         if f.probe_every == 0 {
             f.probe_every = PROBE_EVERY;
@@ -65,7 +65,7 @@ impl Classes {
     }
 
     /// The figures of `access`'s size class `class`.
-    pub fn of_class(&self, access: Access, class: u32) -> &Figures {
+    pub(crate) fn of_class(&self, access: Access, class: u32) -> &Figures {
         &self.figures[slot(access, class)]
     }
 }

@@ -9,7 +9,7 @@ impl Figures {
     /// rounds (remote: `MIN_MISSES` misses and `SETTLED_ROUNDS` rounds). A class's first rounds carry its set-up (the first window bind, page
     /// faults, a stall of a loaded machine); one such sample must not pass a class through
     /// that pays many times over (CI saw a 5x class flip on its first hit and release).
-    pub fn complete(&self, access: Access) -> bool {
+    pub(crate) fn complete(&self, access: Access) -> bool {
         let rounds = if access == Access::Local && self.round.samples > 0 {
             self.round.samples
         } else {
@@ -34,7 +34,7 @@ impl Figures {
     }
 
     /// The class's verdict now, with the band: updated from the held one.
-    pub fn verdict_now(&mut self, access: Access) -> Verdict {
+    pub(crate) fn verdict_now(&mut self, access: Access) -> Verdict {
         let v = self.verdict_from_held(access);
         let unconfirmed = self.unconfirmed(access, v);
         if v == Verdict::PassThrough && self.held != Some(Verdict::PassThrough) {
@@ -57,7 +57,7 @@ impl Figures {
     /// `verdict_now` (`Cache::figures`, `Cache::deregister_all`), which gives the same
     /// answer again until the next update (its band holds the verdict it made, and the
     /// confirmation counts samples).
-    pub fn held_verdict(&self, access: Access) -> Verdict {
+    pub(crate) fn held_verdict(&self, access: Access) -> Verdict {
         let v = self.held.unwrap_or(Verdict::Cache);
         debug_assert_eq!(
             v,
@@ -68,7 +68,7 @@ impl Figures {
     }
 
     /// The verdict the reports show (the held one, or what the next update would hold).
-    pub fn verdict_shown(&self, access: Access) -> Verdict {
+    pub(crate) fn verdict_shown(&self, access: Access) -> Verdict {
         let v = self.verdict_from_held(access);
         if self.unconfirmed(access, v) {
             Verdict::Cache
@@ -92,7 +92,7 @@ impl Figures {
     /// of confirmation: every round and pass-through of it is then timed, not one in
     /// `SAMPLE_EVERY`, so the confirmation takes 8 calls and not about 128 cached rounds
     /// (3x a miss each in the aarch64 guest: 5% of a 1 s process).
-    pub fn confirming(&self, access: Access) -> bool {
+    pub(crate) fn confirming(&self, access: Access) -> bool {
         access == Access::Remote
             && self.held != Some(Verdict::PassThrough)
             && self.pass_since.is_some()
@@ -115,7 +115,7 @@ impl Classes {
     /// lookups, about 1,350 of the 2,700 instructions a default pass-through cost
     /// (callgrind, remote 64 KiB cycled over 64 buffers): in the TCG guest about 20 us a
     /// call, which held remote cyclic 2x at 0.8x of libibverbs alone.
-    pub fn pass_early(&mut self, access: Access, len: usize, auto: bool) -> bool {
+    pub(crate) fn pass_early(&mut self, access: Access, len: usize, auto: bool) -> bool {
         if !auto {
             return false;
         }

@@ -138,7 +138,7 @@ impl Verbs {
         let v11 = "IBVERBS_1.1";
         let reg = sym("ibv_reg_mr", v11)?;
         let dereg = sym("ibv_dereg_mr", v11)?;
-        // SAFETY (each transmute): the IBVERBS_1.1 prototype of the symbol (verbs.h; the
+        // SAFETY: each transmute gives the IBVERBS_1.1 prototype of the symbol (verbs.h; the
         // attribute structs are byte buffers larger than verbs.h's).
         unsafe {
             Ok(Verbs {

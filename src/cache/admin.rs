@@ -314,6 +314,7 @@ impl<R: Registrar> Cache<R> {
         Some(st.handles.contains_key(&ptr))
     }
 
+    /// The counters, hits included, and the entries, bytes and idle entries cached now.
     pub fn snapshot(&self) -> StatsSnapshot {
         let (entries, bytes, idle) = {
             let st = self.lock();
@@ -334,6 +335,7 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// Bytes of lookup metadata the cache holds (for the per-entry figure in benchmarks).
+    /// Public for the integration tests only.
     pub fn metadata_bytes(&self) -> usize {
         self.lock().metadata_bytes(&self.fast)
     }

@@ -13,6 +13,7 @@ const STRIPES: usize = 64;
 /// round's maps spent about 370 of its 4,191 instructions in it (callgrind, fake provider);
 /// in the TCG guest every instruction counts about 5 ns.
 pub type WordMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<WordHasher>>;
+/// A set keyed by a word, hashed by `WordHasher` (as `WordMap`).
 pub type WordSet<K> = std::collections::HashSet<K, std::hash::BuildHasherDefault<WordHasher>>;
 
 /// Word-at-a-time hash: each word is mixed in with a rotate, xor and multiply, and the
@@ -48,7 +49,7 @@ impl Hasher for WordHasher {
 /// and folded as `finish` does. `WordHasher` chains one multiply per word, a latency of
 /// about 25 cycles before a lookup can start; this one is two multiplies deep.
 #[inline(always)]
-pub fn words_hash<const N: usize>(w: [u64; N]) -> u64 {
+pub(crate) fn words_hash<const N: usize>(w: [u64; N]) -> u64 {
     const K: [u64; 5] = [
         MUL,
         0xc2b2_ae3d_27d4_eb4f,
@@ -73,7 +74,7 @@ fn fold(h: u64) -> u64 {
 }
 
 #[inline]
-pub fn hash_of<K: Hash>(k: &K) -> u64 {
+pub(crate) fn hash_of<K: Hash>(k: &K) -> u64 {
     let mut h = WordHasher::default();
     k.hash(&mut h);
     h.finish()
@@ -84,7 +85,7 @@ struct Padded<T>(T);
 
 /// A counter split over cache lines, so that threads counting at once do not contend; the
 /// caller picks the stripe (the hit path uses bits of its key's hash).
-pub struct Striped {
+pub(crate) struct Striped {
     cells: Box<[Padded<AtomicU64>]>,
 }
 
@@ -102,7 +103,7 @@ impl Striped {
         self.cells[stripe % STRIPES].0.fetch_add(n, Relaxed);
     }
 
-    pub fn load(&self) -> u64 {
+    pub(crate) fn load(&self) -> u64 {
         // Wrapping: a stripe may have been counted down below zero (`add` of a negative
         // number, wrapped) while another was counted up.
         self.cells

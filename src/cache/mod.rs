@@ -29,7 +29,6 @@ mod types;
 mod uncached;
 
 use hash::Striped;
-pub use slots::MAX_SLOTS;
 pub use types::*;
 
 use crate::access::{self, Bypass};
@@ -48,6 +47,7 @@ const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `clean` before any drain: never equal to the count of invalidations begun.
 const NEVER_DRAINED: u64 = u64::MAX;
 
+/// The registration cache: entries by range, the lock-free hit path, admission and eviction, over a `Registrar`.
 pub struct Cache<R: Registrar> {
     registrar: R,
     limits: Limits,
@@ -83,7 +83,8 @@ pub struct Cache<R: Registrar> {
     /// (all of them drained): while the queue's count still equals it, nothing needs
     /// draining and a hit may skip the lock.
     clean: AtomicU64,
-    pub stats: Counters,
+    /// The cache's counters, hits apart (`hits`; `snapshot` adds them together).
+    pub(crate) stats: Counters,
     /// Hits, counted apart: those of the lock-free path in their slots' state words and
     /// flushed here in bulk, the others here, in stripes picked by the key's hash, so
     /// threads working on different buffers do not write one cache line (`snapshot` adds
@@ -102,6 +103,7 @@ impl<R: Registrar> Cache<R> {
         )
     }
 
+    /// A cache whose invalidations come through `queue` (the one the memory hooks report to).
     pub fn with_queue(registrar: R, limits: Limits, queue: &'static InvalidationQueue) -> Cache<R> {
         queue.activate();
         Cache {
@@ -133,6 +135,7 @@ impl<R: Registrar> Cache<R> {
         self
     }
 
+    /// `MRCACHE_REMOTE` as this cache applies it.
     pub fn remote(&self) -> RemoteMode {
         self.remote
     }
@@ -183,10 +186,13 @@ impl<R: Registrar> Cache<R> {
         freed.len()
     }
 
+    /// The provider the cache registers through.
     pub fn registrar(&self) -> &R {
         &self.registrar
     }
 
+    /// The limits it was made with.
+    /// Public for the integration tests only.
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -475,11 +481,13 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// What a memory hook does before the memory changes: lock-free, allocation-free.
+    /// Public for the integration tests only.
     pub fn invalidate_begin(&self, start: usize, end: usize) {
         self.queue.begin(start, end);
     }
 
     /// What a memory hook does after the memory changed.
+    /// Public for the integration tests only.
     pub fn invalidate_end(&self) {
         self.queue.end();
     }

@@ -30,7 +30,7 @@ const STACK_SHIFT: u32 = 16;
 struct Line([AtomicU32; WAYS]);
 
 /// A slot id plus one per word (0: none), written by hits, read by releases.
-pub struct RecentHits {
+pub(crate) struct RecentHits {
     /// A fixed-size array: `line_index` is below `LINES` by construction, no bounds check.
     lines: Box<[Line; LINES]>,
 }
@@ -84,7 +84,7 @@ impl RecentHits {
     /// Written only when it changes, so a line two threads share is not written back and
     /// forth by hits on the same entries.
     #[inline(always)]
-    pub fn remember(&self, mr: usize, id: u32) {
+    pub(crate) fn remember(&self, mr: usize, id: u32) {
         let w = self.word(mr);
         let v = id.wrapping_add(1);
         if w.load(Relaxed) != v {
@@ -95,13 +95,13 @@ impl RecentHits {
     /// The slot a recent hit on this thread handed the MR pointer `mr` out of, maybe:
     /// unvalidated.
     #[inline(always)]
-    pub fn candidate(&self, mr: usize) -> Option<u32> {
+    pub(crate) fn candidate(&self, mr: usize) -> Option<u32> {
         self.word(mr).load(Relaxed).checked_sub(1)
     }
 
     /// Plant `id` under `mr` for the calling thread (tests: a stale or foreign word).
     #[cfg(test)]
-    pub fn plant(&self, mr: usize, id: u32) {
+    pub(crate) fn plant(&self, mr: usize, id: u32) {
         self.word(mr).store(id.wrapping_add(1), Relaxed);
     }
 

@@ -19,7 +19,8 @@ const CHUNK_BITS: u32 = 10;
 const CHUNK: usize = 1 << CHUNK_BITS;
 const CHUNKS: usize = 4096;
 /// The most entries a cache holds at once (4,096 chunks of 1,024 slots).
-pub const MAX_SLOTS: usize = CHUNKS * CHUNK;
+const MAX_SLOTS: usize = CHUNKS * CHUNK;
+const _: () = assert!(MAX_SLOTS < 1 << super::table::ID_BITS);
 
 /// One reference (any holder: the provider's pointer, a shadow, a granted key): 12 bits,
 /// 4,095 at once (a claim beyond that fails: the lock-free hit takes the locked path, which
@@ -30,15 +31,15 @@ const REFS: u64 = (1 << 12) - 1;
 const HOLDER: u64 = 1 << 12;
 const HOLDERS: u64 = REFS << 12;
 /// Out of the lookup tables: never claimed again; deregistered at the last release.
-pub const DEAD: u64 = 1 << 24;
+pub(crate) const DEAD: u64 = 1 << 24;
 /// The clock bit of the approximate LRU: released since the eviction hand last passed.
 const USED: u64 = 1 << 25;
 /// Registered without remote rights: every holder needs a grant (the locked path).
-pub const REVOCABLE: u64 = 1 << 26;
+pub(crate) const REVOCABLE: u64 = 1 << 26;
 /// The generation: 23 bits, bumped at each reuse of the slot; a slot whose generation is
 /// the last (`GENS`) is retired when its entry goes (after 8,388,607 reuses).
 const GEN: u64 = 1 << 27;
-pub const LAST_GENERATION: u64 = (1 << 23) - 1;
+pub(crate) const LAST_GENERATION: u64 = (1 << 23) - 1;
 const GENS: u64 = LAST_GENERATION * GEN;
 /// Lock-free hits counted in the slot itself (the claim's own compare-and-swap counts
 /// them, no shared counter is written): the top 14 bits, so that the claim that finds the
@@ -46,7 +47,7 @@ const GENS: u64 = LAST_GENERATION * GEN;
 /// `HITS_FLUSHED` to the cache's counter (one add and its carry, no compare).
 const HIT: u64 = 1 << 50;
 const HITS: u64 = !0 << 50;
-pub const HITS_FLUSHED: u64 = 1 << 14;
+pub(crate) const HITS_FLUSHED: u64 = 1 << 14;
 
 /// `Slot::flags`: the slot holds an entry (live or dead).
 const PRESENT: u32 = 1;
@@ -55,27 +56,27 @@ const INDEXED: u32 = 2;
 /// `Mr::via_wrapper`.
 const VIA_WRAPPER: u32 = 4;
 
-pub fn refs(s: u64) -> u64 {
+pub(crate) fn refs(s: u64) -> u64 {
     s & REFS
 }
 
-pub fn holders(s: u64) -> u64 {
+pub(crate) fn holders(s: u64) -> u64 {
     (s & HOLDERS) >> HOLDERS.trailing_zeros()
 }
 
-pub fn dead(s: u64) -> bool {
+pub(crate) fn dead(s: u64) -> bool {
     s & DEAD != 0
 }
 
 /// Hits counted in the slot and not yet flushed to the cache's counter.
-pub fn hits(s: u64) -> u64 {
+pub(crate) fn hits(s: u64) -> u64 {
     s >> HITS.trailing_zeros()
 }
 
 #[derive(Default)]
 #[repr(align(64))]
-pub struct Slot {
-    pub state: AtomicU64,
+pub(crate) struct Slot {
+    pub(crate) state: AtomicU64,
     /// The provider's `ibv_mr *` (what a hit on the primary pointer hands out).
     mr: AtomicUsize,
     pd: AtomicUsize,
@@ -94,7 +95,7 @@ impl Slot {
 
     /// A new entry in this slot (cache lock held), held once: by the provider's pointer,
     /// or (revocable) by a grant. The slot must be free (dead and unreferenced, or new).
-    pub fn reset(&self, req: &Request, mr: Mr, revocable: bool) {
+    pub(crate) fn reset(&self, req: &Request, mr: Mr, revocable: bool) {
         self.mr.store(mr.ptr, Relaxed);
         self.pd.store(req.pd, Relaxed);
         self.context.store(req.context, Relaxed);
@@ -122,7 +123,7 @@ impl Slot {
     /// The request this slot was last reset with (stable while the caller holds a
     /// reference or the cache lock).
     #[inline]
-    pub fn request(&self) -> Request {
+    pub(crate) fn request(&self) -> Request {
         Request {
             pd: self.pd.load(Relaxed),
             context: self.context.load(Relaxed),
@@ -141,13 +142,13 @@ impl Slot {
     }
 
     #[inline(always)]
-    pub fn mr_ptr(&self) -> usize {
+    pub(crate) fn mr_ptr(&self) -> usize {
         self.mr.load(Relaxed)
     }
 
     /// Whether the slot was reset for exactly this key (everything but the context).
     #[inline(always)]
-    pub fn has_key(&self, r: &Request) -> bool {
+    pub(crate) fn has_key(&self, r: &Request) -> bool {
         self.addr.load(Relaxed) == r.addr
             && self.len.load(Relaxed) == r.len
             && self.pd.load(Relaxed) == r.pd
@@ -157,13 +158,13 @@ impl Slot {
 
     /// Live and held as often as it can count (`REFS`): the one reason a claim on a live
     /// entry fails.
-    pub fn saturated(&self) -> bool {
+    pub(crate) fn saturated(&self) -> bool {
         let s = self.state.load(Acquire);
         s & DEAD == 0 && refs(s) == REFS
     }
 
     /// At its last generation: once its entry is gone the slot is never reused.
-    pub fn retired(&self) -> bool {
+    pub(crate) fn retired(&self) -> bool {
         self.state.load(Relaxed) & GENS == GENS
     }
 
@@ -172,40 +173,40 @@ impl Slot {
     /// published with it); they may also be those of a reset under way since, which
     /// `claim_seen` then refuses (a reset follows a kill, which changed the word).
     #[inline(always)]
-    pub fn look(&self, r: &Request) -> Option<u64> {
+    pub(crate) fn look(&self, r: &Request) -> Option<u64> {
         let s = self.state.load(Acquire);
         self.has_key(r).then_some(s)
     }
 
     /// Tests: stand for reuses the test does not make one by one.
     #[cfg(test)]
-    pub fn set_generation(&self, generation: u64) {
+    pub(crate) fn set_generation(&self, generation: u64) {
         let s = self.state.load(Relaxed);
         self.state
             .store(s & !GENS | (generation * GEN) & GENS, Relaxed);
     }
 
-    pub fn present(&self) -> bool {
+    pub(crate) fn present(&self) -> bool {
         self.flags.load(Relaxed) & PRESENT != 0
     }
 
-    pub fn indexed(&self) -> bool {
+    pub(crate) fn indexed(&self) -> bool {
         self.flags.load(Relaxed) & INDEXED != 0
     }
 
     /// Out of the range index and the exact-key table (cache lock held).
-    pub fn set_unindexed(&self) {
+    pub(crate) fn set_unindexed(&self) {
         self.flags.fetch_and(!INDEXED, Relaxed);
     }
 
     /// The entry is gone (cache lock held): the slot may be reset.
-    pub fn set_absent(&self) {
+    pub(crate) fn set_absent(&self) {
         self.flags.store(0, Relaxed);
     }
 
     /// Hand out the provider's pointer: when nobody holds it, or (`share`, shadows off)
     /// also when somebody does. False: dead, revocable, or held and not shared.
-    pub fn claim_primary(&self, share: bool) -> bool {
+    pub(crate) fn claim_primary(&self, share: bool) -> bool {
         self.update(|s| {
             let ok = s & (DEAD | REVOCABLE) == 0
                 && refs(s) < REFS
@@ -224,7 +225,7 @@ impl Slot {
     /// The swap releases what this thread read of the slot to whoever changes the word
     /// next, so no later reset's field writes can have been what `look` read.
     #[inline(always)]
-    pub fn claim_seen(&self, seen: u64, share: bool) -> Option<u64> {
+    pub(crate) fn claim_seen(&self, seen: u64, share: bool) -> Option<u64> {
         let mut s = seen;
         loop {
             // `holders <= refs`, so the references' bound covers the holders'.
@@ -246,7 +247,7 @@ impl Slot {
     }
 
     /// One more reference that is not the provider's pointer (a shadow or a grant).
-    pub fn claim_other(&self) -> bool {
+    pub(crate) fn claim_other(&self) -> bool {
         self.update(|s| (s & DEAD == 0 && refs(s) < REFS).then_some(s + REF))
             .is_ok()
     }
@@ -254,7 +255,7 @@ impl Slot {
     /// Give back one holding of the provider's pointer; the previous state. `Err`: nobody
     /// holds it (a second release), or `last_dead` is false and this is the last reference
     /// of a dead entry (the caller must take the locked path, which deregisters it).
-    pub fn release_primary(&self, last_dead: bool) -> Result<u64, u64> {
+    pub(crate) fn release_primary(&self, last_dead: bool) -> Result<u64, u64> {
         self.update(|s| {
             let last = refs(s) == 1;
             let ok = holders(s) > 0 && refs(s) > 0 && (last_dead || !(last && dead(s)));
@@ -265,7 +266,7 @@ impl Slot {
     /// The lock-free release: give back one holding of the provider's pointer if this slot
     /// holds `ptr` and this is not the last reference of a dead entry.
     #[inline(always)]
-    pub fn release_if_mr(&self, ptr: usize) -> bool {
+    pub(crate) fn release_if_mr(&self, ptr: usize) -> bool {
         let mut s = self.state.load(Acquire);
         loop {
             let last = refs(s) == 1;
@@ -286,7 +287,7 @@ impl Slot {
     }
 
     /// Give back one other reference; the previous state.
-    pub fn release_other(&self) -> u64 {
+    pub(crate) fn release_other(&self) -> u64 {
         match self
             .update(|s| (refs(s) > 0).then(|| (s - REF) | if refs(s) == 1 { USED } else { 0 }))
         {
@@ -295,12 +296,12 @@ impl Slot {
     }
 
     /// Mark dead; the previous state.
-    pub fn kill(&self) -> u64 {
+    pub(crate) fn kill(&self) -> u64 {
         self.state.fetch_or(DEAD, AcqRel)
     }
 
     /// Mark dead if nobody holds it.
-    pub fn kill_if_idle(&self) -> bool {
+    pub(crate) fn kill_if_idle(&self) -> bool {
         self.update(|s| (s & DEAD == 0 && refs(s) == 0).then_some(s | DEAD))
             .is_ok()
     }
@@ -308,7 +309,7 @@ impl Slot {
     /// Mark dead if the only reference is one holding of the provider's pointer, whether
     /// or not the entry is dead already (its memory went away while it was held: the
     /// holder may still take it for `ibv_rereg_mr`).
-    pub fn kill_if_sole(&self) -> bool {
+    pub(crate) fn kill_if_sole(&self) -> bool {
         self.update(|s| (refs(s) == 1 && holders(s) == 1).then_some(s | DEAD))
             .is_ok()
     }
@@ -316,7 +317,7 @@ impl Slot {
     /// Mark dead if the only reference is one other than the provider's pointer (a grant
     /// or a shadow), dead already or not: its holder takes it for `ibv_rereg_mr`.
     /// The previous state, or None when others hold it too.
-    pub fn kill_if_sole_other(&self) -> Option<u64> {
+    pub(crate) fn kill_if_sole_other(&self) -> Option<u64> {
         self.update(|s| (refs(s) == 1 && holders(s) == 0).then_some(s | DEAD))
             .ok()
     }
@@ -324,13 +325,13 @@ impl Slot {
     /// Undo `kill_if_sole_other` (cache lock held): the provider refused the rereg, the
     /// entry is as it was. Only for an entry that was not dead before and is still indexed
     /// (not invalidated meanwhile).
-    pub fn revive(&self) {
+    pub(crate) fn revive(&self) {
         self.state.fetch_and(!DEAD, AcqRel);
     }
 
     /// The eviction hand passes: an idle entry used since the last pass loses its clock bit
     /// and stays; one not used is marked dead (true: the caller evicts it).
-    pub fn clock_evict(&self) -> bool {
+    pub(crate) fn clock_evict(&self) -> bool {
         let s = self.state.load(Acquire);
         if s & DEAD != 0 || refs(s) != 0 {
             return false;
@@ -344,7 +345,7 @@ impl Slot {
 
     /// `clock_evict` without the eviction: true for an idle entry not used since the last
     /// pass (the caller then evicts it with `kill_if_idle`, or keeps it).
-    pub fn clock_idle(&self) -> bool {
+    pub(crate) fn clock_idle(&self) -> bool {
         let s = self.state.load(Acquire);
         if s & DEAD != 0 || refs(s) != 0 {
             return false;
@@ -356,14 +357,14 @@ impl Slot {
         true
     }
 
-    pub fn load(&self) -> u64 {
+    pub(crate) fn load(&self) -> u64 {
         self.state.load(Acquire)
     }
 }
 
 /// Fixed-size arrays: the hit path's bounds checks compare with constants, not loaded
 /// lengths.
-pub struct Slots {
+pub(crate) struct Slots {
     chunks: Box<[OnceLock<Box<[Slot; CHUNK]>>; CHUNKS]>,
 }
 
@@ -388,7 +389,7 @@ impl Slots {
     }
 
     /// Slot `id`, its chunk allocated if need be; None beyond `MAX_SLOTS`.
-    pub fn ensure(&self, id: u32) -> Option<&Slot> {
+    pub(crate) fn ensure(&self, id: u32) -> Option<&Slot> {
         let id = id as usize;
         let chunk = self.chunks.get(id >> CHUNK_BITS)?;
         chunk
@@ -400,7 +401,7 @@ impl Slots {
     }
 
     /// Hits counted in the slots and not yet flushed (see `HITS_FLUSHED`).
-    pub fn hits(&self) -> u64 {
+    pub(crate) fn hits(&self) -> u64 {
         self.chunks
             .iter()
             .filter_map(OnceLock::get)

@@ -28,7 +28,7 @@ const TOMBSTONES: usize = 4096;
 /// cancel the first word's); keys that differ only there share a probe run, which the
 /// slot's full compare sorts out.
 #[inline]
-pub fn key_hash(r: &Request) -> u64 {
+pub(crate) fn key_hash(r: &Request) -> u64 {
     words_hash([
         r.addr as u64,
         r.len as u64 ^ ((r.access as u64) << 48),
@@ -38,15 +38,15 @@ pub fn key_hash(r: &Request) -> u64 {
 
 /// The hash of a provider MR pointer.
 #[inline]
-pub fn mr_hash(ptr: usize) -> u64 {
+pub(crate) fn mr_hash(ptr: usize) -> u64 {
     hash_of(&ptr)
 }
 
 /// What the hit path reads without the cache lock; entries enter and leave the tables
 /// under the lock only.
 #[derive(Default)]
-pub struct Fast {
-    pub slots: Slots,
+pub(crate) struct Fast {
+    pub(crate) slots: Slots,
     /// Every indexed entry by its exact request: the hit path's lookup.
     pub(super) exact: Table,
     /// Every present entry by its provider MR pointer: the release path's lookup.
@@ -62,7 +62,7 @@ pub struct Fast {
 impl Fast {
     /// Lock-free: call `f` on each slot that may hold `req`'s key (unvalidated).
     #[inline(always)]
-    pub fn exact_candidates<R>(
+    pub(crate) fn exact_candidates<R>(
         &self,
         hash: u64,
         mut f: impl FnMut(u32, &Slot) -> Option<R>,
@@ -76,7 +76,7 @@ impl Fast {
 
     /// Lock-free: call `f` on each slot that may hold MR pointer `ptr` (unvalidated).
     #[inline(always)]
-    pub fn mr_candidates<R>(
+    pub(crate) fn mr_candidates<R>(
         &self,
         ptr: usize,
         mut f: impl FnMut(u32, &Slot) -> Option<R>,
@@ -86,14 +86,14 @@ impl Fast {
     }
 
     /// The indexed entry of exactly `req` (exact under the cache lock).
-    pub fn exact(&self, req: &Request) -> Option<u32> {
+    pub(crate) fn exact(&self, req: &Request) -> Option<u32> {
         self.exact_candidates(key_hash(req), |id, s| {
             (s.present() && s.indexed() && s.has_key(req)).then_some(id)
         })
     }
 
     /// The present entry of MR pointer `ptr` (exact under the cache lock).
-    pub fn by_mr(&self, ptr: usize) -> Option<u32> {
+    pub(crate) fn by_mr(&self, ptr: usize) -> Option<u32> {
         self.mr_candidates(ptr, |id, s| {
             (s.present() && s.mr_ptr() == ptr).then_some(id)
         })
@@ -119,12 +119,12 @@ impl Fast {
 
 /// An entry's request and MR, as its slot holds them.
 #[derive(Clone, Copy)]
-pub struct Entry {
-    pub req: Request,
+pub(crate) struct Entry {
+    pub(crate) req: Request,
     pub mr: Mr,
 }
 
-pub enum Handle {
+pub(crate) enum Handle {
     /// `access`: the rights its own registration asked for (the entry's may be wider).
     Shadow { id: u32, access: u32 },
     /// A handle with its own remote key (`Registrar::grant`), revoked at release.
@@ -146,7 +146,7 @@ pub enum Handle {
 
 impl Handle {
     /// The app's own registration of `req`, made through the provider for it alone.
-    pub fn uncached(mr: Mr, req: &Request) -> Handle {
+    pub(crate) fn uncached(mr: Mr, req: &Request) -> Handle {
         Handle::Uncached {
             mr,
             len: req.len,
@@ -155,47 +155,47 @@ impl Handle {
     }
 }
 
-pub enum Claim {
+pub(crate) enum Claim {
     Ready(usize),
     NeedShadow { id: u32, mr: Mr },
     NeedGrant { id: u32, mr: Mr },
 }
 
 #[derive(Default)]
-pub struct State {
+pub(crate) struct State {
     /// Slot ids ever used: every entry's id is below.
     next_id: u32,
     free_ids: Vec<u32>,
-    pub index: RangeIndex,
+    pub(crate) index: RangeIndex,
     /// Handles other than the provider's own pointer (those are counted in the slots).
-    pub handles: WordMap<usize, Handle>,
-    pub spare_shadows: WordSet<usize>,
+    pub(crate) handles: WordMap<usize, Handle>,
+    pub(crate) spare_shadows: WordSet<usize>,
     /// Spare shadows a hit took out of `spare_shadows` and is filling without the lock:
     /// neither spare nor handed out yet, and still released as far as the app's old
     /// handle is concerned.
-    pub refilling: WordSet<usize>,
+    pub(crate) refilling: WordSet<usize>,
     /// Granted handles the app released (the registrar reuses them): a second release of
     /// one is a double deregistration.
-    pub released_grants: WordSet<usize>,
+    pub(crate) released_grants: WordSet<usize>,
     pub count: usize,
     pub bytes: u64,
     /// Pointers of MRs the cache deregistered after the app had released them, newest last
     /// (bounded): a later `ibv_dereg_mr` of one is a double deregistration, and must not
     /// reach libibverbs with freed memory.
     tombstones: VecDeque<usize>,
-    pub tombstone_set: WordSet<usize>,
+    pub(crate) tombstone_set: WordSet<usize>,
     /// Recently drained invalidations (number, start, end), newest last: a registration
     /// checks the ones that began while it was pinning pages.
     recent: VecDeque<(u64, usize, usize)>,
     /// MRs taken out of the cache and not yet deregistered, with their (pd, context): a
     /// flush before `ibv_dealloc_pd` waits for those of that PD, or the PD would still be
     /// busy. An entry leaves when its deregistration returns or unwinds.
-    pub in_flight: WordMap<usize, Vec<(usize, usize)>>,
+    pub(crate) in_flight: WordMap<usize, Vec<(usize, usize)>>,
     /// Where the eviction clock hand stands.
     hand: usize,
     /// `MRCACHE_ADMIT=auto`: how often each key was seen lately (misses and locked hits,
     /// and the lock-free hits the slots count, added as the clock hand passes).
-    pub sketch: Option<crate::admission::Sketch>,
+    pub(crate) sketch: Option<crate::admission::Sketch>,
     /// MRs on their way to deregistration (as `in_flight`): their length and whether they
     /// were revocable, for the admission figures.
     landing: WordMap<usize, (usize, bool)>,
@@ -208,7 +208,7 @@ pub struct State {
     /// Each admission class's first entry.
     class_heads: WordMap<ClassKey, u32>,
     /// Entries looked at by `evict_idle` and `evict_idle_class` so far (a test figure).
-    pub examined: usize,
+    pub(crate) examined: usize,
 }
 
 /// An entry's admission class as far as its list goes: its size class and whether it
@@ -225,12 +225,12 @@ fn class_key(req: &Request) -> ClassKey {
 }
 
 /// What `make_room` did.
-pub struct Room {
-    pub evicted: Vec<Mr>,
+pub(crate) struct Room {
+    pub(crate) evicted: Vec<Mr>,
     /// One more entry of the length asked for fits now.
-    pub fits: bool,
+    pub(crate) fits: bool,
     /// The admission rule refused to evict for this key (scan resistance).
-    pub refused: bool,
+    pub(crate) refused: bool,
 }
 
 impl State {
@@ -262,7 +262,7 @@ impl State {
         }
     }
 
-    pub fn remember_invalidation(&mut self, number: u64, start: usize, end: usize) {
+    pub(crate) fn remember_invalidation(&mut self, number: u64, start: usize, end: usize) {
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }
@@ -271,7 +271,7 @@ impl State {
 
     /// One deregistration of `ptr` returned (or the MR went back to the app).
     /// Its length and whether it was revocable, if known.
-    pub fn land(&mut self, ptr: usize) -> Option<(usize, bool)> {
+    pub(crate) fn land(&mut self, ptr: usize) -> Option<(usize, bool)> {
         if let Some(v) = self.in_flight.get_mut(&ptr) {
             v.remove(0);
             if v.is_empty() {
@@ -281,7 +281,7 @@ impl State {
         self.landing.remove(&ptr)
     }
 
-    pub fn bury(&mut self, f: &Fast, ptr: usize) {
+    pub(crate) fn bury(&mut self, f: &Fast, ptr: usize) {
         if self.tombstone_set.insert(ptr) {
             // Before the address can be freed and reused: a registration that gets it
             // from the allocator afterwards sees the count.
@@ -299,7 +299,7 @@ impl State {
     /// Whether `ptr` is a handle the app released that the cache still knows apart from
     /// the slots: a spare shadow (being refilled or not), a released grant, the pointer of
     /// an MR the cache deregistered. A release or rereg of it is a use after release.
-    pub fn released(&self, ptr: usize) -> bool {
+    pub(crate) fn released(&self, ptr: usize) -> bool {
         self.spare_shadows.contains(&ptr)
             || self.refilling.contains(&ptr)
             || self.released_grants.contains(&ptr)
@@ -307,7 +307,7 @@ impl State {
     }
 
     /// A live MR now has this address (the allocator reused it).
-    pub fn unbury(&mut self, f: &Fast, ptr: usize) {
+    pub(crate) fn unbury(&mut self, f: &Fast, ptr: usize) {
         // Every pass-through and every insert comes here: no hash while there is none.
         if !self.tombstone_set.is_empty() && self.tombstone_set.remove(&ptr) {
             self.tombstones.retain(|&p| p != ptr);
@@ -319,7 +319,7 @@ impl State {
     /// in flight) may have pinned pages that an invalidation begun since is taking away.
     /// Every invalidation numbered in `started..now` must have been drained (else we
     /// cannot tell: raced) and none may overlap the request.
-    pub fn raced(&self, req: &Request, started: u64, now: u64) -> bool {
+    pub(crate) fn raced(&self, req: &Request, started: u64, now: u64) -> bool {
         if now == started {
             return false;
         }
@@ -336,7 +336,7 @@ impl State {
     }
 
     /// The entry in slot `id`, if one is (live or dead).
-    pub fn entry(&self, f: &Fast, id: u32) -> Option<Entry> {
+    pub(crate) fn entry(&self, f: &Fast, id: u32) -> Option<Entry> {
         let slot = f.slots.get(id).filter(|s| s.present())?;
         Some(Entry {
             req: slot.request(),
@@ -345,14 +345,14 @@ impl State {
     }
 
     /// Ids of every entry (live or dead, still present).
-    pub fn ids(&self, f: &Fast) -> Vec<u32> {
+    pub(crate) fn ids(&self, f: &Fast) -> Vec<u32> {
         (0..self.next_id)
             .filter(|&id| f.slots.get(id).is_some_and(Slot::present))
             .collect()
     }
 
     /// Entries with their slot states.
-    pub fn states<'a>(&'a self, f: &'a Fast) -> impl Iterator<Item = (Entry, u64)> + 'a {
+    pub(crate) fn states<'a>(&'a self, f: &'a Fast) -> impl Iterator<Item = (Entry, u64)> + 'a {
         (0..self.next_id).filter_map(move |id| {
             let state = f.slots.get(id)?.load();
             Some((self.entry(f, id)?, state))
@@ -361,7 +361,7 @@ impl State {
 
     /// The narrowest usable entry whose range holds `req`'s. One of a wider range only if
     /// `wide_ok()` (asked only then): it would keep pinned more than `req` needs.
-    pub fn find_containing(
+    pub(crate) fn find_containing(
         &self,
         f: &Fast,
         req: &Request,
@@ -395,7 +395,13 @@ impl State {
 
     /// Take a reference on entry `id` for `req` and decide which pointer the app gets.
     /// None: the entry cannot take another reference (treat as a miss).
-    pub fn claim(&mut self, f: &Fast, id: u32, req: &Request, shadow: bool) -> Option<Claim> {
+    pub(crate) fn claim(
+        &mut self,
+        f: &Fast,
+        id: u32,
+        req: &Request,
+        shadow: bool,
+    ) -> Option<Claim> {
         let e = self.entry(f, id)?;
         let slot = f.slots.get(id)?;
         let same_range = (e.req.addr, e.req.len) == (req.addr, req.len);
@@ -413,13 +419,13 @@ impl State {
 
     /// Drop one reference (not the provider's pointer); returns the MR to deregister when
     /// the entry is gone.
-    pub fn unref(&mut self, f: &Fast, id: u32) -> Option<Mr> {
+    pub(crate) fn unref(&mut self, f: &Fast, id: u32) -> Option<Mr> {
         let prev = f.slots.get(id)?.release_other();
         self.after_release(f, id, prev)
     }
 
     /// Drop one holding of the provider's pointer `ptr`. Err: nobody holds it.
-    pub fn release_primary(&mut self, f: &Fast, ptr: usize) -> Result<Option<Mr>, ()> {
+    pub(crate) fn release_primary(&mut self, f: &Fast, ptr: usize) -> Result<Option<Mr>, ()> {
         let id = f.by_mr(ptr).ok_or(())?;
         let prev = f
             .slots
@@ -448,7 +454,7 @@ impl State {
 
     /// A new entry held by the app: through the provider's pointer, or through `grant`.
     /// False (nothing changed): no slot left.
-    pub fn insert(&mut self, f: &Fast, req: Request, mr: Mr, grant: Option<usize>) -> bool {
+    pub(crate) fn insert(&mut self, f: &Fast, req: Request, mr: Mr, grant: Option<usize>) -> bool {
         let id = match self.free_ids.last() {
             Some(&id) => id,
             None => self.next_id,
@@ -492,7 +498,7 @@ impl State {
 
     /// Take the entry out of the lookup structures (it can no longer be hit) and mark it
     /// dead; the slot's previous state.
-    pub fn unindex(&mut self, f: &Fast, id: u32) -> u64 {
+    pub(crate) fn unindex(&mut self, f: &Fast, id: u32) -> u64 {
         let Some(slot) = f.slots.get(id).filter(|s| s.present()) else {
             return slots::DEAD;
         };
@@ -542,7 +548,7 @@ impl State {
     }
 
     /// Forget the entry entirely; returns its MR for deregistration.
-    pub fn remove(&mut self, f: &Fast, id: u32) -> Option<Mr> {
+    pub(crate) fn remove(&mut self, f: &Fast, id: u32) -> Option<Mr> {
         self.unindex(f, id);
         let e = self.entry(f, id)?;
         let revocable = f

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 
 /// Slot ids are below 2^23 (`MAX_SLOTS`); a word holds the id plus one, so 0 is empty.
-const ID_BITS: u32 = 23;
+pub(super) const ID_BITS: u32 = 23;
 const ID_MASK: u32 = (1 << ID_BITS) - 1;
 const TAG_BITS: u32 = 32 - ID_BITS;
 /// The smallest table: 2^8 words (1 KiB: short probe runs for a small cache).
@@ -36,7 +36,7 @@ fn id_of(w: u32) -> u32 {
     (w & ID_MASK) - 1
 }
 
-pub struct Table {
+pub(crate) struct Table {
     /// Tables of 2^(MIN_BITS + i) words, allocated as the table grows (a fixed-size array:
     /// the reader's bounds check compares with a constant).
     levels: [OnceLock<Box<[AtomicU32]>>; LEVELS],
@@ -74,7 +74,7 @@ impl Table {
     /// Lock-free; candidates are unvalidated and one present may be missed while a writer
     /// moves it.
     #[inline(always)]
-    pub fn find<R>(&self, hash: u64, mut f: impl FnMut(u32) -> Option<R>) -> Option<R> {
+    pub(crate) fn find<R>(&self, hash: u64, mut f: impl FnMut(u32) -> Option<R>) -> Option<R> {
         // Published only once allocated and filled.
         let t = self.levels[self.current.load(Acquire)].get()?;
         let mask = t.len() - 1;
@@ -102,7 +102,7 @@ impl Table {
 
     /// Add `id` under `hash` (cache lock held). `hash_of(id)`: the hash of an id already in
     /// the table, to move it when the table grows.
-    pub fn insert(&self, hash: u64, id: u32, hash_of: impl Fn(u32) -> u64) {
+    pub(crate) fn insert(&self, hash: u64, id: u32, hash_of: impl Fn(u32) -> u64) {
         let len = self.len.load(Relaxed) + 1;
         let l = self.current.load(Relaxed);
         if len * 4 > self.level(l).len() * 3 && l + 1 < LEVELS {
@@ -123,7 +123,7 @@ impl Table {
 
     /// Take `id` out from under `hash` (cache lock held); whether it was there. Later
     /// words of its run move back into the hole, so no run is ever broken.
-    pub fn remove(&self, hash: u64, id: u32, hash_of: impl Fn(u32) -> u64) -> bool {
+    pub(crate) fn remove(&self, hash: u64, id: u32, hash_of: impl Fn(u32) -> u64) -> bool {
         let t = self.table();
         let mask = t.len() - 1;
         let want = word(hash, id);
@@ -159,7 +159,7 @@ impl Table {
 
     /// Empty the table (no other thread may be probing).
     #[cfg(test)]
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.table().iter().for_each(|w| w.store(0, Relaxed));
         self.len.store(0, Relaxed);
     }

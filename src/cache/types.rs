@@ -11,23 +11,33 @@ pub const UNSUPPORTED: i32 = 95;
 /// must take the same path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Mr {
+    /// The provider's `struct ibv_mr *`.
     pub ptr: usize,
+    /// Made through libibverbs' `ibv_reg_mr_iova2` (optional access flags, or no provider
+    /// entry to call), not the provider's own `reg_mr`.
     pub via_wrapper: bool,
 }
 
 /// One registration request, as the app made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Request {
+    /// The `struct ibv_pd *`.
     pub pd: usize,
+    /// The PD's `struct ibv_context *`.
     pub context: usize,
+    /// First byte of the range.
     pub addr: usize,
+    /// Length of the range in bytes.
     pub len: usize,
+    /// The I/O virtual address the MR is to have (`addr` for plain `ibv_reg_mr`).
     pub iova: u64,
+    /// `ibv_access_flags` (`access`).
     pub access: u32,
 }
 
 impl Request {
-    pub(crate) fn end(&self) -> usize {
+    /// One past the last byte.
+    pub fn end(&self) -> usize {
         self.addr + self.len
     }
     pub(crate) fn natural_iova(&self) -> bool {
@@ -89,15 +99,20 @@ pub trait Registrar: Sync {
     }
 }
 
+/// What a cache may hold, and which hits it may serve (`MRCACHE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
+    /// Most entries cached at once (`MRCACHE_MAX_ENTRIES`).
     pub max_entries: usize,
+    /// Most bytes cached at once (`MRCACHE_MAX_BYTES`).
     pub max_bytes: u64,
     /// Give concurrent users their own `ibv_mr` copy; allows containing-range hits.
     pub shadow: bool,
+    /// A remote request may hit a wider or more-privileged entry (`MRCACHE_REMOTE_SUPERSET`).
     pub remote_superset: bool,
 }
 
+/// How `Cache::acquire` served a registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// The same range was cached.
@@ -111,6 +126,7 @@ pub enum Outcome {
     Uncached,
 }
 
+/// Why `Cache::acquire` did not hand out a registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireError {
     /// Not for the cache: pass the call to libibverbs unchanged.
@@ -119,6 +135,7 @@ pub enum AcquireError {
     Failed(i32),
 }
 
+/// What `Cache::release` did with the app's `ibv_dereg_mr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
     /// The app's reference is gone; the registration stays cached (idle or still in use).
@@ -147,6 +164,7 @@ pub enum Detached {
     /// The app's handle is an alias (`Handle::Alias`) of this MR, its own since a sole
     /// handle's `ibv_rereg_mr`: re-register the MR, then copy its fields to the handle.
     Alias(Mr),
+    /// Not a handle the cache handed out: pass the call to libibverbs.
     NotOurs,
 }
 
@@ -154,6 +172,7 @@ pub enum Detached {
 /// entry's MR.
 #[derive(Debug, Clone, Copy)]
 pub struct SoleHandle {
+    /// The entry's provider registration.
     pub mr: Mr,
     /// The rights the handle's own registration asked for.
     pub access: u32,
@@ -168,8 +187,12 @@ pub struct SoleHandle {
 /// A copy of the cache's counters and its size, for reporting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
+    /// The counters.
     pub counts: Counts,
+    /// Entries cached.
     pub entries: u64,
+    /// Bytes those entries span.
     pub bytes: u64,
+    /// Entries no handle holds (the ones eviction may take).
     pub idle: u64,
 }

@@ -194,7 +194,7 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// Whether this call is to be timed for the admission figures (`with_sampling`).
-    pub fn sampled(&self) -> bool {
+    pub(crate) fn sampled(&self) -> bool {
         admission::sampled(self.sample_every)
     }
 
@@ -252,6 +252,7 @@ impl<R: Registrar> Cache<R> {
         self
     }
 
+    /// `MRCACHE_ADMIT` as this cache applies it.
     pub fn admit(&self) -> Admit {
         self.admit
     }

@@ -11,13 +11,14 @@ pub enum Admit {
 }
 
 impl Admit {
-    pub fn parse(v: &str) -> Option<Admit> {
+    pub(crate) fn parse(v: &str) -> Option<Admit> {
         match v {
             "auto" => Some(Admit::Auto),
             "always" => Some(Admit::Always),
             _ => None,
         }
     }
+    /// The value as `MRCACHE_ADMIT` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Admit::Auto => "auto",
@@ -29,12 +30,16 @@ impl Admit {
 /// What happens at `fork()` (`MRCACHE_FORK`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForkMode {
+    /// Keep registrations when the kernel copies pinned pages at fork (Linux >= 5.13), else flush.
     Auto,
+    /// Never flush at fork.
     Keep,
+    /// Deregister idle entries before every fork (and DONTFORK ranges in use with fork tracking on).
     Flush,
 }
 
 impl ForkMode {
+    /// The value as `MRCACHE_FORK` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             ForkMode::Auto => "auto",
@@ -56,7 +61,7 @@ pub enum RemoteMode {
 }
 
 impl RemoteMode {
-    pub fn parse(v: &str) -> Option<RemoteMode> {
+    pub(crate) fn parse(v: &str) -> Option<RemoteMode> {
         match v {
             "revoke" => Some(RemoteMode::Revoke),
             "keep" => Some(RemoteMode::Keep),
@@ -65,6 +70,7 @@ impl RemoteMode {
         }
     }
 
+    /// The value as `MRCACHE_REMOTE` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             RemoteMode::Revoke => "revoke",
@@ -77,8 +83,11 @@ impl RemoteMode {
 /// `MRCACHE_STATS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatsMode {
+    /// No report (0).
     Off,
+    /// A summary on stderr at exit (1).
     Summary,
+    /// One JSON report per process (json).
     Json,
 }
 
@@ -94,7 +103,7 @@ pub enum Monitor {
 }
 
 impl Monitor {
-    pub fn parse(v: &str) -> Option<Monitor> {
+    pub(crate) fn parse(v: &str) -> Option<Monitor> {
         match v {
             "patch" => Some(Monitor::Patch),
             "symbols" => Some(Monitor::Symbols),
@@ -103,6 +112,7 @@ impl Monitor {
         }
     }
 
+    /// The value as `MRCACHE_MONITOR` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Monitor::Patch => "patch",

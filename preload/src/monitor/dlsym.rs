@@ -224,8 +224,9 @@ fn substitute(found: *mut c_void, hooked: &Hooked) -> *mut c_void {
     let Some(real) = real_dlvsym() else {
         return found;
     };
-    // SAFETY: dladdr only reads the loader's tables; info is written on success.
+    // SAFETY: Dl_info is four pointers, for which all zeroes are valid.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables; info is written on success.
     if unsafe { libc::dladdr(found, &mut info) } == 0 || info.dli_fname.is_null() {
         return found;
     }
@@ -271,7 +272,7 @@ fn next_hook(
     lookup: impl Fn(*mut c_void) -> *mut c_void,
 ) -> Option<*mut c_void> {
     let close = crate::sys::symbol::DLCLOSE.get()?;
-    // SAFETY (closure): path is NULL (the program) or a NUL-terminated name; RTLD_NOLOAD
+    // SAFETY: (closure) path is NULL (the program) or a NUL-terminated name; RTLD_NOLOAD
     // loads nothing (an object unloaded since the walk just gives NULL) and the real
     // dlclose drops only the reference it added (ours would report the object's span as
     // unmapped).

@@ -229,24 +229,36 @@ pub type ProcessMadviseFn =
     unsafe extern "C" fn(c_int, *const libc::iovec, usize, c_int, libc::c_uint) -> isize;
 pub type RemapFilePagesFn = unsafe extern "C" fn(*mut c_void, usize, c_int, usize, c_int) -> c_int;
 
-// SAFETY (each): glibc's prototype; mremap is variadic, and on x86-64 its fifth argument
-// travels in its register either way.
+// SAFETY: glibc's munmap has this prototype.
 pub static MUNMAP: Entry<MunmapFn> = unsafe { Entry::new(PatchTarget::Munmap) };
+// SAFETY: glibc's madvise has this prototype.
 pub static MADVISE: Entry<MadviseFn> = unsafe { Entry::new(PatchTarget::Madvise) };
+// SAFETY: glibc's mremap prototype; mremap is variadic, and on x86-64 its fifth argument
+// travels in its register either way.
 pub static MREMAP: Entry<MremapFn> = unsafe { Entry::new(PatchTarget::Mremap) };
+// SAFETY: glibc's mmap has this prototype.
 pub static MMAP: Entry<MmapFn> = unsafe { Entry::new(PatchTarget::Mmap) };
+// SAFETY: glibc's mmap64 has this prototype.
 /// libc's mmap64 is its mmap; an interposer may define either.
 pub static MMAP64: Entry<MmapFn> = unsafe { Entry::named(PatchTarget::Mmap, c"mmap64") };
+// SAFETY: glibc's shmat has this prototype.
 pub static SHMAT: Entry<ShmatFn> = unsafe { Entry::new(PatchTarget::Shmat) };
+// SAFETY: glibc's shmdt has this prototype.
 pub static SHMDT: Entry<ShmdtFn> = unsafe { Entry::new(PatchTarget::Shmdt) };
+// SAFETY: glibc's brk has this prototype.
 pub static BRK: Entry<BrkFn> = unsafe { Entry::new(PatchTarget::Brk) };
+// SAFETY: glibc's sbrk has this prototype.
 pub static SBRK: Entry<SbrkFn> = unsafe { Entry::new(PatchTarget::Sbrk) };
-// SAFETY (each): glibc's prototype.
+// SAFETY: glibc's mprotect has this prototype.
 pub static MPROTECT: Entry<MprotectFn> = unsafe { Entry::unpatched(c"mprotect") };
+// SAFETY: glibc's pkey_mprotect has this prototype.
 pub static PKEY_MPROTECT: Entry<PkeyMprotectFn> = unsafe { Entry::unpatched(c"pkey_mprotect") };
+// SAFETY: glibc's posix_madvise has this prototype.
 pub static POSIX_MADVISE: Entry<MadviseFn> = unsafe { Entry::unpatched(c"posix_madvise") };
+// SAFETY: glibc's process_madvise has this prototype.
 pub static PROCESS_MADVISE: Entry<ProcessMadviseFn> =
     unsafe { Entry::unpatched(c"process_madvise") };
+// SAFETY: glibc's remap_file_pages has this prototype.
 pub static REMAP_FILE_PAGES: Entry<RemapFilePagesFn> =
     unsafe { Entry::unpatched(c"remap_file_pages") };
 

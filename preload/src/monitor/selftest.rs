@@ -63,7 +63,7 @@ pub fn run(libc_handle: *mut c_void, glibc_malloc: bool, brk_patched: bool) -> C
     type Shmat = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
     type Shmdt = unsafe extern "C" fn(*const c_void) -> c_int;
 
-    // SAFETY (whole block): each function is looked up with its C prototype and called on
+    // SAFETY: (whole block) each function is looked up with its C prototype and called on
     // scratch memory this function owns.
     unsafe {
         for (label, handle) in [

@@ -256,7 +256,7 @@ pub fn defined_in_loaded_objects_alone(name: &CStr) -> bool {
 unsafe fn lookup_gnu_hash(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
     let (mut symtab, mut strtab, mut gnu_hash, mut versym) = (0usize, 0usize, 0usize, 0usize);
     let mut d = dynamic;
-    // SAFETY (whole function): the caller's promise; every table read below lies inside
+    // SAFETY: the caller's promise (whole function); every table read below lies inside
     // the object's mapped, read-only data, at the places its dynamic section names.
     unsafe {
         while (*d).tag != DT_NULL {

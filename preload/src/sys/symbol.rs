@@ -143,9 +143,12 @@ fn lookup_verbs(name: &CStr, version: &CStr) -> *mut c_void {
 }
 
 // libc's functions under our hooks (the next definition after ours, or libc's own).
-// SAFETY (each): glibc's prototype.
+// Each type is glibc's prototype.
+// SAFETY: glibc's realloc has this prototype.
 pub static REALLOC: Symbol<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void> =
     unsafe { Symbol::next(c"realloc") };
+// SAFETY: glibc's _Fork has this prototype.
 pub static FORK: Symbol<unsafe extern "C" fn() -> libc::pid_t> = unsafe { Symbol::next(c"_Fork") };
+// SAFETY: glibc's dlclose has this prototype.
 pub static DLCLOSE: Symbol<unsafe extern "C" fn(*mut c_void) -> c_int> =
     unsafe { Symbol::next(c"dlclose") };

@@ -18,24 +18,34 @@ type ReregMr =
 type RegDmabufMr = unsafe extern "C" fn(*mut IbvPd, u64, usize, u64, c_int, c_int) -> *mut IbvMr;
 pub type RangeFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
 
-// SAFETY (each): the type is the prototype of that symbol version in verbs.h.
+// Each type is the prototype of that symbol version in verbs.h.
+// SAFETY: ibv_reg_mr_iova2@IBVERBS_1.8 has this prototype.
 pub static REG_MR_IOVA2: Symbol<RegMrIova2> =
     unsafe { Symbol::verbs(c"ibv_reg_mr_iova2", c"IBVERBS_1.8") };
+// SAFETY: ibv_dereg_mr@IBVERBS_1.1 has this prototype.
 pub static DEREG_MR: Symbol<unsafe extern "C" fn(*mut IbvMr) -> c_int> =
     unsafe { Symbol::verbs(c"ibv_dereg_mr", c"IBVERBS_1.1") };
+// SAFETY: ibv_rereg_mr@IBVERBS_1.1 has this prototype.
 pub static REREG_MR: Symbol<ReregMr> = unsafe { Symbol::verbs(c"ibv_rereg_mr", c"IBVERBS_1.1") };
+// SAFETY: ibv_reg_dmabuf_mr@IBVERBS_1.12 has this prototype.
 pub static REG_DMABUF_MR: Symbol<RegDmabufMr> =
     unsafe { Symbol::verbs(c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12") };
+// SAFETY: ibv_dealloc_pd@IBVERBS_1.1 has this prototype.
 pub static DEALLOC_PD: Symbol<unsafe extern "C" fn(*mut IbvPd) -> c_int> =
     unsafe { Symbol::verbs(c"ibv_dealloc_pd", c"IBVERBS_1.1") };
+// SAFETY: ibv_close_device@IBVERBS_1.1 has this prototype.
 pub static CLOSE_DEVICE: Symbol<unsafe extern "C" fn(*mut IbvContext) -> c_int> =
     unsafe { Symbol::verbs(c"ibv_close_device", c"IBVERBS_1.1") };
+// SAFETY: ibv_fork_init@IBVERBS_1.1 has this prototype.
 pub static FORK_INIT: Symbol<unsafe extern "C" fn() -> c_int> =
     unsafe { Symbol::verbs(c"ibv_fork_init", c"IBVERBS_1.1") };
+// SAFETY: ibv_is_fork_initialized@IBVERBS_1.13 has this prototype.
 pub static IS_FORK_INITIALIZED: Symbol<unsafe extern "C" fn() -> c_int> =
     unsafe { Symbol::verbs(c"ibv_is_fork_initialized", c"IBVERBS_1.13") };
+// SAFETY: ibv_dontfork_range@IBVERBS_1.1 has this prototype.
 pub static DONTFORK_RANGE: Symbol<RangeFn> =
     unsafe { Symbol::verbs(c"ibv_dontfork_range", c"IBVERBS_1.1") };
+// SAFETY: ibv_dofork_range@IBVERBS_1.1 has this prototype.
 pub static DOFORK_RANGE: Symbol<RangeFn> =
     unsafe { Symbol::verbs(c"ibv_dofork_range", c"IBVERBS_1.1") };
 

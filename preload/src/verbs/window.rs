@@ -39,17 +39,25 @@ type QueryDevice = unsafe extern "C" fn(*mut IbvContext, *mut u8) -> i32;
 type QueryPort = unsafe extern "C" fn(*mut IbvContext, u8, *mut u8) -> i32;
 type QueryGid = unsafe extern "C" fn(*mut IbvContext, u8, i32, *mut u8) -> i32;
 
-// SAFETY (each): the IBVERBS_1.1 prototype (verbs.h; the attribute structs are ours, laid
+// Each type is the IBVERBS_1.1 prototype (verbs.h; the attribute structs are ours, laid
 // out as verbs.h, or byte buffers larger than them: the ffi layout test).
+// SAFETY: ibv_create_cq@IBVERBS_1.1 has this prototype.
 static CREATE_CQ: Symbol<CreateCq> = unsafe { Symbol::verbs(c"ibv_create_cq", c"IBVERBS_1.1") };
+// SAFETY: ibv_destroy_cq@IBVERBS_1.1 has this prototype.
 static DESTROY_CQ: Symbol<unsafe extern "C" fn(*mut IbvCq) -> i32> =
     unsafe { Symbol::verbs(c"ibv_destroy_cq", c"IBVERBS_1.1") };
+// SAFETY: ibv_create_qp@IBVERBS_1.1 has this prototype.
 static CREATE_QP: Symbol<CreateQp> = unsafe { Symbol::verbs(c"ibv_create_qp", c"IBVERBS_1.1") };
+// SAFETY: ibv_modify_qp@IBVERBS_1.1 has this prototype.
 static MODIFY_QP: Symbol<ModifyQp> = unsafe { Symbol::verbs(c"ibv_modify_qp", c"IBVERBS_1.1") };
+// SAFETY: ibv_destroy_qp@IBVERBS_1.1 has this prototype.
 static DESTROY_QP: Symbol<unsafe extern "C" fn(*mut IbvQp) -> i32> =
     unsafe { Symbol::verbs(c"ibv_destroy_qp", c"IBVERBS_1.1") };
+// SAFETY: ibv_query_port@IBVERBS_1.1 has this prototype.
 static QUERY_PORT: Symbol<QueryPort> = unsafe { Symbol::verbs(c"ibv_query_port", c"IBVERBS_1.1") };
+// SAFETY: ibv_query_gid@IBVERBS_1.1 has this prototype.
 static QUERY_GID: Symbol<QueryGid> = unsafe { Symbol::verbs(c"ibv_query_gid", c"IBVERBS_1.1") };
+// SAFETY: ibv_query_device@IBVERBS_1.1 has this prototype.
 static QUERY_DEVICE: Symbol<QueryDevice> =
     unsafe { Symbol::verbs(c"ibv_query_device", c"IBVERBS_1.1") };
 

@@ -4,7 +4,7 @@
 use super::*;
 
 impl State {
-    pub fn fits(&self, len: u64, limits: Limits) -> bool {
+    pub(crate) fn fits(&self, len: u64, limits: Limits) -> bool {
         self.count < limits.max_entries && self.bytes.saturating_add(len) <= limits.max_bytes
     }
 
@@ -13,7 +13,7 @@ impl State {
     /// `MRCACHE_ADMIT=auto`), a victim is evicted only if the candidate was seen more often
     /// lately than the victim was used (`Sketch::admits`); else nothing more is evicted and
     /// `refused` is set.
-    pub fn make_room(
+    pub(crate) fn make_room(
         &mut self,
         f: &Fast,
         len: u64,
@@ -78,7 +78,7 @@ impl State {
     }
 
     /// `MRCACHE_ADMIT=auto`: the key `req` was seen (a miss or a locked hit).
-    pub fn see(&mut self, req: &Request, limits: Limits) {
+    pub(crate) fn see(&mut self, req: &Request, limits: Limits) {
         let sk = self.sketch.get_or_insert_with(|| {
             let entries = limits.max_entries.clamp(16, 1 << 17);
             let bits = (usize::BITS - (8 * entries - 1).leading_zeros()).min(20);
@@ -105,7 +105,7 @@ impl State {
         }
     }
 
-    pub fn evict_idle(&mut self, f: &Fast, pred: impl Fn(&Entry) -> bool) -> Vec<Mr> {
+    pub(crate) fn evict_idle(&mut self, f: &Fast, pred: impl Fn(&Entry) -> bool) -> Vec<Mr> {
         let all = self.ids(f);
         self.evict_idle_of(f, all, pred)
     }
@@ -113,7 +113,7 @@ impl State {
     /// `evict_idle` over one admission class's entries (those of `size_class` with
     /// remote rights or without, `remote`), found through its list: a flip of one class
     /// costs what that class holds, not what the whole cache does.
-    pub fn evict_idle_class(
+    pub(crate) fn evict_idle_class(
         &mut self,
         f: &Fast,
         size_class: u32,

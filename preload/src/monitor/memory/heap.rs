@@ -63,10 +63,10 @@ pub(super) fn move_break(via: Via, addr: *mut c_void) -> c_int {
         curbrk = symbol::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void;
         CURBRK.store(curbrk, Relaxed);
     }
-    // SAFETY: CURBRK is null or libc's exported __curbrk variable.
     let cur = if curbrk.is_null() {
         0
     } else {
+        // SAFETY: a non-null CURBRK is libc's exported __curbrk variable.
         unsafe { *curbrk as usize }
     };
     let given_back = brk_shrink(addr as usize, cur);
@@ -120,9 +120,9 @@ pub(super) fn sbrk_via(via: Via, incr: isize) -> *mut c_void {
             if incr < 0 {
                 count_once(e, incr as usize, UnmapSource::Sbrk);
                 let (start, len) = sbrk_shrink(current_break(e, to), incr);
-                // SAFETY: the next sbrk, libc's sbrk entry, or the hook that replaced it,
-                // with the app's argument.
                 invalidating(start, len, || {
+                    // SAFETY: the next sbrk, libc's sbrk entry, or the hook that replaced
+                    // it, with the app's argument.
                     e.run(incr as usize, to, |f| unsafe { f(incr) })
                 })
             } else {

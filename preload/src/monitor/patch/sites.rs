@@ -162,9 +162,9 @@ pub fn adopt_overwritten() -> bool {
                 crate::monitor::dl::pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
                 let old = std::array::from_fn(|k| have[k]);
+                let began = watch_begin(entry, at + JMP_LEN - entry);
                 // SAFETY: our own patch site in libc's code; the other patcher's first
                 // instruction is replaced by our jump, whose hook now calls its target.
-                let began = watch_begin(entry, at + JMP_LEN - entry);
                 let done =
                     unsafe { cross_modify::replace_entry(entry as *mut u8, old, ours, len, None) }
                         .is_ok();

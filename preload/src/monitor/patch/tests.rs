@@ -416,10 +416,8 @@ fn patching_a_function_threads_are_running_never_breaks_them() {
         let old = std::array::from_fn(|k| GETPID_STUB[k]);
         // SAFETY: the stub's entry; its first instruction (`mov eax, 39`) is 5 bytes, and the
         // jump leads to a function of its prototype.
-        assert_eq!(
-            unsafe { cross_modify::replace_entry(f as *mut u8, old, jump, 5, None) },
-            Ok(())
-        );
+        let r = unsafe { cross_modify::replace_entry(f as *mut u8, old, jump, 5, None) };
+        assert_eq!(r, Ok(()));
         let seen = CALLS.load(Relaxed);
         wait_for_calls(&CALLS, seen, 10);
     }
@@ -553,10 +551,8 @@ fn a_refused_restore_after_the_write_is_an_error_that_names_the_page() {
     assert_eq!(r, Err(PatchError::Writable));
     assert!(PatchError::Writable.written());
     // SAFETY: the stub's first bytes, readable.
-    assert_eq!(
-        unsafe { std::slice::from_raw_parts(f as *const u8, JMP_LEN) },
-        jump
-    );
+    let now = unsafe { std::slice::from_raw_parts(f as *const u8, JMP_LEN) };
+    assert_eq!(now, jump);
     assert_eq!(perms_of(f), "rwxp");
     assert!(cross_modify::left_writable().is_some());
     // SAFETY: our own page, back to read+execute.
@@ -583,9 +579,7 @@ fn a_failed_barrier_after_the_write_is_an_error() {
     assert_eq!(r, Err(PatchError::Unsynced));
     assert!(PatchError::Unsynced.written());
     // SAFETY: the stub's first bytes, readable.
-    assert_eq!(
-        unsafe { std::slice::from_raw_parts(f as *const u8, JMP_LEN) },
-        jump
-    );
+    let now = unsafe { std::slice::from_raw_parts(f as *const u8, JMP_LEN) };
+    assert_eq!(now, jump);
     assert_eq!(perms_of(f), "r-xp");
 }
