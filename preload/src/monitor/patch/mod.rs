@@ -207,9 +207,5 @@ impl PatchTarget {
     }
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(test)]
 mod tests;
-#[cfg(all(test, target_arch = "aarch64"))]
-mod tests_aarch64;
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests_kept;

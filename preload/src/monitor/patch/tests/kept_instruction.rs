@@ -2,11 +2,11 @@
 //! kept instruction is no overwrite, and a kept instruction's stack effect is taken back
 //! before the hook (docs/design.md, "Breakpoints at a patched entry").
 
-use super::tests::{
+use super::own_and_foreign_jumps::{
     FOREIGN_CALLS, MY_CALLS, SITE_WRITES, code_page, foreign_hook, my_calls, test_hook,
 };
-use super::*;
 use crate::monitor::cross_modify::JMP_LEN;
+use crate::monitor::patch::*;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -1,7 +1,7 @@
 //! Tests of `patch`: patching code pages of our own, decoding other patchers' jumps.
 
-use super::*;
 use crate::monitor::cross_modify::{self, JMP_LEN};
+use crate::monitor::patch::*;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};

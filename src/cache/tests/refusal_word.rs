@@ -1,8 +1,8 @@
 //! `Cache::refuse`, the one word `try_hit` reads for caching stopped, remote keys not kept
 //! and verification on: what sets it, and that `try_hit` obeys it.
 
-use super::test_fake::{Fake, LIMITS, idle_entry, req};
-use super::*;
+use super::fake::{Fake, LIMITS, idle_entry, req};
+use crate::cache::*;
 
 #[test]
 fn the_refusal_word_follows_the_remote_mode_and_a_stop() {

@@ -3,9 +3,9 @@
 //! slot (stale, planted, or reached by a pointer the cache never handed out) releases
 //! nothing.
 
-use super::state::mr_hash;
-use super::test_fake::{Fake, LIMITS, idle_entry, req};
-use super::*;
+use super::fake::{Fake, LIMITS, idle_entry, req};
+use crate::cache::state::mr_hash;
+use crate::cache::*;
 
 #[test]
 fn a_release_after_a_lock_free_hit_needs_no_mr_table_word() {

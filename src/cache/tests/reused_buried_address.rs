@@ -1,8 +1,8 @@
 //! Review of session 17: an address the cache buried, handed by the "allocator" to a pass-through on
 //! another thread, must never release as a double deregistration.
 
-use super::test_fake::{LIMITS, req};
-use super::*;
+use super::fake::{LIMITS, req};
+use crate::cache::*;
 use std::sync::Mutex;
 
 /// A provider whose MR pointers come from a small free list (LIFO, like an allocator's

@@ -2,6 +2,8 @@
 
 use super::*;
 
+mod noisy_machine_trials;
+
 /// A cached remote class whose figures say pass-through: not yet (unconfirmed), then after
 /// `FLIP_SAMPLES` more samples of the same figures, passed through.
 fn confirm_pass(f: &mut Figures) {

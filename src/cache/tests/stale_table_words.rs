@@ -2,8 +2,8 @@
 //! reused since) or another key's (a tag collision). These tests plant such words and
 //! check that nothing is handed out or released through them.
 
-use super::state::{key_hash, mr_hash};
-use super::*;
+use crate::cache::state::{key_hash, mr_hash};
+use crate::cache::*;
 use std::cell::RefCell;
 
 /// What `before_claim` runs.
@@ -15,13 +15,13 @@ thread_local! {
     static BEFORE_CLAIM: RefCell<Option<Window>> = const { RefCell::new(None) };
 }
 
-pub(super) fn before_claim(id: u32) {
+pub(in crate::cache) fn before_claim(id: u32) {
     if let Some(f) = BEFORE_CLAIM.with(|h| h.borrow_mut().take()) {
         f(id);
     }
 }
 
-use super::test_fake::{Fake, LIMITS, idle_entry, req};
+use super::fake::{Fake, LIMITS, idle_entry, req};
 
 #[test]
 fn a_hit_through_another_keys_word_hands_nothing_out() {

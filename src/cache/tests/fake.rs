@@ -1,13 +1,13 @@
 //! The unit tests' fake provider: registrations numbered from 0x1000, deregistrations
 //! recorded, no shadows.
 
-use super::*;
+use crate::cache::*;
 use std::sync::Mutex;
 
 #[derive(Default)]
-pub(super) struct Fake {
-    pub(super) next: AtomicU64,
-    pub(super) deregistered: Mutex<Vec<usize>>,
+pub(in crate::cache) struct Fake {
+    pub(in crate::cache) next: AtomicU64,
+    pub(in crate::cache) deregistered: Mutex<Vec<usize>>,
 }
 
 impl Registrar for &Fake {
@@ -29,7 +29,7 @@ impl Registrar for &Fake {
     }
 }
 
-pub(super) const LIMITS: Limits = Limits {
+pub(in crate::cache) const LIMITS: Limits = Limits {
     max_entries: usize::MAX,
     max_bytes: u64::MAX,
     shadow: true,
@@ -37,7 +37,7 @@ pub(super) const LIMITS: Limits = Limits {
 };
 
 /// A local 4 KiB request at `addr`.
-pub(super) fn req(addr: usize) -> Request {
+pub(in crate::cache) fn req(addr: usize) -> Request {
     Request {
         pd: 0x10,
         context: 0x20,
@@ -49,7 +49,7 @@ pub(super) fn req(addr: usize) -> Request {
 }
 
 /// Cache `req(addr)` and leave it idle; its slot id and provider pointer.
-pub(super) fn idle_entry(cache: &Cache<&Fake>, addr: usize) -> (u32, usize) {
+pub(in crate::cache) fn idle_entry(cache: &Cache<&Fake>, addr: usize) -> (u32, usize) {
     let (h, o) = cache.acquire(&req(addr)).unwrap();
     assert_eq!(o, Outcome::Miss);
     assert_eq!(cache.release(h), Released::Kept);
@@ -57,10 +57,10 @@ pub(super) fn idle_entry(cache: &Cache<&Fake>, addr: usize) -> (u32, usize) {
 }
 
 /// xorshift64: a fixed sequence for the randomised unit tests.
-pub(super) struct XorShift(pub(super) u64);
+pub(in crate::cache) struct XorShift(pub(in crate::cache) u64);
 
 impl XorShift {
-    pub(super) fn next(&mut self) -> u64 {
+    pub(in crate::cache) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;

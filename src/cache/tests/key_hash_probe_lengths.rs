@@ -2,8 +2,8 @@
 //! keys, against a random hash, in a linear-probing table at the cache's load (3/4 at
 //! growth).
 
-use super::state::key_hash;
-use super::types::Request;
+use crate::cache::state::key_hash;
+use crate::cache::types::Request;
 
 /// `[pd, addr, len, access, iova]`
 fn hash(k: [u64; 5]) -> u64 {

@@ -6,7 +6,7 @@
 //! trials back to every `PROBE_EVERY` misses. Each trial is a revocable registration and
 //! its binds, 9-10 pass-throughs' worth there.
 
-use super::*;
+use crate::admission::*;
 
 /// splitmix64: a fixed sequence, so the test is deterministic.
 fn next(z: &mut u64) -> u64 {

@@ -3,7 +3,7 @@
 //! evictions (a small max_entries), invalidations and flushes; checked by walking each
 //! class's list (`evict_idle_class`, examined count) against a scan of every slot.
 
-use super::*;
+use crate::cache::*;
 use std::collections::HashSet;
 use std::sync::Mutex;
 

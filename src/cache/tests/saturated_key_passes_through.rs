@@ -3,8 +3,8 @@
 //! evicted an idle entry to make room, registered, and handed the registration out
 //! uncached (a second registration of the key, and another key's entry lost for nothing).
 
-use super::test_fake::*;
-use super::*;
+use super::fake::*;
+use crate::cache::*;
 
 const HELD: usize = 4095;
 

@@ -2,9 +2,9 @@
 //! entries, and looks at those only, not at every entry of the cache (it ran `evict_idle`
 //! over all of them: 2-4 ms at 16k entries, under the cache lock).
 
-use super::*;
+use crate::cache::*;
 
-use super::test_fake::{Fake, LIMITS};
+use super::fake::{Fake, LIMITS};
 
 fn req(addr: usize, len: usize, access: u32) -> Request {
     Request {
