@@ -1,7 +1,7 @@
 //! fork() in programs that bring their own `pthread_atfork` handlers: no fork
 //! may deadlock, whatever those handlers do or hold, and the fork guarantees stay. Host
-//! tests with a fake verbs provider (tests/c/guest/fork_fake.h) and, behind libmrcache.so,
-//! a stand-in for libibverbs (tests/c/guest/fork_shim.c: passthrough reg/dereg, and
+//! tests with a fake verbs provider (tests/c/host/fork_fake.h) and, behind libmrcache.so,
+//! a stand-in for libibverbs (tests/c/host/fork_shim.c: passthrough reg/dereg, and
 //! ibv_dontfork_range / ibv_dofork_range that record what they are given). Every program
 //! bounds itself (alarm() in parent and child, or a timer where SIGALRM is the program's),
 //! and runs under `timeout -s KILL` (30 s unless said).
@@ -21,7 +21,7 @@ fn dir() -> PathBuf {
 /// exec of a file another test is still writing fails with ETXTBSY).
 fn programs(prog: &str, name: &str) -> (PathBuf, PathBuf) {
     let libs = ["-libverbs", "-ldl", "-lpthread"];
-    common::shim_and_program("guest", "fork_shim", prog, &dir(), name, &libs)
+    common::shim_and_program("host", "fork_shim", prog, &dir(), name, &libs)
 }
 
 /// How a run ended, in words (`timeout` passes a signal that killed the program on by
@@ -136,7 +136,7 @@ fn prepare_handler_lock_held_across_registration() {
 /// fork() in a SIGALRM handler (300 us after the last handler returned) while the main
 /// thread maps, registers (a miss), registers again (a hit), deregisters and unmaps, 20,000
 /// rounds (about 700 forks): no fork waits for the cache lock the interrupted frame holds
-/// (tests/c/guest/fork_in_signal_handler.c).
+/// (tests/c/host/fork_in_signal_handler.c).
 #[test]
 fn fork_in_a_signal_handler_that_interrupted_a_registration() {
     passes("fork_in_signal_handler", "storm", &["20000"], &[]);
@@ -145,7 +145,7 @@ fn fork_in_a_signal_handler_that_interrupted_a_registration() {
 /// `_Fork()` in a program that starts no threads, 4,000 times while cached entries die and
 /// are deregistered: it stays single-threaded (no thread of ours), each child's calloc
 /// returns, and every dead entry is deregistered by the next call
-/// (tests/c/guest/underscore_fork_single_thread.c).
+/// (tests/c/host/underscore_fork_single_thread.c).
 #[test]
 fn underscore_fork_children_of_a_single_threaded_program_may_malloc() {
     let (why, out) = run_for(

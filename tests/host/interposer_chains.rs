@@ -1,5 +1,5 @@
 //! Interposer chains are kept and `posix_madvise` leaves errno alone, on the
-//! host. A memory interposer (glibc's libmemusage, `tests/c/guest/
+//! host. A memory interposer (glibc's libmemusage, `tests/c/host/
 //! chain_interposer.c`) counts the same calls with libmrcache.so preloaded before or after
 //! it as without it; a `munmap` the program defines itself (MVAPICH2's mem_hooks) gets every
 //! call; and the cache still sees each unmap that went through the chain (a fake provider
@@ -17,12 +17,12 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("interposer_chains")
 }
 
-/// Builds `tests/c/guest/SRC` into `out` (one output per test: tests run in parallel).
+/// Builds `tests/c/host/SRC` into `out` (one output per test: tests run in parallel).
 fn build(src: &str, out: &str, flags: &[&str]) -> PathBuf {
     let dir = dir();
     std::fs::create_dir_all(&dir).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c/guest")
+        .join("tests/c/host")
         .join(src);
     let out = dir.join(out);
     // The fake provider stores its ops through libibverbs' `void *(*)(void)` slots.

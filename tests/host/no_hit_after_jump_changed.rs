@@ -1,6 +1,7 @@
 //! The watch word (docs/design.md, "A cheaper patch check"):
-//! tests/c/host/rev_hit.c. Each scenario changes our jump in libc's munmap after the watch
-//! cleared, by a path the design claims to see, and then hits: none may be served.
+//! tests/c/host/hit_after_jump_changed.c. Each scenario changes our jump in libc's munmap
+//! after the watch cleared, by a path the design claims to see, and then hits: none may be
+//! served.
 
 use crate::common;
 
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 
 fn run(scenario: &str, env: &[(&str, &str)]) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no_hit_after_jump_changed");
-    let out = common::fake_scenario(&dir, "rev_hit", scenario, env);
+    let out = common::fake_scenario(&dir, "hit_after_jump_changed", scenario, env);
     println!("{scenario}: {}", text(&out));
     assert_eq!(out.status.code(), Some(0), "{scenario}: {}", text(&out));
 }

@@ -1,6 +1,7 @@
-//! The pass-through's ENOMEM/EAGAIN retry (`Cache::give_back_idle`) through libmrcache.so and the fake provider of tests/c/host/passthrough_enomem.c:
-//! retried once only when something idle was given back, errno kept, an entry in use kept,
-//! no hit on a given-back MR, reentrancy and fork.
+//! The pass-through's ENOMEM/EAGAIN retry (`Cache::give_back_idle`) through libmrcache.so
+//! and the fake provider of tests/c/host/passthrough_enomem.c: retried once only when
+//! something idle was given back, errno kept, an entry in use kept, no hit on a given-back
+//! MR, reentrancy and fork.
 
 use crate::common;
 

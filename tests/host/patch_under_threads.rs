@@ -37,7 +37,7 @@ fn build(prog: &str, out: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
         "-pthread",
         "-o",
         lib.to_str().unwrap(),
-        &src("guest/patch_hammer_lib.c"),
+        &src("host/patch_hammer_lib.c"),
     ]);
     let exe = d.join(out);
     let rpath = format!("-Wl,-rpath,{}", d.display());
@@ -88,7 +88,7 @@ fn runs(
 
 #[test]
 fn threads_running_while_libc_is_patched_are_not_disturbed() {
-    let (exe, _) = build("guest/patch_hammer.c", "patch_hammer", &[]);
+    let (exe, _) = build("host/patch_hammer.c", "patch_hammer", &[]);
     let plain = Command::new(&exe)
         .env_remove("LD_PRELOAD")
         .output()
@@ -129,7 +129,7 @@ fn cached_or_closed(i: usize, status: Option<i32>, out: &str, err: &str, why: &s
 #[test]
 fn a_verbs_program_whose_threads_ran_at_load_caches_or_fails_closed() {
     let (exe, _) = build(
-        "guest/patch_hammer_verbs.c",
+        "host/patch_hammer_verbs.c",
         "patch_hammer_verbs",
         &["-Wno-cast-function-type", "-libverbs"],
     );
@@ -143,7 +143,7 @@ fn a_verbs_program_whose_threads_ran_at_load_caches_or_fails_closed() {
 #[test]
 fn a_foreign_jump_is_taken_back_under_traffic() {
     let (exe, d) = build(
-        "guest/patch_hammer_verbs.c",
+        "host/patch_hammer_verbs.c",
         "patch_hammer_adopt",
         &["-Wno-cast-function-type", "-libverbs"],
     );
@@ -153,7 +153,7 @@ fn a_foreign_jump_is_taken_back_under_traffic() {
         "-fPIC",
         "-o",
         patcher.to_str().unwrap(),
-        &src("so/patcher.c"),
+        &src("guest/so/patcher.c"),
         "-ldl",
     ]);
     let n = 600;
@@ -171,7 +171,7 @@ fn a_foreign_jump_is_taken_back_under_traffic() {
 /// writable and executable mapping.
 fn refused(mode: &str, why: &str, n: usize) {
     let (exe, d) = build(
-        "guest/patch_hammer_verbs.c",
+        "host/patch_hammer_verbs.c",
         &format!("patch_refused_{mode}"),
         &["-Wno-cast-function-type", "-libverbs"],
     );
@@ -179,7 +179,7 @@ fn refused(mode: &str, why: &str, n: usize) {
     common::cc(&[
         "-o",
         wrapper.to_str().unwrap(),
-        &src("guest/seccomp_refuse.c"),
+        &src("host/seccomp_refuse.c"),
     ]);
     let exe_arg = exe.display().to_string();
     let secs = runs(

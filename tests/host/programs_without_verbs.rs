@@ -1,7 +1,7 @@
 //! The inertness suite: programs that never call verbs, run with and without the preload
 //! (`LD_PRELOAD=libmrcache.so`, the patch monitor, every logging and statistics variable
 //! set), must end with the same exit status and print the same bytes on stdout and stderr,
-//! and the preloaded runs must write no file. The programs are in `tests/c/guest/prog_*`:
+//! and the preloaded runs must write no file. The programs are in `tests/c/host/prog_*`:
 //! a C++ program whose static objects run threads from static initialisation until exit,
 //! python3 (threads, mmap, fork, multiprocessing, subprocess, ctypes), a bash script,
 //! jemalloc purging and unmapping under threads (preloaded before and after us), a program
@@ -21,13 +21,13 @@ const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 /// A run that takes longer than this has hung (the slowest takes well under a second).
 const HUNG: Duration = Duration::from_secs(60);
 
-fn guest_source(name: &str) -> PathBuf {
+fn program_source(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c/guest")
+        .join("tests/c/host")
         .join(name)
 }
 
-/// Builds `tests/c/guest/SRC` with `compiler` (cc or g++) and the project's warning flags.
+/// Builds `tests/c/host/SRC` with `compiler` (cc or g++) and the project's warning flags.
 fn build(compiler: &str, src: &str, out: &str, flags: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("programs_without_verbs");
     std::fs::create_dir_all(&dir).unwrap();
@@ -35,7 +35,7 @@ fn build(compiler: &str, src: &str, out: &str, flags: &[&str]) -> PathBuf {
     let st = Command::new(compiler)
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
         .arg(&out)
-        .arg(guest_source(src))
+        .arg(program_source(src))
         .args(flags)
         .status()
         .unwrap_or_else(|e| panic!("{compiler}: {e} (ci/install-deps.sh installs it)"));
@@ -209,7 +209,7 @@ fn cxx_static_threads_in_a_needed_library() {
         "g++",
         "prog_static_threads.cpp",
         "libprog_static_threads.so",
-        &["-shared", "-fPIC", "-DGUEST_LIBRARY"],
+        &["-shared", "-fPIC", "-DAS_LIBRARY"],
     );
     let dir = lib.parent().unwrap().display().to_string();
     let prog = build(
@@ -237,7 +237,7 @@ fn cxx_static_threads_in_a_needed_library() {
 /// mmap/madvise/munmap; exits 7.
 #[test]
 fn python_threads_mmap_fork_ctypes() {
-    let src = guest_source("prog_python.py");
+    let src = program_source("prog_python.py");
     let argv = ["python3", src.to_str().unwrap()];
     let g = Guest {
         name: "python",
@@ -252,13 +252,13 @@ fn python_threads_mmap_fork_ctypes() {
 /// large variables; exits 5.
 #[test]
 fn bash_script() {
-    let src = guest_source("prog_bash.sh");
+    let src = program_source("prog_bash.sh");
     let jobs = tempdir("bash-jobs");
     let argv = ["bash", src.to_str().unwrap()];
     let g = Guest {
         name: "bash",
         argv: &argv,
-        env: vec![("TMPDIR_GUEST".into(), jobs.display().to_string())],
+        env: vec![("JOBS_DIR".into(), jobs.display().to_string())],
         baseline: None,
     };
     compare(&g, &[ours()], 20);

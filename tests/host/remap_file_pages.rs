@@ -1,5 +1,5 @@
 //! `remap_file_pages` over a registered shared file mapping is reported.
-//! Host test: a fake provider counts registrations (tests/c/guest/w2_remap_file_pages.c),
+//! Host test: a fake provider counts registrations (tests/c/host/remap_file_pages.c),
 //! libmrcache.so preloaded with the patch monitor.
 
 use crate::common;
@@ -12,8 +12,8 @@ use std::process::Command;
 fn remap_file_pages_over_a_registered_mapping_is_reported() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("remap_file_pages");
     std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/guest/w2_remap_file_pages.c");
-    let prog = dir.join("w2_remap_file_pages");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/host/remap_file_pages.c");
+    let prog = dir.join("remap_file_pages");
     common::cc(&[
         "-o",
         prog.to_str().unwrap(),
@@ -35,6 +35,6 @@ fn remap_file_pages_over_a_registered_mapping_is_reported() {
         Some(0) => {}
         Some(77) => println!("skipped: {}", text(&out)),
         Some(1) => panic!("remap_file_pages was not reported:\n{}", text(&out)),
-        _ => panic!("w2_remap_file_pages: {}:\n{}", out.status, text(&out)),
+        _ => panic!("remap_file_pages: {}:\n{}", out.status, text(&out)),
     }
 }

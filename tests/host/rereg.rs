@@ -1,6 +1,6 @@
 //! `ibv_rereg_mr` of handles the cache handed out, through the
-//! preload on the host: a fake provider (tests/c/host/w345_rereg.c) and, behind
-//! libmrcache.so, a stand-in for libibverbs' reg/dereg/rereg (w345_shim.c).
+//! preload on the host: a fake provider (tests/c/host/rereg_handles.c) and, behind
+//! libmrcache.so, a stand-in for libibverbs' reg/dereg/rereg (rereg_shim.c).
 
 use crate::common;
 
@@ -12,8 +12,8 @@ fn run(scenario: &str) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rereg");
     let (shim, prog) = common::shim_and_program(
         "host",
-        "w345_shim",
-        "w345_rereg",
+        "rereg_shim",
+        "rereg_handles",
         &dir,
         scenario,
         &["-libverbs", "-ldl"],

@@ -1,5 +1,5 @@
 //! Edges of rereg, fork and device memory, each run with its own scenario of
-//! `tests/c/host/review_edges.c` (a fake provider behind libmrcache.so and `w345_shim.c`):
+//! `tests/c/host/rereg_fork_edges.c` (a fake provider behind libmrcache.so and `rereg_shim.c`):
 //! a fork child's rereg of the parent's MR moved it (rc 0, one provider rereg); a `_Fork`
 //! child's dereg of a parent's shadow reached the provider when a parent thread held the
 //! cache lock at the fork (26-57 of 300); refused rereg calls left errno 0; ON_DEMAND
@@ -18,7 +18,7 @@ fn dir() -> PathBuf {
 fn run(tag: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let libs = ["-libverbs", "-lpthread", "-Wno-unused-variable"];
     let (shim, exe) =
-        common::shim_and_program("host", "w345_shim", "review_edges", &dir(), tag, &libs);
+        common::shim_and_program("host", "rereg_shim", "rereg_fork_edges", &dir(), tag, &libs);
     let preload = common::preload_with(&shim);
     let out = Command::new("timeout")
         .args(["-s", "KILL", "120"])

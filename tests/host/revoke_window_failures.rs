@@ -1,7 +1,7 @@
 //! `MRCACHE_REMOTE=revoke` off the happy path, on the host: a fake provider whose window
-//! binds and completions the test controls (tests/c/host/w6_late.c), behind libmrcache.so
-//! and w6_shim.so (the libibverbs calls that set up our QP, which libibverbs itself cannot
-//! make on a fake context).
+//! binds and completions the test controls (tests/c/host/revoke_after_unbind_timeout.c),
+//! behind libmrcache.so and window_shim.so (the libibverbs calls that set up our QP, which
+//! libibverbs itself cannot make on a fake context).
 
 use crate::common;
 
@@ -15,8 +15,14 @@ use std::process::Command;
 #[test]
 fn a_revoke_after_a_timed_out_unbind_waits_for_its_own_key() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("revoke_window_failures");
-    let (shim, prog) =
-        common::shim_and_program("host", "w6_shim", "w6_late", &dir, "late", &["-libverbs"]);
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "window_shim",
+        "revoke_after_unbind_timeout",
+        &dir,
+        "late",
+        &["-libverbs"],
+    );
     let out = Command::new(&prog)
         .env("LD_PRELOAD", common::preload_with(&shim))
         .env("MRCACHE_MONITOR", "patch")
@@ -38,8 +44,8 @@ fn rereg_of_a_windows_handle_answers_as_the_provider() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("revoke_window_failures_rereg");
     let (shim, prog) = common::shim_and_program(
         "host",
-        "w6_shim",
-        "w25_rereg",
+        "window_shim",
+        "rereg_revocable",
         &dir,
         "rereg",
         &["-libverbs"],

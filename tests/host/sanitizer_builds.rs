@@ -33,15 +33,15 @@ fn dir() -> PathBuf {
 }
 
 fn src(name: &str) -> String {
-    format!("{}/tests/c/guest/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/tests/c/host/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Builds `tests/c/guest/SRC` with `-fsanitize=SAN` into `out`.
+/// Builds `tests/c/host/SRC` with `-fsanitize=SAN` into `out`.
 fn build(src_name: &str, san: &str, out: &str, extra: &[&str]) -> PathBuf {
     build_with("cc", src_name, san, out, extra)
 }
 
-/// Builds `tests/c/guest/SRC` with `-fsanitize=SAN` into `out`, with the compiler `cc`.
+/// Builds `tests/c/host/SRC` with `-fsanitize=SAN` into `out`, with the compiler `cc`.
 fn build_with(cc: &str, src_name: &str, san: &str, out: &str, extra: &[&str]) -> PathBuf {
     let out = dir().join(out);
     let sanitize = if san.is_empty() {

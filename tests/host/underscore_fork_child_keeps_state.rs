@@ -1,8 +1,8 @@
 //! A `_Fork()` child and grandchild keep what the parent's cache was told or found out:
 //! the remote-key policy, a failed-closed monitor, and which handles are the first
-//! process's. Host tests: the fake provider of tests/c/guest/fork_fake.h, libibverbs'
-//! passthrough in tests/c/guest/fork_shim.c (preloaded after libmrcache.so), the program
-//! tests/c/guest/w1_fork_child.c, which calls `_Fork()` directly (no atfork handler runs).
+//! process's. Host tests: the fake provider of tests/c/host/fork_fake.h, libibverbs'
+//! passthrough in tests/c/host/fork_shim.c (preloaded after libmrcache.so), the program
+//! tests/c/host/underscore_fork_child.c, which calls `_Fork()` directly (no atfork handler runs).
 //! Each run is bounded by alarm() in every process and `timeout -s KILL 30`.
 
 use crate::common;
@@ -16,12 +16,18 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("underscore_fork_child_keeps_state")
 }
 
-/// Runs `w1_fork_child mode` preloaded with `env`; panics with its output unless it
+/// Runs `underscore_fork_child mode` preloaded with `env`; panics with its output unless it
 /// printed "ok" and exited 0. One binary per test (tests run in parallel).
 fn passes(mode: &str, name: &str, env: &[(&str, &str)]) {
     let libs = ["-libverbs", "-ldl", "-lpthread"];
-    let (shim, prog) =
-        common::shim_and_program("guest", "fork_shim", "w1_fork_child", &dir(), name, &libs);
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "fork_shim",
+        "underscore_fork_child",
+        &dir(),
+        name,
+        &libs,
+    );
     let out = Command::new("timeout")
         .args(["-s", "KILL", "30"])
         .arg(&prog)
@@ -40,7 +46,10 @@ fn passes(mode: &str, name: &str, env: &[(&str, &str)]) {
         _ => Some(format!("failed ({})", out.status)),
     };
     if let Some(why) = why {
-        panic!("w1_fork_child {mode} {env:?}: {why}:\n{}", text(&out));
+        panic!(
+            "underscore_fork_child {mode} {env:?}: {why}:\n{}",
+            text(&out)
+        );
     }
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("ok"),

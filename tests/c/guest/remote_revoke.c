@@ -1,5 +1,5 @@
 /* After ibv_dereg_mr returns, the keys of that registration must not reach memory
- * (issue 10), exactly as without the cache.
+ *, exactly as without the cache.
  *
  *   remote_revoke SCENARIO EXPECT
  *   SCENARIO  freed  register a 16 KiB heap buffer REMOTE_WRITE, prove a write lands,

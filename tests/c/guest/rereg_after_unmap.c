@@ -1,10 +1,10 @@
-/* ibv_rereg_mr of the app's only handle after its buffer was unmapped (issue 20, W3), and,
- * with the preload, of an MR the app already released (W5), on rxe.
- *   W3: IBV_REREG_MR_CHANGE_TRANSLATION to a new buffer once the unmap was drained gives
+/* ibv_rereg_mr of the app's only handle after its buffer was unmapped, and,
+ * with the preload, of an MR the app already released, on rxe.
+ *   unmapped: IBV_REREG_MR_CHANGE_TRANSLATION to a new buffer once the unmap was drained gives
  *       what libibverbs alone gives for its own registration (rxe has no rereg op), never
  *       the cache's "shared with other users" (IBV_REREG_MR_ERR_INPUT); the app's
  *       ibv_dereg_mr of it then works.
- *   W5: rereg of an MR the cache holds idle is IBV_REREG_MR_ERR_INPUT with errno EINVAL and
+ *   released: rereg of an MR the cache holds idle is IBV_REREG_MR_ERR_INPUT with errno EINVAL and
  *       the next registration of the buffer is a hit on the unchanged MR. */
 #include "lib/loopback.h"
 
@@ -65,6 +65,6 @@ int main(void) {
         CHECK(ibv_dereg_mr(hit) == 0, "dereg");
     }
     lb_close(&lb);
-    printf("w345_rereg_vm: ok (provider answers %d)\n", want);
+    printf("rereg_after_unmap: ok (provider answers %d)\n", want);
     return 0;
 }

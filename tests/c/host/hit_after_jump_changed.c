@@ -1,21 +1,21 @@
-/* Adversarial review of the watch word (docs/design.md, "A cheaper patch check"): sequences
+/* The watch word (docs/design.md, "A cheaper patch check"): sequences
  * that change the bytes of our jump in libc's munmap after the watch cleared, each followed by
  * hits that must not be served. Built like fast_hit.c (fake provider, verbs_shim.so).
- *   rev_hit memfd_alias   libc's munmap page replaced (MAP_FIXED, hooked) by a read-only
+ *   hit_after_jump_changed memfd_alias   libc's munmap page replaced (MAP_FIXED, hooked) by a read-only
  *                         MAP_SHARED view of a memfd holding the same bytes; once the watch is
  *                         clean, the jump is overwritten through a writable alias of the memfd
- *   rev_hit file_private  the same with a MAP_PRIVATE read-only mapping of a file holding the
+ *   hit_after_jump_changed file_private  the same with a MAP_PRIVATE read-only mapping of a file holding the
  *                         same bytes; overwritten by pwrite(2) to the file (page not yet CoW)
- *   rev_hit mremap_fixed  a modified copy mremap(MREMAP_FIXED)ed over the page (hooked)
- *   rev_hit libc_mprotect libc's own mprotect (dlsym on libc's handle): the stated gap, window
- *   rev_hit errno         mprotect/pkey_mprotect hooks: -1 and errno on failure
- *   rev_hit memfd_stale   memfd_alias, then munmap through libc's entry unseen: a stale hit
- *   rev_hit writable_after_clean  page made writable past the hooks after a clean, left so
- *   rev_hit race          hooked mprotect + store at random offsets from the drain cycle
- *   rev_hit fork_child    clean at fork, the child overwrites past the hooks
- *   rev_hit partial       mprotect(page - PAGE, PAGE + 1): a length one byte into the page
- *   rev_hit advice        madvise advice not counted as zapping, over the page
- *   rev_hit maps_costN    figures: CPU of the maps read with N mappings while suspect
+ *   hit_after_jump_changed mremap_fixed  a modified copy mremap(MREMAP_FIXED)ed over the page (hooked)
+ *   hit_after_jump_changed libc_mprotect libc's own mprotect (dlsym on libc's handle): the stated gap, window
+ *   hit_after_jump_changed errno         mprotect/pkey_mprotect hooks: -1 and errno on failure
+ *   hit_after_jump_changed memfd_stale   memfd_alias, then munmap through libc's entry unseen: a stale hit
+ *   hit_after_jump_changed writable_after_clean  page made writable past the hooks after a clean, left so
+ *   hit_after_jump_changed race          hooked mprotect + store at random offsets from the drain cycle
+ *   hit_after_jump_changed fork_child    clean at fork, the child overwrites past the hooks
+ *   hit_after_jump_changed partial       mprotect(page - PAGE, PAGE + 1): a length one byte into the page
+ *   hit_after_jump_changed advice        madvise advice not counted as zapping, over the page
+ *   hit_after_jump_changed maps_costN    figures: CPU of the maps read with N mappings while suspect
  * exit 0: held; 1: broken (printed); 3: set-up failed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -98,17 +98,17 @@ static void window(const char *how, char *b, struct ibv_mr *cached) {
     double t0 = now_ms();
     long n = 0;
     while (now_ms() - t0 < 5000 && served(b, cached, 1)) n++;
-    fprintf(stderr, "rev_hit %s: %ld hits served over %.1f ms after the overwrite, until %s\n", how, n,
+    fprintf(stderr, "hit_after_jump_changed %s: %ld hits served over %.1f ms after the overwrite, until %s\n", how, n,
             now_ms() - t0, now_ms() - t0 >= 5000 ? "the 5 s limit (never noticed)" : "the first miss");
 }
 
 static int verdict(const char *how, int s, int n) {
     if (s) {
-        fprintf(stderr, "rev_hit %s: %d of %d hits after our jump was overwritten were served (watch clean: %d)\n",
+        fprintf(stderr, "hit_after_jump_changed %s: %d of %d hits after our jump was overwritten were served (watch clean: %d)\n",
                 how, s, n, watch_clean());
         return 1;
     }
-    printf("rev_hit %s: none of %d registrations after the overwrite was a hit\n", how, n);
+    printf("hit_after_jump_changed %s: none of %d registrations after the overwrite was a hit\n", how, n);
     return 0;
 }
 
@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
          * a zero length: qemu-user 7.2 answers that with ENOMEM). */
         errno = 1234;
         int r3 = mprotect(page_of(&errno), PAGE, PROT_READ | PROT_WRITE), e3 = errno;
-        printf("rev_hit errno: mprotect %d/%d, pkey_mprotect %d/%d, ok-call %d/%d (want -1/%d twice, 0/1234)\n",
+        printf("hit_after_jump_changed errno: mprotect %d/%d, pkey_mprotect %d/%d, ok-call %d/%d (want -1/%d twice, 0/1234)\n",
                r1, e1, r2, e2, r3, e3, EINVAL);
         return !(r1 == -1 && e1 == EINVAL && r2 == -1 && e2 == EINVAL && r3 == 0 && e3 == 1234);
     }
@@ -157,18 +157,18 @@ int main(int argc, char **argv) {
     char *b = bufs + 2 * LEN;
     struct ibv_mr *cached = cycle(b);
     if (cycle(b) != cached || cycle(b) != cached || registrations != 1) {
-        fprintf(stderr, "rev_hit: the cache did not keep the registration\n");
+        fprintf(stderr, "hit_after_jump_changed: the cache did not keep the registration\n");
         return 3;
     }
     watch_clean = (int (*)(void))dlsym(RTLD_DEFAULT, "mrcache_patch_watch_clean");
     uintptr_t to;
     unsigned char *jump = our_jump(&to);
     if (!watch_clean || !jump) {
-        fprintf(stderr, "rev_hit: %s\n", !watch_clean ? "mrcache_patch_watch_clean not found" : "munmap not patched");
+        fprintf(stderr, "hit_after_jump_changed: %s\n", !watch_clean ? "mrcache_patch_watch_clean not found" : "munmap not patched");
         return 3;
     }
     if (!wait_clean()) {
-        fprintf(stderr, "rev_hit: the watch never cleared\n");
+        fprintf(stderr, "hit_after_jump_changed: the watch never cleared\n");
         return 3;
     }
     unsigned char *page = page_of(jump);
@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
             if (l > 0 && (t[l] = 0, strstr(t, "/maps"))) n = fd;
         }
         if (n < 0) {
-            printf("rev_hit %s: no /proc/self/maps descriptor kept (no PROCMAP_QUERY here): nothing to inherit\n", how);
+            printf("hit_after_jump_changed %s: no /proc/self/maps descriptor kept (no PROCMAP_QUERY here): nothing to inherit\n", how);
             return 0;
         }
         fflush(stdout);
@@ -218,13 +218,13 @@ int main(int argc, char **argv) {
             char one;
             int kept = parents ? !strcmp(t, want) && read(n, &one, 1) == 1
                                : strstr(t, "child-file") != NULL && write(n, "x", 1) == 1;
-            fprintf(stderr, "rev_hit %s: child: 500 ms after its first registration, its descriptor %d names '%s'%s\n",
+            fprintf(stderr, "hit_after_jump_changed %s: child: 500 ms after its first registration, its descriptor %d names '%s'%s\n",
                     how, n, t, kept ? "" : ": the library closed the child's file");
             _exit(kept ? 0 : 1);
         }
         int st;
         if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 3;
-        if (WEXITSTATUS(st) == 0) printf("rev_hit %s: the child's file kept its descriptor %d\n", how, n);
+        if (WEXITSTATUS(st) == 0) printf("hit_after_jump_changed %s: the child's file kept its descriptor %d\n", how, n);
         return WEXITSTATUS(st);
     }
     if (!strcmp(how, "memfd_alias")) {
@@ -236,7 +236,7 @@ int main(int argc, char **argv) {
         /* Same bytes, same address: a read-only, executable view (mmap is hooked: watched). */
         if (mmap(page, PAGE, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
         if (!wait_clean()) {
-            printf("rev_hit memfd_alias: the watch never cleared again (refused a shared page): held\n");
+            printf("hit_after_jump_changed memfd_alias: the watch never cleared again (refused a shared page): held\n");
             return 0;
         }
         overwrite(alias + off, to); /* a plain store, no system call */
@@ -269,7 +269,7 @@ int main(int argc, char **argv) {
             }
             clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &z);
             double cpu = (z.tv_sec - a.tv_sec) * 1e3 + (z.tv_nsec - a.tv_nsec) / 1e6;
-            printf("rev_hit maps_cost: %ld mappings, page %s, watch clean %d: %.0f ms CPU over 2 s, %ld mmap+munmap pairs\n",
+            printf("hit_after_jump_changed maps_cost: %ld mappings, page %s, watch clean %d: %.0f ms CPU over 2 s, %ld mmap+munmap pairs\n",
                    n, round ? "read-only" : "writable", watch_clean(), cpu, pairs);
         }
         return 0;
@@ -305,12 +305,12 @@ int main(int argc, char **argv) {
             double t0 = now_ms();
             long n = 0, s = 0;
             while (now_ms() - t0 < 1000) s += served(b, cached, 1), n++;
-            fprintf(stderr, "rev_hit fork_child: child: %ld of %ld hits over 1 s after the overwrite were served\n", s, n);
+            fprintf(stderr, "hit_after_jump_changed fork_child: child: %ld of %ld hits over 1 s after the overwrite were served\n", s, n);
             _exit(s ? 1 : 0);
         }
         int st;
         if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 3;
-        if (WEXITSTATUS(st) == 0) printf("rev_hit fork_child: no hit served in the child\n");
+        if (WEXITSTATUS(st) == 0) printf("hit_after_jump_changed fork_child: no hit served in the child\n");
         return WEXITSTATUS(st);
     }
     if (!strcmp(how, "advice")) {
@@ -327,10 +327,10 @@ int main(int argc, char **argv) {
             int e = errno;
             if (!is_our_jump(jump)) {
                 int s = served(b, cached, 1000);
-                fprintf(stderr, "rev_hit advice: madvise %d (rc %d) dropped our jump; %d of 1000 hits served, clean %d\n", adv[k], r, s, watch_clean());
+                fprintf(stderr, "hit_after_jump_changed advice: madvise %d (rc %d) dropped our jump; %d of 1000 hits served, clean %d\n", adv[k], r, s, watch_clean());
                 return 1;
             }
-            printf("rev_hit advice: madvise %d: rc %d errno %d, jump kept\n", adv[k], r, e);
+            printf("hit_after_jump_changed advice: madvise %d: rc %d errno %d, jump kept\n", adv[k], r, e);
         }
         return 0;
     }
@@ -355,7 +355,7 @@ int main(int argc, char **argv) {
         int clean = watch_clean();
         overwrite(jump, to);
         int s = served(b, cached, 1000);
-        fprintf(stderr, "rev_hit writable_after_clean: %d ms after, the page writable: watch clean %d\n", waited, clean);
+        fprintf(stderr, "hit_after_jump_changed writable_after_clean: %d ms after, the page writable: watch clean %d\n", waited, clean);
         if (s) window(how, b, cached);
         return verdict(how, s, 1000);
     }
@@ -370,7 +370,7 @@ int main(int argc, char **argv) {
         memcpy(alias, page, PAGE);
         if (mmap(page, PAGE, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) != page) return 3;
         if (!wait_clean()) {
-            printf("rev_hit memfd_stale: the watch never cleared again: held\n");
+            printf("hit_after_jump_changed memfd_stale: the watch never cleared again: held\n");
             return 0;
         }
         unsigned char stub[12];
@@ -384,32 +384,32 @@ int main(int argc, char **argv) {
         if (libc_munmap(bufs, 4 * LEN)) return 3;
         char *again = mmap(NULL, 4 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (again != bufs) {
-            printf("rev_hit memfd_stale: the address was not reused; skipped\n");
+            printf("hit_after_jump_changed memfd_stale: the address was not reused; skipped\n");
             return 0;
         }
         struct ibv_mr *mr = ibv_reg_mr(&pd, b, LEN, IBV_ACCESS_LOCAL_WRITE);
         if (mr == cached) {
-            fprintf(stderr, "rev_hit memfd_stale: STALE: the registration of the unmapped pages was served for the new ones at %p\n", (void *)b);
+            fprintf(stderr, "hit_after_jump_changed memfd_stale: STALE: the registration of the unmapped pages was served for the new ones at %p\n", (void *)b);
             return 1;
         }
-        printf("rev_hit memfd_stale: not a hit\n");
+        printf("hit_after_jump_changed memfd_stale: not a hit\n");
         return 0;
     }
     if (!strcmp(how, "file_private")) {
-        char path[] = "/tmp/rev_hit_pageXXXXXX";
+        char path[] = "/tmp/hit_pageXXXXXX";
         int fd = mkstemp(path);
         if (fd < 0 || write(fd, page, PAGE) != (ssize_t)PAGE) return 3;
         unlink(path);
         if (mmap(page, PAGE, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, 0) != page) return 3;
         if (!wait_clean()) {
-            printf("rev_hit file_private: the watch never cleared again: held\n");
+            printf("hit_after_jump_changed file_private: the watch never cleared again: held\n");
             return 0;
         }
         unsigned char other[16];
         ssize_t n = (ssize_t)other_jump(other, to);
         if (pwrite(fd, other, n, off) != n) return 3;
         if (is_our_jump(jump)) {
-            printf("rev_hit file_private: the private page did not follow the file; held\n");
+            printf("hit_after_jump_changed file_private: the private page did not follow the file; held\n");
             return 0;
         }
         int s = served(b, cached, 1000);
@@ -430,7 +430,7 @@ int main(int argc, char **argv) {
         int (*libc_mprotect)(void *, size_t, int) =
             (int (*)(void *, size_t, int))dlsym(dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY), "mprotect");
         int (*ours)(void *, size_t, int) = mprotect;
-        printf("rev_hit libc_mprotect: dlsym(libc, \"mprotect\") %s our hook\n", libc_mprotect == ours ? "is" : "is NOT");
+        printf("hit_after_jump_changed libc_mprotect: dlsym(libc, \"mprotect\") %s our hook\n", libc_mprotect == ours ? "is" : "is NOT");
         if (libc_mprotect(page, PAGE, PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;
         overwrite(jump, to);
         if (libc_mprotect(page, PAGE, PROT_READ | PROT_EXEC)) return 3;

@@ -6,8 +6,8 @@
 // checksum over a fixed number of rounds; rounds done beyond those (while waiting for main
 // to finish) are checked but not counted; destructors run in reverse order, so the
 // workers print 2, 1, 0. Exit status 0, or 1 with a line naming the check that failed.
-// Built with -DGUEST_LIBRARY -shared it is a library whose constructors start the
-// threads, and guest_main (called by prog_static_threads_main.c) replaces main.
+// Built with -DAS_LIBRARY -shared it is a library whose constructors start the
+// threads, and library_main (called by prog_static_threads_main.c) replaces main.
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -165,10 +165,10 @@ Worker w2(2);
 
 }  // namespace
 
-#ifdef GUEST_LIBRARY
+#ifdef AS_LIBRARY
 // Built as libprog_static_threads.so, a DT_NEEDED library of prog_static_threads_main.c:
 // its static threads then start in a library constructor, before libmrcache.so's.
-extern "C" int guest_main() {
+extern "C" int library_main() {
 #else
 int main() {
 #endif

@@ -1,13 +1,13 @@
-/* ibv_rereg_mr of handles the cache handed out (issue 20, W3 and W5), on the host with a fake
+/* ibv_rereg_mr of handles the cache handed out, on the host with a fake
  * provider (ibv_context ops that track the objects they hand out) and, behind libmrcache.so,
- * w345_shim.so (libibverbs' reg/dereg/rereg for calls passed through).
- *   w345_rereg undrained  the app's only handle, its buffer unmapped just before:
+ * rereg_shim.so (libibverbs' reg/dereg/rereg for calls passed through).
+ *   rereg_handles undrained  the app's only handle, its buffer unmapped just before:
  *                         IBV_REREG_MR_CHANGE_TRANSLATION to a new buffer works
- *   w345_rereg drained    the same once the unmap was drained (a verbs call in between)
- *   w345_rereg late       the same 150 ms after the unmap (the background drain's turn)
- *   w345_rereg idle       rereg of an MR the app released and the cache holds idle: EINVAL,
+ *   rereg_handles drained    the same once the unmap was drained (a verbs call in between)
+ *   rereg_handles late       the same 150 ms after the unmap (the background drain's turn)
+ *   rereg_handles idle       rereg of an MR the app released and the cache holds idle: EINVAL,
  *                         IBV_REREG_MR_ERR_INPUT, the cached MR unchanged, no provider call
- *   w345_rereg shadow     the same for a released shadow copy
+ *   rereg_handles shadow     the same for a released shadow copy
  * exit 0: right; 1: wrong (printed); 3: set-up failed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -50,14 +50,14 @@ static int fake_dereg(struct ibv_mr *mr) {
             free(mr);
             return 0;
         }
-    fprintf(stderr, "w345_rereg: the provider was asked to deregister %p, not one of its own\n", (void *)mr);
+    fprintf(stderr, "rereg_handles: the provider was asked to deregister %p, not one of its own\n", (void *)mr);
     exit(1);
 }
 
 static int fake_rereg(struct ibv_mr *mr, int flags, struct ibv_pd *p, void *addr, size_t len, int access) {
     (void)flags, (void)p, (void)addr, (void)len, (void)access;
     if (!is_live(mr)) {
-        fprintf(stderr, "w345_rereg: the provider was asked to rereg %p, not one of its own\n", (void *)mr);
+        fprintf(stderr, "rereg_handles: the provider was asked to rereg %p, not one of its own\n", (void *)mr);
         exit(1);
     }
     provider_reregs++;
@@ -73,7 +73,7 @@ static char *map(void) {
 static struct ibv_mr *reg(char *buf) {
     struct ibv_mr *mr = ibv_reg_mr(&pd, buf, LEN, IBV_ACCESS_LOCAL_WRITE);
     if (!mr) {
-        fprintf(stderr, "w345_rereg: ibv_reg_mr failed\n");
+        fprintf(stderr, "rereg_handles: ibv_reg_mr failed\n");
         exit(3);
     }
     return mr;
@@ -81,7 +81,7 @@ static struct ibv_mr *reg(char *buf) {
 
 static void dereg(struct ibv_mr *mr) {
     if (ibv_dereg_mr(mr)) {
-        fprintf(stderr, "w345_rereg: ibv_dereg_mr(%p) failed\n", (void *)mr);
+        fprintf(stderr, "rereg_handles: ibv_dereg_mr(%p) failed\n", (void *)mr);
         exit(1);
     }
 }
@@ -98,20 +98,20 @@ static int moved(const char *how) {
     errno = 0;
     int rc = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, fresh, LEN, 0);
     if (rc != 0 || mr->addr != fresh || mr->length != LEN || provider_reregs != 1) {
-        fprintf(stderr, "w345_rereg: %s: rereg of the only handle after munmap: %d (errno %d), addr %s, %d provider rereg\n",
+        fprintf(stderr, "rereg_handles: %s: rereg of the only handle after munmap: %d (errno %d), addr %s, %d provider rereg\n",
                 how, rc, errno, mr->addr == fresh ? "moved" : "not moved", provider_reregs);
         return 1;
     }
     int before = registrations;
     struct ibv_mr *again = reg(fresh);
     if (again == mr || registrations != before + 1) {
-        fprintf(stderr, "w345_rereg: %s: the rereg'd MR was handed out again\n", how);
+        fprintf(stderr, "rereg_handles: %s: the rereg'd MR was handed out again\n", how);
         return 1;
     }
     dereg(again);
     dereg(mr);
     if (is_live(mr)) {
-        fprintf(stderr, "w345_rereg: %s: the app's ibv_dereg_mr left the rereg'd MR registered\n", how);
+        fprintf(stderr, "rereg_handles: %s: the app's ibv_dereg_mr left the rereg'd MR registered\n", how);
         return 1;
     }
     printf("%s: rereg after munmap moved the only handle\n", how);
@@ -123,7 +123,7 @@ static int moved(const char *how) {
 static int released(const char *what) {
     int *shim_reregs = dlsym(RTLD_DEFAULT, "shim_reregs");
     if (!shim_reregs) {
-        fprintf(stderr, "w345_rereg: w345_shim.so is not preloaded\n");
+        fprintf(stderr, "rereg_handles: rereg_shim.so is not preloaded\n");
         return 3;
     }
     char *buf = map(), *fresh = map();
@@ -142,14 +142,14 @@ static int released(const char *what) {
     int rc = ibv_rereg_mr(handle, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, fresh, LEN, 0);
     int err = errno;
     if (rc != IBV_REREG_MR_ERR_INPUT || err != EINVAL || *shim_reregs != 0 || provider_reregs != 0) {
-        fprintf(stderr, "w345_rereg: %s: rereg of a released handle: %d (errno %d), %d passed to libibverbs, %d provider rereg\n",
+        fprintf(stderr, "rereg_handles: %s: rereg of a released handle: %d (errno %d), %d passed to libibverbs, %d provider rereg\n",
                 what, rc, err, *shim_reregs, provider_reregs);
         return 1;
     }
     if (held) dereg(held);
     struct ibv_mr *hit = reg(buf);
     if (hit != cached || hit->addr != buf || !is_live(cached)) {
-        fprintf(stderr, "w345_rereg: %s: after the rereg a registration of the old buffer got %p covering %p (cached %p, buffer %p)\n",
+        fprintf(stderr, "rereg_handles: %s: after the rereg a registration of the old buffer got %p covering %p (cached %p, buffer %p)\n",
                 what, (void *)hit, hit->addr, (void *)cached, (void *)buf);
         return 1;
     }

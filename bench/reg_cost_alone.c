@@ -1,4 +1,4 @@
-/* Review of issue 26 (B4): what an application without the preload pays for ibv_reg_mr +
+/* What an application without the preload pays for ibv_reg_mr +
  * ibv_dereg_mr of one populated buffer, in the process's own libibverbs, one device
  * context, nothing else loaded: (a) back to back (consecutive 1 ms rounds, nothing
  * between) and (b) 1 ms bursts with 2 ms idle between (as the base copy sees it in the

@@ -1,4 +1,4 @@
-/* A verbs program built with a sanitizer (tests/guest_sanitizers.rs): a fake provider
+/* A verbs program built with a sanitizer (tests/host/sanitizer_builds.rs): a fake provider
  * (ibv_context ops that count what they register, as tests/c/host/fast_hit.c) and, behind
  * libmrcache.so, verbs_shim.so for libibverbs' reg/dereg. Registers and releases one
  * mmapped buffer ROUNDS times, unmaps it, maps a new one and registers that once. Then a

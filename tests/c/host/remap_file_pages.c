@@ -1,11 +1,11 @@
-/* remap_file_pages() over a registered shared file mapping (review-3 W2). Since Linux 4.0
+/* remap_file_pages() over a registered shared file mapping. Since Linux 4.0
  * the kernel emulates it as mmap(MAP_FIXED) of the same file over the range: the range is
  * backed by other pages of the file from then on. A fake provider counts registrations
  * (libmrcache.so preloaded): register the mapping, release it (the cache keeps it), remap
  * it to other pages of the file, register it again: a second provider registration means
  * the call was reported; a cache hit means it was not (a stale registration on a real HCA:
  * RDMA would reach the file pages the range no longer shows).
- *   w2_remap_file_pages      exit 0: reported; 1: not reported; 3: set-up failed;
+ *   remap_file_pages      exit 0: reported; 1: not reported; 3: set-up failed;
  *                            77: remap_file_pages unsupported here */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,9 +42,9 @@ int main(void) {
     pd.context = &ctx;
     size_t page = (size_t)sysconf(_SC_PAGESIZE), len = PAGES * page;
     /* A file of twice the mapping: page i holds the byte 'a' + i. */
-    int fd = memfd_create("w2_remap_file_pages", 0);
+    int fd = memfd_create("remap_file_pages", 0);
     if (fd < 0 || ftruncate(fd, (off_t)(2 * len))) {
-        perror("w2_remap_file_pages: memfd");
+        perror("remap_file_pages: memfd");
         return 3;
     }
     char *file = mmap(NULL, 2 * len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -54,17 +54,17 @@ int main(void) {
     char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (buf == MAP_FAILED) return 3;
     if (cycle(&pd, buf, len) || cycle(&pd, buf, len) || registrations != 1) {
-        fprintf(stderr, "w2_remap_file_pages: the cache did not keep the registration (%d)\n",
+        fprintf(stderr, "remap_file_pages: the cache did not keep the registration (%d)\n",
                 registrations);
         return 3;
     }
     /* The range now shows the file's second half. */
     if (remap_file_pages(buf, len, 0, PAGES, 0)) {
-        fprintf(stderr, "w2_remap_file_pages: unsupported here: %s\n", strerror(errno));
+        fprintf(stderr, "remap_file_pages: unsupported here: %s\n", strerror(errno));
         return 77;
     }
     if (buf[0] != 'a' + PAGES) {
-        fprintf(stderr, "w2_remap_file_pages: the range still shows file page 0 ('%c')\n", buf[0]);
+        fprintf(stderr, "remap_file_pages: the range still shows file page 0 ('%c')\n", buf[0]);
         return 3;
     }
     if (cycle(&pd, buf, len)) return 3;

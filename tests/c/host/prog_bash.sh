@@ -40,12 +40,12 @@ echo "cut: $huge"
 
 # Background jobs and wait: each exits with its own status.
 for i in 1 2 3 4; do
-  ( sleep 0.0$i; seq 1 $((i * 1000)) | md5sum | cut -c1-8 > "$TMPDIR_GUEST/job$i"; exit $i ) &
+  ( sleep 0.0$i; seq 1 $((i * 1000)) | md5sum | cut -c1-8 > "$JOBS_DIR/job$i"; exit $i ) &
   pids[$i]=$!
 done
 for i in 1 2 3 4; do
   wait "${pids[$i]}"
-  echo "job $i status $? $(cat "$TMPDIR_GUEST/job$i")"
+  echo "job $i status $? $(cat "$JOBS_DIR/job$i")"
 done
 { echo piped-job | tr a-z A-Z; } &
 wait $!

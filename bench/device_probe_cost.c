@@ -1,6 +1,6 @@
 /* The cost of each candidate probe for "can the CPU read this range" (the device-memory
  * bypass on the miss path), in ns per call over 64 KiB of readable anonymous memory:
- *   dev_probe_bench [iterations]   prints one line per probe */
+ *   device_probe_cost [iterations]   prints one line per probe */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>

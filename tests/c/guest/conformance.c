@@ -1,4 +1,4 @@
-/* Differential conformance (issue 25): drives sequences of verbs calls and prints, for each
+/* Differential conformance: drives sequences of verbs calls and prints, for each
  * call, its result, errno (set to a sentinel before the call) and the MR's fields that do
  * not depend on keys or addresses. The VM case `conformance` runs it without the preload
  * and with it under every MRCACHE_REMOTE mode and requires the same output.

@@ -1,7 +1,7 @@
 /* MRCACHE_REMOTE=revoke after one window unbind timed out: the next revoke on that PD must
  * not return before its own window's key is dead. A fake provider (ibv_context ops) models
  * the device: a bind or unbind takes effect when its completion is reaped, completions come
- * in posting order, and the test holds one back. Behind libmrcache.so and w6_shim.so.
+ * in posting order, and the test holds one back. Behind libmrcache.so and window_shim.so.
  *   1. register A and B with remote write (one window each, bound);
  *   2. ibv_dereg_mr(A): its unbind's completion is held (a stalled device) past
  *      MRCACHE_TEST_COMPLETION_LIMIT_MS;
@@ -45,12 +45,12 @@ int main(void) {
     struct ibv_mr *a = ibv_reg_mr(&pd, buf, len, access);
     struct ibv_mr *b = ibv_reg_mr(&pd, buf + len, len, access);
     if (!a || !b) {
-        fprintf(stderr, "w6_late: registration failed\n");
+        fprintf(stderr, "revoke_after_unbind_timeout: registration failed\n");
         return 3;
     }
     struct fmw *wa = window_of(a->rkey), *wb = window_of(b->rkey);
     if (!wa || !wb || wa == wb || !wa->bound || !wb->bound) {
-        fprintf(stderr, "w6_late: not one bound window per handle (revoke mode off?)\n");
+        fprintf(stderr, "revoke_after_unbind_timeout: not one bound window per handle (revoke mode off?)\n");
         return 3;
     }
     uint32_t key_b = b->rkey;

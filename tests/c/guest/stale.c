@@ -225,7 +225,7 @@ static int s_sbrk(void) {
     return rc;
 }
 
-/* remap_file_pages (issue 20, W2): since Linux 4.0 the kernel emulates it as mmap(MAP_FIXED)
+/* remap_file_pages: since Linux 4.0 the kernel emulates it as mmap(MAP_FIXED)
  * of the same file over the range, which then shows the file's other pages. */
 static int s_remap_file_pages(void) {
     size_t len = 2 * MIB;
@@ -397,7 +397,7 @@ static int s_arena_shrink(void) {
 }
 
 /* Another library overwrites libc's munmap entry after mrcache patched it (as UCX, Open
- * MPI or a profiler would): tests/c/so/patcher.c, next to this program, loaded after the
+ * MPI or a profiler would): tests/c/guest/so/patcher.c, next to this program, loaded after the
  * cache is running. Then free() of an mmapped block must still never give a stale hit. */
 static int s_free_malloc_repatched(void) {
     char exe[PATH_MAX], lib[PATH_MAX + 32];

@@ -1,17 +1,17 @@
 /* A _Fork() child, and a _Fork() grandchild, keep what the parent's cache was told or
- * found out (review-3 W1). _Fork() is called directly (it skips the atfork handlers: the
+ * found out. _Fork() is called directly (it skips the atfork handlers: the
  * child's first verbs call renews the cache). Fake provider: fork_fake.h; libibverbs'
  * passthrough: fork_shim.so (the fake has no memory window ops, so MRCACHE_REMOTE=revoke
  * passes registrations with remote access through uncached, as bypass does).
- *   w1_fork_child remote   MRCACHE_REMOTE=revoke|bypass: a registration with remote write
+ *   underscore_fork_child remote   MRCACHE_REMOTE=revoke|bypass: a registration with remote write
  *                          access is never a hit, in the parent, the child, the grandchild
  *                          (a hit would hand out a registration whose rkey the cache kept
  *                          alive past ibv_dereg_mr); a local-only one still is.
- *   w1_fork_child blind    MRCACHE_MONITOR=symbols (libc's internal munmap unseen: caching
+ *   underscore_fork_child blind    MRCACHE_MONITOR=symbols (libc's internal munmap unseen: caching
  *                          fails closed at start): the child and grandchild do not cache
  *                          either; a 1 MiB malloc'd buffer freed and malloc'd again at the
  *                          same address misses.
- *   w1_fork_child handles  a grandchild's ibv_dereg_mr of an MR in use that the
+ *   underscore_fork_child handles  a grandchild's ibv_dereg_mr of an MR in use that the
  *                          grandparent's cache handed out succeeds without reaching the
  *                          provider, as it does in the child.
  * exit 0: kept; 1: broken (printed); 3: set-up failed. */
@@ -60,7 +60,7 @@ static void check_blind(void) {
     if (caches())
         FAIL("%s: a second registration was a hit: the parent failed closed (blind monitor), "
              "this process caches again with the same monitor", who);
-    /* The review's stale hit: freed through libc (its internal munmap, unseen by the
+    /* A stale hit once seen: freed through libc (its internal munmap, unseen by the
      * symbols monitor), malloc'd again at the same address. */
     for (int round = 0; round < 8; round++) {
         char *a = malloc(MIB);
@@ -113,7 +113,7 @@ static void check(const char *mode) {
     if (!strcmp(mode, "remote")) check_remote();
     else if (!strcmp(mode, "blind")) check_blind();
     else if (!strcmp(mode, "handles")) { if (strcmp(who, "parent")) check_handles(); }
-    else SETUP(0, "usage: w1_fork_child remote|blind|handles");
+    else SETUP(0, "usage: underscore_fork_child remote|blind|handles");
 }
 
 /* _Fork(), the child running `body`; the parent waits. */
@@ -147,7 +147,7 @@ static void child(const char *mode) {
 }
 
 int main(int argc, char **argv) {
-    SETUP(argc == 2, "usage: w1_fork_child remote|blind|handles");
+    SETUP(argc == 2, "usage: underscore_fork_child remote|blind|handles");
     alarm(20);
     /* A fixed threshold: glibc would raise it to 1 MiB at the first free of a mapped chunk,
      * and the next 1 MiB malloc would come from the heap instead. */

@@ -1,7 +1,7 @@
 /* The pointers behind lib/dlverbs.h, resolved before main as NCCL resolves its verbs
  * table: registration and deregistration with dlvsym under the version NCCL asks for
  * (IBVERBS_1.1, ibv_reg_mr_iova2 IBVERBS_1.8), the rest with dlsym. Built empty unless
- * MRCACHE_DLVERBS is defined (the programs in tests/c/dl/). */
+ * MRCACHE_DLVERBS is defined (the programs in tests/c/guest/dl/). */
 #ifdef MRCACHE_DLVERBS
 #include <dlfcn.h>
 #include <stdio.h>

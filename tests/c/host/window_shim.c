@@ -1,7 +1,7 @@
 /* Stands in for the libibverbs calls MRCACHE_REMOTE=revoke makes to set up its QP on a PD
  * (ibv_query_device/port/gid, ibv_create_cq/qp, ibv_modify_qp, ibv_destroy_*), behind
  * libmrcache.so in LD_PRELOAD (it finds them with dlvsym RTLD_NEXT): libibverbs itself
- * cannot handle the fake context of w6_late.c. Binds and polls go through the context's
+ * cannot handle the fake context of revoke_after_unbind_timeout.c. Binds and polls go through the context's
  * ops (the program's fake provider), as ibv_bind_mw and ibv_poll_cq do inline. */
 #include <infiniband/verbs.h>
 #include <stdlib.h>

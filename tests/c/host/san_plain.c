@@ -1,5 +1,5 @@
 /* An ordinary program, built with a sanitizer (ASan, TSan, UBSan): it must start and run
- * the same with libmrcache.so preloaded as without (tests/guest_sanitizers.rs). Threads
+ * the same with libmrcache.so preloaded as without (tests/host/sanitizer_builds.rs). Threads
  * that malloc/free small and large (mmapped) blocks and realloc them, explicit mmap,
  * mremap (a MAP_FIXED mmap under TSan), madvise and munmap, then a deterministic summary
  * on stdout and exit status 7.

@@ -59,7 +59,7 @@ static void fake_open(void) {
     ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
     pd.context = &ctx;
     /* No kernel context behind it: no command fd. (A fork child's registrations on a context
-     * whose fd is the parent's file pass to libibverbs uncached, issue 25; these programs
+     * whose fd is the parent's file pass to libibverbs uncached; these programs
      * test the child's own cache, which a context without a file keeps.) */
     ctx.cmd_fd = -1;
 }

@@ -4,7 +4,7 @@
  * ibv_dontfork_range / ibv_dofork_range record the ranges they are given, so a test sees
  * what mrcache marks DONTFORK around a fork. Lock-free: threads and fork children use it. */
 #include <stdint.h>
-#include "../host/verbs_shim.c" /* ibv_reg_mr_iova2, ibv_dereg_mr */
+#include "verbs_shim.c" /* ibv_reg_mr_iova2, ibv_dereg_mr */
 
 atomic_int shim_dontforks, shim_doforks;
 /* The last range each was given. */

@@ -1,4 +1,4 @@
-/* Test programs built as NCCL-style programs (the files in tests/c/dl/, compiled with
+/* Test programs built as NCCL-style programs (the files in tests/c/guest/dl/, compiled with
  * -include lib/dlverbs.h and NOT linked with libibverbs): every verbs function they call
  * is a pointer that lib/dlverbs.c looks up with dlsym/dlvsym through a handle from
  * dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL). The same sources as the linked

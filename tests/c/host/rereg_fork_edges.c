@@ -1,7 +1,7 @@
-/* The second review of issue 20's changes (kept as it was written, in one file): a fake
+/* Edges of rereg, fork and device memory, in one file: a fake
  * provider (reg, dereg, rereg ops; a translation table per MR) behind libmrcache.so and
- * tests/c/host/w345_shim.c, and scenarios printing what happened. tests/review_edges.rs runs
- * the ones behind defects the review proved and checks their lines:
+ * tests/c/host/rereg_shim.c, and scenarios printing what happened. tests/host/rereg_and_fork_edges.rs runs
+ * the ones behind defects once seen and checks their lines:
  *   forkrereg, forkrereg_plain  a fork child's ibv_rereg_mr of the parent's cached MR
  *   forklock N                  _Fork() N times while 2 threads take shadow hits: each child's
  *                               ibv_dereg_mr of the parent's shadow must not reach the provider

@@ -1,7 +1,7 @@
 /* ibv_rereg_mr of a handle of a revocable registration (MRCACHE_REMOTE=revoke: its rkey a
- * memory window's) on a provider that has a rereg op (issue 25). A fake provider (the
- * ibv_context ops of tests/c/host/w6_late.c, with reg/dereg/rereg ops that know their own
- * MRs), behind libmrcache.so and w6_shim.so.
+ * memory window's) on a provider that has a rereg op. A fake provider (the
+ * ibv_context ops of tests/c/host/revoke_after_unbind_timeout.c, with reg/dereg/rereg ops that know their own
+ * MRs), behind libmrcache.so and window_shim.so.
  *   sole    the app's only handle: passed to the provider on the cached MR (not the copy),
  *           with the app's rights; the window revoked; the handle shows the MR's new keys and
  *           range; another remote registration meanwhile gets a handle of its own; its
@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
         int before = live_mrs();
         struct ibv_mr *b = ibv_reg_mr(&pd, buf, len, LW | RR);
         if (!b || live_mrs() != before || !window_of(b->rkey)) {
-            fprintf(stderr, "w25_rereg: the idle wider entry did not serve (MRCACHE_REMOTE_SUPERSET=1?)\n");
+            fprintf(stderr, "rereg_revocable: the idle wider entry did not serve (MRCACHE_REMOTE_SUPERSET=1?)\n");
             return 3;
         }
         errno = 4242;
@@ -128,7 +128,7 @@ int main(int argc, char **argv) {
         struct ibv_mr *p = ibv_reg_mr(&pd, buf, len, LW);
         struct ibv_mr *b = ibv_reg_mr(&pd, buf, len, LW);
         if (!p || !b || own(b) >= 0) {
-            fprintf(stderr, "w25_rereg: the second handle is not a shadow\n");
+            fprintf(stderr, "rereg_revocable: the second handle is not a shadow\n");
             return 3;
         }
         ibv_dereg_mr(p);
@@ -170,7 +170,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "noop")) ctx.ops._compat_rereg_mr = NULL;
     struct ibv_mr *a = ibv_reg_mr(&pd, buf, len, access);
     if (!a || own(a) >= 0 || !window_of(a->rkey)) {
-        fprintf(stderr, "w25_rereg: not a window's handle (revoke mode off?)\n");
+        fprintf(stderr, "rereg_revocable: not a window's handle (revoke mode off?)\n");
         return 3;
     }
     int ok = 1;

@@ -1,4 +1,4 @@
-/* Issue 26 (bench_app_agree): what an application without the preload pays for
+/* For the case bench_app_agree: what an application without the preload pays for
  * ibv_reg_mr + ibv_dereg_mr of one populated buffer, at the duty cycle `mrcache bench`
  * measures its no-preload column at: rounds of BUSY seconds of pairs back to back, each
  * followed by IDLE seconds asleep (the control process of the bench does one phase of

@@ -84,7 +84,7 @@ static char *run_child(const char *self, const char *mode, const char *ring) {
             setenv("MRCACHE_TRACE_BUFFER", ring, 1);
         /* The exact pointers below (a hit returns the provider's own pointer, then a shadow)
          * are MRCACHE_REMOTE=keep's; under revoke every remote handle is a window's handle
-         * (tests/c/remote_revoke.c). */
+         * (tests/c/guest/remote_revoke.c). */
         setenv("MRCACHE_REMOTE", "keep", 1);
         execl(self, self, mode, "child", (char *)NULL);
         _exit(127);
