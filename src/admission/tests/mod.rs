@@ -417,7 +417,7 @@ fn sketch_counts_fades_and_ties_keep() {
     assert!(Sketch::admits(4, 3));
 }
 
-// ---- Session 11 review (rev11): the findings, as tests. ----
+// ---- Edges of the trials and the confirmation. ----
 
 /// As `Cache::figures`: the costs before, the update, `settle`, `verdict_now`.
 fn upd(f: &mut Figures, a: Access, g: impl FnOnce(&mut Figures)) -> Verdict {

@@ -123,7 +123,7 @@ fn passing_early_decides_as_decide_does() {
 fn stalls_in_the_pass_throughs_timings_do_not_bring_trials_back() {
     // 32 + 64 + ... + 1024 = 2,016 calls for the first 6 trials, then one in 1,024. At 2x
     // a stall brings the round within the band of the miss (`BAND_OUT`) for a few updates:
-    // a reset at each crossing made 66 trials there (review 3 of session 14); with
+    // a reset at each crossing made 66 trials there; with
     // `BAND_UPDATES` in a row, once a trial, 20 (stalls in a row that flip the class back to
     // caching for a while also bring the interval back: `decide`, at a verdict change).
     let ideal = 6 + (8_000 - 2_016) / PROBE_MAX;
@@ -174,7 +174,7 @@ fn calls_to_come_back(miss0: f64, round0: f64, miss1: f64, round1: f64) -> Optio
 
 /// A dearer miss that brings the class's round within the band of it resets the trial
 /// interval: a trial may then show that the round came down too, which only a trial can.
-/// Review of session 14: with only a cheaper round resetting it, a miss 2x dearer and a
+/// With only a cheaper round resetting it, a miss 2x dearer and a
 /// round 1.5x cheaper (caching now pays 1.5x) took 2,178 calls and 3 trials 1,024 apart to
 /// come back, a miss 1.5x dearer and a round 1.25x cheaper 1,150 (the rule before either,
 /// on the round over the miss: 110 and 45).
@@ -241,10 +241,10 @@ fn simulate(round: f64, scale: impl Fn(u64) -> (f64, f64, f64)) -> u64 {
 
 /// One stall (a hit timed at 8x) in a cached remote class near a tie, every call timed,
 /// does not flip it (`FLIP_SAMPLES`: the stall's lift of the round decays before the
-/// confirmation ends); binds 2x dearer from call 2,000 on do. (Session 18 tried a probe
-/// burst at a pending flip, so the confirmation would weigh fresh misses: its misses
-/// counted toward the confirmation, and this test failed with it, "round 1x the miss:
-/// 2,985 calls passed through after one stall"; reverted, docs/performance.md.)
+/// confirmation ends); binds 2x dearer from call 2,000 on do. (A probe
+/// burst at a pending flip, so the confirmation would weigh fresh misses, fails this test:
+/// its misses count toward the confirmation, "round 1x the miss:
+/// 2,985 calls passed through after one stall"; docs/performance.md.)
 #[test]
 fn one_stall_does_not_flip_a_class_near_a_tie() {
     for ratio in [0.95, 1.0, 1.04] {

@@ -1,5 +1,5 @@
-//! Review of session 17: an address the cache buried, handed by the "allocator" to a pass-through on
-//! another thread, must never release as a double deregistration.
+//! An address the cache buried, handed by the "allocator" to a pass-through on another
+//! thread, must never release as a double deregistration.
 
 use super::fake::{LIMITS, req};
 use crate::cache::*;
