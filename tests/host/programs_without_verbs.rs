@@ -7,7 +7,8 @@
 //! jemalloc purging and unmapping under threads (preloaded before and after us), a program
 //! with its own `pthread_atfork` handlers forking from several threads, and fork/exec-heavy
 //! shell loops. Each program's output depends only on its work, never on timing, so any
-//! difference is the preload's doing. Run counts are in docs/testing.md ("Inertness suite").
+//! difference is the preload's doing. Each test prints its run count and time
+//! (`cargo test --release --test host -- programs_without_verbs --nocapture`).
 
 use crate::common;
 
