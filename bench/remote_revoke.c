@@ -18,7 +18,7 @@
  *                 granted, is it refused after revoke, is a key from before a re-grant
  *                 refused after it, and does rereg change the rkey?
  * Prints BENCH mode=... ns_per_pair=... lines and CHECK ... lines. */
-#include "../tests/c/lib/loopback.h"
+#include "../tests/c/guest/lib/loopback.h"
 
 #include <errno.h>
 #include <string.h>

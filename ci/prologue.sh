@@ -11,4 +11,4 @@ need_built libmrcache.so mrcache
 job=$PWD/target/$(basename "$0")
 rm -rf "$job"; mkdir -p "$job"
 lib=$RELEASE/libmrcache.so
-CC_FLAGS=(-O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I tests/c)
+CC_FLAGS=(-O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -I tests/c/guest)

@@ -545,8 +545,6 @@ impl Classes {
 }
 
 mod mean;
-#[cfg(test)]
-mod noisy;
 mod report;
 mod sketch;
 mod steady;

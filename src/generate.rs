@@ -5,7 +5,7 @@
 //!   DIR/man7/mrcache-config.7                             config::VARIABLES (mrcache::manual)
 //!   DIR/completions/{mrcache.bash,_mrcache,mrcache.fish}  clap_complete
 //!
-//! `make install` and ci/package install them; tests/manual.rs checks them.
+//! `make install` and ci/package install them; tests/launcher/manual_pages.rs checks them.
 
 use clap::CommandFactory;
 use std::path::Path;

@@ -1,5 +1,5 @@
 //! The `mrcache-config(7)` manual page, written from [`crate::config::VARIABLES`]: the same table
-//! `mrcache info` prints and docs/configuration.md is checked against (tests/manual.rs), so
+//! `mrcache info` prints and docs/configuration.md is checked against (tests/launcher/manual_pages.rs), so
 //! the page, the launcher and the reference cannot disagree. The launcher writes it with its
 //! other pages (`mrcache __generate DIR`, used by `make install` and ci/package).
 

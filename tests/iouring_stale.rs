@@ -8,6 +8,9 @@
 //! must reach the new pages. The same scenario without the invalidation is the negative
 //! control: the cache then hands back the old registration and the data must NOT arrive,
 //! which proves the check can fail. As root, /proc/self/pagemap confirms the frames.
+//!
+//! A test target of its own (not a module of tests/cache/): each scenario unmaps an
+//! address and maps it again, which another test's mmap on a parallel thread could take.
 
 use io_uring::{IoUring, opcode, types};
 use mrcache::access::LOCAL_WRITE;

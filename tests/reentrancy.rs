@@ -12,6 +12,9 @@
 //! register and unmaps inside deregister. Any hook path that took the cache lock would
 //! deadlock here (the test would hang). Staleness itself is `cache_model.rs`'s subject;
 //! here the second test checks that an unmap made by a deregistration is not lost.
+//!
+//! A test target of its own (not a module of tests/cache/): the global allocator below
+//! would put every other test of the process behind the hook path.
 
 use mrcache::access::{LOCAL_WRITE, REMOTE_WRITE};
 use mrcache::cache::{Cache, Limits, Mr, Outcome, Registrar, Released, Request};

@@ -1,9 +1,9 @@
 //! Runs the cases of `tests/vm-cases.txt` in the soft-RoCE guest (real kernel, real rxe,
 //! real libibverbs), with and without `LD_PRELOAD=libmrcache.so`.
 //!
-//! One VM boot serves the whole suite: the C programs under `tests/c/` are compiled on the
-//! host, every selected case becomes one command of a `ci/vm/run.sh` job, and each command's
-//! exit status and output come back as one libtest-style result line.
+//! One VM boot serves the whole suite: the C programs under `tests/c/guest/` are compiled on
+//! the host, every selected case becomes one command of a `ci/vm/run.sh` job, and each
+//! command's exit status and output come back as one libtest-style result line.
 //!
 //! `MRCACHE_VM_RUN` names another rig script (relative to the repository; ci/aarch64 guest
 //! runs the aarch64 guest, `ci/vm/a64-run.sh`, this way, with `CC=ci/vm/a64-cc`,
@@ -154,9 +154,9 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
-/// Compile the tests/c/*.c programs the selected cases name (`$BIN/NAME`) into programs of
-/// their own, linked with tests/c/lib/*.c; a program no selected case runs is not built (so a
-/// subset needs only its own programs' libraries: the aarch64 guest has no UCX).
+/// Compile the tests/c/guest/*.c programs the selected cases name (`$BIN/NAME`) into programs
+/// of their own, linked with tests/c/guest/lib/*.c; a program no selected case runs is not
+/// built (so a subset needs only its own programs' libraries: the aarch64 guest has no UCX).
 fn build_programs(repo: &Path, bin: &Path, cases: &[&Case]) -> Result<(), String> {
     let used = |name: &str| {
         let word = format!("$BIN/{name}");
@@ -167,22 +167,24 @@ fn build_programs(repo: &Path, bin: &Path, cases: &[&Case]) -> Result<(), String
             })
         })
     };
-    let cdir = repo.join("tests/c");
+    let cdir = repo.join("tests/c/guest");
     let lib: Vec<PathBuf> = sorted_files(&cdir.join("lib"), "c")?;
     std::fs::create_dir_all(bin).map_err(|e| e.to_string())?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     // (directory, flags before the source, libraries after it)
     let kinds: [(PathBuf, &[&str], &[&str]); 3] = [
         (cdir.clone(), &[], &["-libverbs", "-lrdmacm", "-ldl"]),
-        // NCCL-style programs (tests/c/dl/NAME.c -> $BIN/NAME): not linked with libibverbs;
-        // lib/dlverbs.h turns every verbs call into a pointer dlsym'd from a dlopen'd one.
+        // NCCL-style programs (tests/c/guest/dl/NAME.c -> $BIN/NAME): not linked with
+        // libibverbs; lib/dlverbs.h turns every verbs call into a pointer dlsym'd from a
+        // dlopen'd one.
         (
             cdir.join("dl"),
             &["-DMRCACHE_DLVERBS", "-include", "lib/dlverbs.h"],
             &["-ldl"],
         ),
-        // Programs linked with UCX (tests/c/ucx/NAME.c -> $BIN/NAME): libucs, then libc, then
-        // libucm, so that libucm comes after libc in the search order, as when libucs brings it.
+        // Programs linked with UCX (tests/c/guest/ucx/NAME.c -> $BIN/NAME): libucs, then libc,
+        // then libucm, so that libucm comes after libc in the search order, as when libucs
+        // brings it.
         (
             cdir.join("ucx"),
             &[],
@@ -224,7 +226,7 @@ fn build_programs(repo: &Path, bin: &Path, cases: &[&Case]) -> Result<(), String
             run(&mut cmd, &format!("compiling {}", src.display()))?;
         }
     }
-    // Test libraries (tests/c/so/NAME.c -> $BIN/libNAME.so), for cases that load them.
+    // Test libraries (tests/c/guest/so/NAME.c -> $BIN/libNAME.so), for cases that load them.
     for src in sorted_files(&cdir.join("so"), "c")? {
         let stem = src.file_stem().unwrap_or_default().to_string_lossy();
         let out = bin.join(format!("lib{stem}.so"));

@@ -71,7 +71,7 @@ mod tests {
     fn counts_follow_the_tombstones() {
         let b = BuriedCounts::default();
         // Heap addresses (16-byte aligned, anywhere in 1 GiB), from a fixed sequence.
-        let mut z = crate::cache::test_fake::XorShift(0x9e37_79b9_7f4a_7c15);
+        let mut z = crate::cache::tests::fake::XorShift(0x9e37_79b9_7f4a_7c15);
         let mut heap = move || 0x5555_0000_0000 + (z.next() as usize % (1 << 26)) * 16;
         let mut ptrs: Vec<usize> = (0..4096).map(|_| heap()).collect();
         ptrs.sort();
@@ -121,7 +121,7 @@ mod tests {
     /// timed out against it).
     #[test]
     fn a_pass_through_without_a_tombstone_skips_the_lock() {
-        use crate::cache::test_fake::{Fake, LIMITS, idle_entry};
+        use crate::cache::tests::fake::{Fake, LIMITS, idle_entry};
         use crate::cache::{Cache, Released};
         let fake = Fake::default();
         let cache = Cache::new(&fake, LIMITS);
@@ -172,7 +172,7 @@ mod fuzz {
     fn counts_equal_the_set_under_random_ops() {
         let f = Fast::default();
         let mut st = State::new();
-        let mut x = crate::cache::test_fake::XorShift(0x2545_f491_4f6c_dd1d);
+        let mut x = crate::cache::tests::fake::XorShift(0x2545_f491_4f6c_dd1d);
         let mut rnd = || x.next();
         let mut max_count = 0u16;
         for i in 0..200_000u64 {

@@ -81,7 +81,7 @@ impl<R: Registrar> Cache<R> {
 mod tests {
     use super::*;
     use crate::admission::{Mean, Verdict};
-    use crate::cache::test_fake::{Fake, LIMITS, req};
+    use crate::cache::tests::fake::{Fake, LIMITS, req};
 
     /// `req(addr)`'s class (local 4 KiB) settled at pass-through.
     fn steady(cache: &Cache<&Fake>) {

@@ -101,7 +101,7 @@ impl<R: Registrar> Cache<R> {
                 // clock bit and refuse a concurrent hit on it the provider's pointer.
                 let seen = slot.look(req)?;
                 #[cfg(test)]
-                super::stale_words::before_claim(id);
+                super::tests::stale_table_words::before_claim(id);
                 // Only from a word of the generation `look` saw: the entry whose key matched
                 // (a reuse in between changed the generation for good; `slots`).
                 let flushed = slot.claim_seen(seen, share)?;

@@ -541,20 +541,4 @@ impl<R: Registrar> Cache<R> {
 }
 
 #[cfg(test)]
-mod class_flip;
-#[cfg(test)]
-mod class_lists;
-#[cfg(test)]
-mod hash_review;
-#[cfg(test)]
-mod recent_hits;
-#[cfg(test)]
-mod refusal_word;
-#[cfg(test)]
-mod saturated;
-#[cfg(test)]
-mod stale_words;
-#[cfg(test)]
-mod test_fake;
-#[cfg(test)]
-mod tombstone_reuse;
+mod tests;

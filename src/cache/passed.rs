@@ -142,7 +142,7 @@ impl<R: Registrar> Cache<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::test_fake::{Fake, LIMITS};
+    use crate::cache::tests::fake::{Fake, LIMITS};
 
     fn req(addr: usize, access: u32) -> Request {
         Request {

@@ -58,7 +58,7 @@ fn line_index() -> usize {
 /// either side of a 64 KiB stack boundary use two lines (a slower release, never a wrong
 /// one), which made a test's release through the word fail about once in a hundred runs;
 /// the stack-address choice itself is exercised by the integration tests
-/// (`tests/recent_hit_races.rs`), which build the library without `cfg(test)`.
+/// (`tests/cache/recent_hit_races.rs`), which build the library without `cfg(test)`.
 #[cfg(test)]
 fn line_index() -> usize {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

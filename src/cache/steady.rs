@@ -357,7 +357,7 @@ mod fuzz {
     use super::*;
     use crate::admission::{Figures, Verdict};
 
-    use crate::cache::test_fake::XorShift as Rng;
+    use crate::cache::tests::fake::XorShift as Rng;
 
     /// `Cache::figures`' update, on the lock alone.
     fn figures(k: &ClassLock, a: Access, len: usize, f: impl FnOnce(&mut Figures)) {

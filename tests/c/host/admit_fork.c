@@ -1,4 +1,4 @@
-/* D1 of issue 21's review: a local registration admission passes through, in use at
+/* A local registration admission passes through, in use at
  * fork(), under RDMAV_FORK_SAFE=1. The fake provider of admit_cost.c (included; its main
  * renamed) behind libmrcache.so and libadmit_shim.so (libibverbs' reg/dereg, counting).
  *   admit_fork scan: MRCACHE_MAX_ENTRIES=4; 4 local keys used 20 times each, then a fifth

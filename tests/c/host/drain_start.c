@@ -1,5 +1,5 @@
-/* The drain thread starts at the first registration, even one passed through (review of
- * session 10: a start at the first cached call put its malloc arena in a hole the program
+/* The drain thread starts at the first registration, even one passed through (a
+ * start at the first cached call put its malloc arena in a hole the program
  * had just freed), and does its work: behind libmrcache.so and verbs_shim.c,
  * MRCACHE_REMOTE=bypass (remote registrations pass through, local ones are cached).
  *   drain_start late    100 remote pairs passed through, then one local entry cached and
@@ -15,7 +15,7 @@
  *                       after a remote pair passed through: "arena E: same address S"
  * The program starts (and joins) a thread of its own first: mrcache's drain thread runs
  * only in a program that has threads (one without keeps glibc's single-threaded rules, and
- * its drain runs at its verbs calls: tests/c/guest/underscore_fork_single_thread.c).
+ * its drain runs at its verbs calls: tests/c/host/underscore_fork_single_thread.c).
  * exit 0 unless set-up failed (3). */
 #define _GNU_SOURCE
 #include <dirent.h>

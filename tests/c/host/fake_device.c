@@ -1,4 +1,4 @@
-/* A fake verbs device for the bench programs on the host (tests/bench_first_pair_host.rs):
+/* A fake verbs device for the bench programs on the host (tests/host/bench_first_pair_outside_loop.rs):
  * ibv_get_device_list, ibv_open_device, ibv_alloc_pd and their releases, preloaded after
  * libmrcache.so and verbs_shim.so, give bench/regmr.c a context whose provider ops register
  * nothing (a calloc'd MR), so the bench runs unmodified without an RDMA device. */

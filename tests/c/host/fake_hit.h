@@ -1,4 +1,4 @@
-/* The fake provider and helpers shared by fast_hit.c and rev_hit.c: ibv_context ops that
+/* The fake provider and helpers shared by fast_hit.c and hit_after_jump_changed.c: ibv_context ops that
  * track the MR objects they hand out (a miss on nest_in registers nest_on from inside, as a
  * provider registering a buffer of its own), a reg+dereg cycle, our jump at libc's munmap
  * entry and another patcher's jump over it. Include after the system headers. */

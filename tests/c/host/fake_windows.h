@@ -1,5 +1,5 @@
-/* A fake device's memory windows for the host tests of MRCACHE_REMOTE=revoke (w6_late.c,
- * w25_rereg.c): alloc/dealloc/bind ops and a CQ whose completions come in posting order, a
+/* A fake device's memory windows for the host tests of MRCACHE_REMOTE=revoke (revoke_after_unbind_timeout.c,
+ * rereg_revocable.c): alloc/dealloc/bind ops and a CQ whose completions come in posting order, a
  * bind or unbind taking effect when its completion is reaped; the test can hold back the
  * next unbind's completion (hold_next_unbind) or delay it by a number of polls
  * (delay_next_unbind). Included once per program: its state is the program's own. */

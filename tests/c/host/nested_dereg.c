@@ -1,4 +1,4 @@
-/* Review (rev-i21rxe): a pass-through's ibv_dereg_mr made while this thread is inside one
+/* A pass-through's ibv_dereg_mr made while this thread is inside one
  * of libmrcache's hooks (here from a signal handler the provider's registration raises)
  * goes to libibverbs without leaving the pass-through table (the guard refuses the nested
  * call): its address stays behind. Twice at one address (the allocator hands the same

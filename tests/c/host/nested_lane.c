@@ -1,8 +1,8 @@
 /* A registration a provider makes through the public API while libmrcache is inside one
  * of its calls passes through (docs/design.md: one registration is never processed twice).
  * Here the outer call is one of a remote class admission passes through steadily (dear
- * binds, MRCACHE_REMOTE=revoke), so the lock-free lane takes it (review of the lane: the
- * lane ran libibverbs without the guard, and the nested call was served the cache's MR).
+ * binds, MRCACHE_REMOTE=revoke), so the lock-free lane takes it (the
+ * lane once ran libibverbs without the guard, and the nested call was served the cache's MR).
  *   nested_lane public    the provider registers b (cached, local 4 KiB) and deregisters
  *                         it through the public API
  *   nested_lane internal  ... and frees it through its own op (as it would its own object)

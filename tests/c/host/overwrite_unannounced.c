@@ -1,7 +1,7 @@
-/* Review of s5-i21 (c): the registration hook's full path now reads the patched sites only
+/* The registration hook's full path reads the patched sites only
  * while the watch word is suspect. A write over our munmap jump that no watched call
  * announces (/proc/self/mem, or a raw syscall mprotect + store + raw mprotect back) leaves
- * the word clean; before s5-i21 the next full-path registration (a miss) read every site
+ * the word clean; when every miss read the sites, the next full-path registration (a miss) read every site
  * and stopped caching; now the miss is cached, its memory goes away through the overwritten
  * munmap unseen, and the next registration of the address is a hit on the dead entry.
  *   overwrite_unannounced procmem   overwrite through /proc/self/mem

@@ -1,5 +1,5 @@
 /* What a registration passed through to libibverbs costs the preloaded process in clock
- * reads (issue 21: in the TCG guest a clock_gettime is an emulated HPET read, 1.4-4.5 us,
+ * reads (in the TCG guest a clock_gettime is an emulated HPET read, 1.4-4.5 us,
  * and every pass-through paid two to four of them). A fake provider behind libmrcache.so,
  * libclock_count.so (counts this thread's clock_gettime calls) and verbs_shim.so (libibverbs'
  * reg/dereg for calls passed through: counts them).

@@ -1,4 +1,4 @@
-/* The pass-through's ENOMEM/EAGAIN retry (review of session 10) (Cache::give_back_idle) behind
+/* The pass-through's ENOMEM/EAGAIN retry (Cache::give_back_idle) behind
  * libmrcache.so and verbs_shim.c, MRCACHE_REMOTE=bypass (remote registrations pass through,
  * local ones are cached). The fake provider fails remote registrations as the mode says.
  *   passthrough_enomem always   a remote registration that always fails ENOMEM, with one idle

@@ -207,11 +207,5 @@ impl PatchTarget {
     }
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests;
-#[cfg(all(test, target_arch = "aarch64"))]
-mod tests_aarch64;
 #[cfg(test)]
-mod tests_aarch64_stubs;
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests_kept;
+mod tests;
