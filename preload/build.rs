@@ -26,7 +26,7 @@ fn main() {
 /// `malloc`/`free`: its C code calls them through the PLT, and a patcher that rewrites every
 /// object's PLT slots for the allocator (UCX's memory hooks in reloc mode) then took over the
 /// library's allocator calls half-way, and glibc was handed UCX's blocks ("munmap_chunk():
-/// invalid pointer", tests/coexist_host.rs). The unwinder allocates only where frames are
+/// invalid pointer", tests/host/coexist_with_other_hooks.rs). The unwinder allocates only where frames are
 /// registered by hand, which nothing in the library does.
 ///
 /// Where the compiler has no `libgcc_eh.a` or no objcopy is found, the library links against

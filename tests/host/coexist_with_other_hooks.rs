@@ -174,7 +174,7 @@ fn both_see_every_unmap_when_ucx_would_patch_our_own_hooks() {
 fn chained_patcher_may_be_dlclosed() {
     if cfg!(target_arch = "aarch64") && stat_says_no_threads() {
         // On aarch64 the patcher's first word (a movz) is taken over only while the process
-        // is alone (docs/design.md, "aarch64"), which the library reads in /proc/self/stat;
+        // is alone (docs/design/monitor.md, "aarch64"), which the library reads in /proc/self/stat;
         // Debian 12's qemu-user 7.2 (`ci/aarch64 test`) writes 0 threads there, so it is
         // never alone and fails closed. Seen passing under Debian 13's qemu-user 10.0.
         println!("skipped: /proc/self/stat says 0 threads (qemu-user 7.2)");

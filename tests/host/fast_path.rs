@@ -36,7 +36,7 @@ fn a_hit_after_our_jump_is_overwritten_is_not_served() {
     run("patch_overwrite", &[]);
 }
 
-/// The watch on the patched pages (docs/design.md, "A cheaper patch check"): hits skip the
+/// The watch on the patched pages (docs/design/monitor.md, "The patch check"): hits skip the
 /// site check only while no watched page changed. With the watch clean and a thread
 /// hitting, libc's `mprotect` makes munmap's page writable and our jump is overwritten: no
 /// hit that starts after the overwrite is served. Rounds: each process stops caching after

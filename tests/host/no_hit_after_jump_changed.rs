@@ -1,4 +1,4 @@
-//! The watch word (docs/design.md, "A cheaper patch check"):
+//! The watch word (docs/design/monitor.md, "The patch check"):
 //! tests/c/host/hit_after_jump_changed.c. Each scenario changes our jump in libc's munmap
 //! after the watch cleared, by a path the design claims to see, and then hits: none may be
 //! served.

@@ -159,7 +159,7 @@ fn the_library_needs_only_libc_and_the_loader() {
     );
     // No PLT slot for the allocator: a patcher that rewrites every object's PLT slots
     // (UCX's reloc mode) would take over some of the library's allocator calls and not
-    // others (tests/coexist_host.rs shows the crash that follows).
+    // others (tests/host/coexist_with_other_hooks.rs shows the crash that follows).
     let out = Command::new("readelf")
         .args(["-rW"])
         .arg(common::lib())

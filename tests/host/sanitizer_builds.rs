@@ -2,7 +2,7 @@
 //! runtime looks up the functions it intercepts (`dlsym(RTLD_NEXT, "mmap")`, ...) while it
 //! sets itself up, before our constructor: our `dlsym` is then called at a time when every
 //! interceptor's pointer to the real function is still NULL, and must reach none of them
-//! (docs/design.md, "Sanitizer builds run: the early dlsym path").
+//! (docs/design/monitor.md, "Sanitizer builds").
 //!
 //! Each program is run without the preload, with `LD_PRELOAD=libmrcache.so` (the sanitizer
 //! runtime then comes after ours: `verify_asan_link_order=0`) and with the sanitizer's

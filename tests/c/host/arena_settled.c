@@ -7,7 +7,7 @@
  *   arena_settled WANT       exit 0 when WANT more arenas exist right after the registration
  *   arena_settled 1 LIB      exit 0 when LIB's constructor saw the drain thread settle
  * The program starts (and joins) a thread of its own first: mrcache starts its threads only
- * in a program that has threads (docs/design.md, "Fork"). */
+ * in a program that has threads (docs/design/fork.md). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <infiniband/verbs.h>

@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
     int want;
     if (!strcmp(argv[1], "prot_none")) {
         /* Only process_vm_readv tells PROT_NONE from readable memory; where it is refused
-         * the library takes the range as readable, as documented (docs/design.md, "Device
+         * the library takes the range as readable, as documented (docs/design/monitor.md, "Device
          * memory"). qemu-user does not implement it (ENOSYS): nothing to check there. */
         char probe = 0, one = 1;
         struct iovec l = {&probe, 1}, r = {&one, 1};

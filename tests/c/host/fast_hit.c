@@ -30,7 +30,7 @@ extern pid_t _Fork(void);
 #include "fake_hit.h"
 
 
-/* The watch on the patched pages (docs/design.md, "A cheaper patch check"). */
+/* The watch on the patched pages (docs/design/monitor.md, "The patch check"). */
 static int (*watch_clean)(void);
 
 /* Up to 5 s for the background drain (every 20 ms) to clear the watch: 1 once clean. */

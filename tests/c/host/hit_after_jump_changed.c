@@ -1,4 +1,4 @@
-/* The watch word (docs/design.md, "A cheaper patch check"): sequences
+/* The watch word (docs/design/monitor.md, "The patch check"): sequences
  * that change the bytes of our jump in libc's munmap after the watch cleared, each followed by
  * hits that must not be served. Built like fast_hit.c (fake provider, verbs_shim.so).
  *   hit_after_jump_changed memfd_alias   libc's munmap page replaced (MAP_FIXED, hooked) by a read-only

@@ -1,5 +1,5 @@
 /* A registration a provider makes through the public API while libmrcache is inside one
- * of its calls passes through (docs/design.md: one registration is never processed twice).
+ * of its calls passes through (docs/design/overview.md, "Interposition": one registration is never processed twice).
  * Here the outer call is one of a remote class admission passes through steadily (dear
  * binds, MRCACHE_REMOTE=revoke), so the lock-free lane takes it (the
  * lane once ran libibverbs without the guard, and the nested call was served the cache's MR).

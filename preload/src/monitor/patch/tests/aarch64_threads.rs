@@ -3,9 +3,9 @@
 //! is. `MRCACHE_TEST_A64_BREAK=tear|no-flush|any-prologue` switches on a deliberately broken
 //! variant (`cross_modify::test_break`); each makes its test here fail.
 
-use crate::monitor::patch::sites_aarch64::site_intact;
 use crate::monitor::cross_modify::{self, test_break};
 use crate::monitor::patch::aarch64::{self, glibc};
+use crate::monitor::patch::sites_aarch64::site_intact;
 use crate::monitor::patch::*;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU8, Ordering::Relaxed};
