@@ -16,11 +16,21 @@ fn main() {
 }
 
 /// Link the unwinder statically: a preloaded libgcc_s.so.1 costs a process that never uses
-/// verbs about 150 us of start-up (its lookup, mapping, relocation and constructor), more than
-/// the rest of libmrcache.so. std names `-lgcc_s`; a `libgcc_s.a` that is the compiler's
-/// `libgcc_eh.a`, found first on the search path, satisfies it with the same unwinder, and the
-/// version script keeps its symbols local. Where the compiler has no `libgcc_eh.a` the library
-/// links against libgcc_s.so.1 as before.
+/// verbs about 0.1 ms of start-up (its lookup, mapping, relocation and a constructor whose
+/// `cpuid` traps to the hypervisor in a VM), nearly half of what libmrcache.so costs. std
+/// names `-lgcc_s`; a `libgcc_s.a` made from the compiler's `libgcc_eh.a`, found first on the
+/// search path, satisfies it with the same unwinder, and the version script keeps its symbols
+/// local.
+///
+/// The copy calls glibc's `__libc_malloc`/`__libc_free` (and calloc, realloc) instead of
+/// `malloc`/`free`: its C code calls them through the PLT, and a patcher that rewrites every
+/// object's PLT slots for the allocator (UCX's memory hooks in reloc mode) then took over the
+/// library's allocator calls half-way, and glibc was handed UCX's blocks ("munmap_chunk():
+/// invalid pointer", tests/coexist_host.rs). The unwinder allocates only where frames are
+/// registered by hand, which nothing in the library does.
+///
+/// Where the compiler has no `libgcc_eh.a` or no objcopy is found, the library links against
+/// libgcc_s.so.1 as before (with a build warning).
 fn static_unwinder() {
     let target = std::env::var("TARGET").unwrap_or_default();
     let under = target.replace('-', "_");
@@ -42,10 +52,30 @@ fn static_unwinder() {
         println!("cargo:warning=no libgcc_eh.a from {cc}: libmrcache.so needs libgcc_s.so.1");
         return;
     };
+    // The target's binutils beside a cross compiler (aarch64-linux-gnu-gcc: -objcopy).
+    let objcopy = match cc.strip_suffix("gcc") {
+        Some(prefix) if prefix.ends_with('-') => format!("{prefix}objcopy"),
+        _ => "objcopy".to_string(),
+    };
     let dir = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("unwind");
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libgcc_s.a");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&eh, &link).unwrap();
+    let archive = dir.join("libgcc_s.a");
+    let _ = std::fs::remove_dir_all(&dir);
+    let made = std::fs::create_dir_all(&dir).is_ok()
+        && std::fs::copy(&eh, &archive).is_ok()
+        && std::process::Command::new(&objcopy)
+            .args(["--redefine-sym", "malloc=__libc_malloc"])
+            .args(["--redefine-sym", "free=__libc_free"])
+            .args(["--redefine-sym", "calloc=__libc_calloc"])
+            .args(["--redefine-sym", "realloc=__libc_realloc"])
+            .arg(&archive)
+            .status()
+            .is_ok_and(|s| s.success());
+    if !made {
+        let _ = std::fs::remove_dir_all(&dir);
+        println!(
+            "cargo:warning={objcopy} could not rewrite {eh}: libmrcache.so needs libgcc_s.so.1"
+        );
+        return;
+    }
     println!("cargo:rustc-link-search=native={}", dir.display());
 }

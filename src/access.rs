@@ -62,7 +62,7 @@ pub const REREG_FLAGS_SUPPORTED: i32 = 7;
 /// libibverbs' own argument checks of `ibv_rereg_mr` (it returns IBV_REREG_MR_ERR_INPUT when
 /// they fail): no unknown flag, a range when the translation changes, access flags only
 /// with CHANGE_ACCESS. No flag at all is not refused: libibverbs passes it to the provider
-/// (on rxe: IBV_REREG_MR_ERR_CMD, EOPNOTSUPP; issue 25).
+/// (on rxe: IBV_REREG_MR_ERR_CMD, EOPNOTSUPP).
 pub fn rereg_args_valid(flags: i32, addr: usize, len: usize, access: i32) -> bool {
     if flags & !REREG_FLAGS_SUPPORTED != 0 {
         return false;

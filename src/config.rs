@@ -65,7 +65,7 @@ pub const VARIABLES: &[Variable] = &[
         name: "MRCACHE_PATCH_CHECK",
         default: "watch",
         allowed: "watch, every-hit",
-        about: "with MRCACHE_MONITOR=patch, when a hit reads every patched libc entry and hook to see that no other code patcher overwrote one: watch = only while a patched code page may have been made writable, replaced or dropped since the last check (seen by the mprotect, pkey_mprotect and unmap hooks and libc's patched mprotect entry, while every patched page is still the one patched; writers that bypass libc are seen by the background check within 20 ms, see docs/design.md); every-hit = on every hit (about 290 instructions more per hit pair)",
+        about: "with MRCACHE_MONITOR=patch, when a hit reads every patched libc entry and hook to see that no other code patcher overwrote one: watch = only while a patched code page may have been made writable, replaced or dropped since the last check (seen by the mprotect, pkey_mprotect and unmap hooks and libc's patched mprotect entry, while every patched page is still the one patched; writers that bypass libc are seen by the background check within 20 ms, see docs/design/monitor.md); every-hit = on every hit (about 290 instructions more per hit pair)",
     },
     Variable {
         name: "MRCACHE_VERIFY",
@@ -578,7 +578,7 @@ mod tests {
     }
 }
 
-/// Review of i24 (rev-i24): the reference's names against the table.
+/// The reference's names against the table.
 #[cfg(test)]
 #[path = "config/documented_test.rs"]
 mod documented_test;

@@ -103,7 +103,7 @@ named_enum! {
         DeviceMemory = "device-memory",
         /// In a fork child, a verbs context the parent opened (the child's command fd is
         /// the parent's open file): what the child registers there is an object of the
-        /// parent's kernel context and, kept idle, would outlive the child (issue 25).
+        /// parent's kernel context and, kept idle, would outlive the child.
         ParentsContext = "parents-context",
         /// Caching its size class does not pay at the measured costs (`admission`).
         NotWorthCaching = "not-worth-caching",

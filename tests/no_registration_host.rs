@@ -157,4 +157,27 @@ fn the_library_needs_only_libc_and_the_loader() {
         exported.is_empty(),
         "unwinder symbols exported: {exported:?}"
     );
+    // No PLT slot for the allocator: a patcher that rewrites every object's PLT slots
+    // (UCX's reloc mode) would take over some of the library's allocator calls and not
+    // others (tests/coexist_host.rs shows the crash that follows).
+    let out = Command::new("readelf")
+        .args(["-rW"])
+        .arg(common::lib())
+        .output()
+        .unwrap();
+    let relocs = String::from_utf8_lossy(&out.stdout);
+    let slots: Vec<&str> = relocs
+        .lines()
+        .filter(|l| l.contains("JUMP_SLOT"))
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|s| {
+            ["malloc@", "free@", "calloc@", "realloc@"]
+                .iter()
+                .any(|f| s.starts_with(f))
+        })
+        .collect();
+    assert!(
+        slots.is_empty(),
+        "allocator PLT slots in libmrcache.so: {slots:?}"
+    );
 }

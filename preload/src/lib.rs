@@ -1,7 +1,7 @@
 //! `libmrcache.so`: the thin unsafe shell that is loaded with `LD_PRELOAD`.
 //!
-//! One folder per layer, each using only the layers below it (docs/design.md,
-//! "Architecture"; `ci/modules` checks that no circle appears):
+//! One folder per layer, each using only the layers below it (docs/design/overview.md,
+//! "The layers of libmrcache.so"; `ci/modules` checks that no circle appears):
 //!
 //! ```text
 //! abi       the exported entry points (verbs hooks, dlsym, the constructor)

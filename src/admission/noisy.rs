@@ -123,8 +123,8 @@ fn passing_early_decides_as_decide_does() {
 fn stalls_in_the_pass_throughs_timings_do_not_bring_trials_back() {
     // 32 + 64 + ... + 1024 = 2,016 calls for the first 6 trials, then one in 1,024. At 2x
     // a stall brings the round within the band of the miss (`BAND_OUT`) for a few updates:
-    // a reset at each crossing made 66 trials there (review 3 of session 14); with
-    // `BAND_UPDATES` in a row, once a trial, 20 (stalls in a row that flip the class back to
+    // a reset at each crossing makes 66 trials there; with `BAND_UPDATES` in a row, once a
+    // trial, 20 (stalls in a row that flip the class back to
     // caching for a while also bring the interval back: `decide`, at a verdict change).
     let ideal = 6 + (8_000 - 2_016) / PROBE_MAX;
     for ratio in [2.7, 2.0] {
@@ -174,10 +174,9 @@ fn calls_to_come_back(miss0: f64, round0: f64, miss1: f64, round1: f64) -> Optio
 
 /// A dearer miss that brings the class's round within the band of it resets the trial
 /// interval: a trial may then show that the round came down too, which only a trial can.
-/// Review of session 14: with only a cheaper round resetting it, a miss 2x dearer and a
-/// round 1.5x cheaper (caching now pays 1.5x) took 2,178 calls and 3 trials 1,024 apart to
-/// come back, a miss 1.5x dearer and a round 1.25x cheaper 1,150 (the rule before either,
-/// on the round over the miss: 110 and 45).
+/// With only a cheaper round resetting it, a miss 2x dearer and a round 1.5x cheaper
+/// (caching now pays 1.5x) takes 2,178 calls and 3 trials 1,024 apart to come back, a miss
+/// 1.5x dearer and a round 1.25x cheaper 1,150.
 #[test]
 fn a_dearer_miss_within_the_band_brings_trials_back() {
     let m = 100_000.0;
@@ -241,10 +240,10 @@ fn simulate(round: f64, scale: impl Fn(u64) -> (f64, f64, f64)) -> u64 {
 
 /// One stall (a hit timed at 8x) in a cached remote class near a tie, every call timed,
 /// does not flip it (`FLIP_SAMPLES`: the stall's lift of the round decays before the
-/// confirmation ends); binds 2x dearer from call 2,000 on do. (Session 18 tried a probe
-/// burst at a pending flip, so the confirmation would weigh fresh misses: its misses
-/// counted toward the confirmation, and this test failed with it, "round 1x the miss:
-/// 2,985 calls passed through after one stall"; reverted, docs/performance.md.)
+/// confirmation ends); binds 2x dearer from call 2,000 on do. A probe burst at a pending
+/// flip (so the confirmation would weigh fresh misses) fails it: the burst's misses count
+/// toward the confirmation ("round 1x the miss: 2,985 calls passed through after one
+/// stall").
 #[test]
 fn one_stall_does_not_flip_a_class_near_a_tie() {
     for ratio in [0.95, 1.0, 1.04] {

@@ -2,7 +2,7 @@
 
 /// The scan-resistant admission rule applied when the cache is full: a miss may evict
 /// the clock's victim only if it was seen more often lately than the victim was used
-/// (TinyLFU's rule over the clock; see docs/design.md). Frequencies are small saturating
+/// (TinyLFU's rule over the clock; see docs/design/admission.md). Frequencies are small saturating
 /// counters, halved every `period` sightings so the past fades.
 #[derive(Debug, Clone)]
 pub struct Sketch {

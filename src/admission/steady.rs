@@ -40,7 +40,7 @@ impl Classes {
         let f = self.of_class(access, class);
         // `steady_pass` checks the held verdict: read as it is, not through
         // `held_verdict`, whose check would fire in a drop while a panic unwinds from a
-        // half-done update (review of the lane).
+        // half-done update.
         if !f.steady_pass() || f.verdict != Some(Verdict::PassThrough) {
             return 0;
         }

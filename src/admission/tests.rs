@@ -415,7 +415,7 @@ fn sketch_counts_fades_and_ties_keep() {
     assert!(Sketch::admits(4, 3));
 }
 
-// ---- Session 11 review (rev11): the findings, as tests. ----
+// ---- Edge cases of the figures and the verdict. ----
 
 /// As `Cache::figures`: the costs before, the update, `settle`, `verdict_now`.
 fn upd(f: &mut Figures, a: Access, g: impl FnOnce(&mut Figures)) -> Verdict {

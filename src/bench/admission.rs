@@ -1,5 +1,5 @@
 //! What the default would do for a size: the decision of the cache's cost-aware admission
-//! (`mrcache::admission`, issue 21) on the figures the bench measured, taken from the same
+//! (`mrcache::admission`) on the figures the bench measured, taken from the same
 //! object the library decides with (`Classes::decide`, which applies the band of
 //! `verdict_banded` to the class's held verdict).
 
@@ -22,7 +22,7 @@ pub fn costs(alone_ns: f64, cached_ns: f64) -> Costs {
 /// The figure the library's running mean (`Mean::add`) of a class's calls settles on, from
 /// the bench's rounds: their mean (each round's figure is itself a phase's total over its
 /// pairs), so a cost that comes back in a few rounds weighs as it does in the library,
-/// where the median over the rounds would drop it (the review of session 6, finding 2).
+/// where the median over the rounds would drop it.
 /// NaN rounds (no control) are left out; none at all gives NaN (the library then caches).
 pub fn running_figure(rounds: &[f64]) -> f64 {
     let v: Vec<f64> = rounds.iter().copied().filter(|x| x.is_finite()).collect();
@@ -151,12 +151,12 @@ mod tests {
         }
     }
 
-    /// Review (rev-i26): the bench hands the library the median of its windows; the library
+    /// The bench must not hand the library the median of its windows: the library
     /// at run time holds a decaying mean of every call it passes through (`Mean::add`: "the
     /// heavy tail ... counts for what it costs"). Where one registration in four costs 4x
     /// (work the kernel defers and repays), the two disagree: the default column says
     /// "pass through" while the library, timing the same calls in the application, caches.
-    /// Asserts they agree, so it FAILS on ee0e3d4.
+    /// Asserts they agree, so it fails with the windowed median.
     #[test]
     fn review_default_column_matches_the_librarys_running_mean() {
         let access = Access::Remote;
@@ -166,7 +166,7 @@ mod tests {
             .collect();
         let hit = 150_000.0; // a remote hit with its window bind and unbind
         // The bench: one figure per round (one pair per round at this size on rxe), given
-        // to the default as `judge` gives them (ported in session 6: it was the median).
+        // to the default as `judge` gives them (not their median).
         let fed = running_figure(&samples);
         let (bench, _) = describe(access, len, &costs(fed, hit));
         // The library in the application: every pass-through call timed into its means.

@@ -1,6 +1,6 @@
 //! The control of `mrcache bench`: what an application without the preload pays, measured
-//! in the same time window as the cached figure (docs/design.md, "`mrcache bench`: the
-//! no-preload control, paired").
+//! in the same time window as the cached figure (docs/design/bench.md, "Three
+//! figures, paired").
 //!
 //! A co-process the measuring process starts (this same command, without libmrcache.so in
 //! `LD_PRELOAD`): it opens the device through the process's own libibverbs (the base
@@ -29,7 +29,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Agreement: the copies differ when both hold (docs/design.md): the one copy was the
+/// Agreement: the copies differ when both hold (docs/design/bench.md): the one copy was the
 /// slower in more rounds than chance gives (a sign test, `Z_MAX` standard deviations over
 /// half the rounds) and the median of the per-round ratios is off 1 by more than `SPREAD`.
 pub const Z_MAX: f64 = 3.5;

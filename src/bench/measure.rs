@@ -1,4 +1,4 @@
-//! The measurements of `mrcache bench` (docs/design.md, "`mrcache bench`").
+//! The measurements of `mrcache bench` (docs/design/bench.md).
 //!
 //! Per size and access, for half of `--seconds` each: rounds, each made of a phase of
 //! `ibv_reg_mr` + `ibv_dereg_mr` by libibverbs alone, a phase of as many pairs in the
@@ -418,12 +418,12 @@ fn measure(
         // rounds, both processes alike, while an application alternating 0.3 s back to back
         // with 0.3 s of 1 ms bursts paid 260-340 µs): work the kernel defers at each
         // deregistration piles up unless the device is idle at times, as it is in an
-        // application that does anything between its registrations (docs/design.md,
-        // "the bench rests between its rounds").
+        // application that does anything between its registrations (docs/design/bench.md,
+        // "The rest").
         std::thread::sleep(plain);
         // Every MISS_EVERY rounds (and once at least), a miss through the cache on fresh
         // memory; then unmapped and drained. After the rest, as the phases come after one
-        // (the review of session 6: before, the miss was timed unrested).
+        // (a miss timed unrested would carry the phases' deferred work).
         if rounds % MISS_EVERY == MISS_EVERY - 1 {
             let m0 = Instant::now();
             miss_round(&mut miss)?;

@@ -4,7 +4,7 @@
 //! `MRCACHE_REMOTE=revoke`), local and remote, in alternating rounds, and says what the
 //! default (the cost-aware admission) would do for each size on these figures.
 //!
-//! How it is one process (docs/design.md, "`mrcache bench`"): the launcher re-executes
+//! How it is one process (docs/design/bench.md): the launcher re-executes
 //! itself with libmrcache.so preloaded; there the global libibverbs answers `ibv_reg_mr`
 //! with the cache's hook, and a second copy of libibverbs loaded with `dlmopen` into a
 //! link-map namespace of its own, which no preload reaches, is libibverbs alone.
@@ -528,7 +528,7 @@ mod tests {
         );
         assert_eq!(p(""), None);
         assert_eq!(preload_without_us(None), None);
-        // The library under another name, through a symbolic link (the review's libfoo.so).
+        // The library under another name, through a symbolic link (libfoo.so).
         let dir = std::env::temp_dir().join(format!("mrcache-bench-link-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let lib = dir.join("libmrcache.so");

@@ -494,10 +494,10 @@ mod tests {
         }
     }
 
-    /// Review (rev-i26): a row with one round (the 64 MiB rows at the default options on a
+    /// A row with one round (the 64 MiB rows at the default options on a
     /// loaded node, docs/usage.md) has no range to judge, so it never gets a warning: the
     /// least measured rows read as trustworthy. Asserts a warning (or a line saying it
-    /// could not be judged), so it FAILS on ee0e3d4.
+    /// could not be judged).
     #[test]
     fn review_a_one_round_row_is_not_silently_trusted() {
         let mut one = row(Some(Spread::of(&[6_069_000.0])));

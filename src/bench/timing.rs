@@ -69,7 +69,7 @@ pub fn batch_for(pair_ns: f64, clock_ns: f64) -> usize {
 /// every few pairs (deferred kernel work, a flush) counts for what it costs, as a stall of
 /// the machine does; the robustness against stalls is the median over rounds (each round
 /// one figure per phase), not a median inside the phase, which would drop every cost
-/// landing in fewer than half of its windows (the review of session 6, finding 1).
+/// landing in fewer than half of its windows.
 pub fn phase(
     slice: Duration,
     batch: usize,

@@ -168,7 +168,7 @@ impl<R: Registrar> Cache<R> {
 
     /// `ibv_rereg_mr` of a shadow or granted handle (a granted one's remote key is a
     /// window's) that is its entry's only reference, over the entry's whole range: reserve
-    /// the entry for the provider's rereg of its MR (issue 25). The entry is marked dead (no
+    /// the entry for the provider's rereg of its MR. The entry is marked dead (no
     /// hit, grant or shadow can take it meanwhile) and stays in the cache; the caller asks
     /// the provider, then `commit_sole`s (the entry leaves the cache, the handle becomes an
     /// alias of the MR) or `abort_sole`s (the entry and the handle as they were). None: not

@@ -3,8 +3,8 @@
 //! (`Cache::note_foreign`) takes the lock to clear its address's tombstone only when its
 //! bucket holds one. With a flag for "any tombstone yet" instead, every pass-through of a
 //! cache that had ever deregistered an MR took the lock and a hash lookup for nothing,
-//! about 110 of the 1,935 instructions a default remote pass-through pair cost (callgrind,
-//! session 17).
+//! about 110 of the 1,935 instructions a default remote pass-through pair would cost
+//! (callgrind).
 //!
 //! No false "none": a count is raised (SeqCst) before the buried MR is deregistered, so
 //! before its address can be freed and handed out again by the allocator, whose
@@ -12,7 +12,7 @@
 //! lowered only when a tombstone leaves (under the lock). A bucket shared by other
 //! tombstones only costs the lock, as every call did before: with the queue full (4,096
 //! tombstones) about one address in nine that has none shares a bucket with one (64 KiB of
-//! counts; with 8,192 buckets a review measured 33-46%). The counts never exceed the number
+//! counts; with 8,192 buckets 33-46% were measured). The counts never exceed the number
 //! of tombstones (`TOMBSTONES` and one more, for a moment): u16 holds them.
 
 use std::sync::atomic::{AtomicU16, Ordering::*};

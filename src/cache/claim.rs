@@ -44,7 +44,7 @@ impl<R: Registrar> Cache<R> {
                         st.spare_shadows.remove(&s);
                         // Neither spare nor handed out while it is filled without the
                         // lock: a release or rereg of the app's old handle meanwhile is
-                        // still a double release (review-3 W4).
+                        // still a double release.
                         st.refilling.insert(s);
                     }
                     s

@@ -129,8 +129,8 @@ fn class_lists_stay_exact_under_concurrency() {
 }
 
 /// A pass-through sample more than half off the class's figure (either way) means the cost
-/// is changing: every pass-through is timed until samples agree again (review of s5-i21,
-/// D3: the figure's own movement, a 1/8 step, only saw one sample above 3x the figure).
+/// is changing: every pass-through is timed until samples agree again (the figure's own
+/// movement, a 1/8 step, would only show a sample above 3x the figure).
 #[test]
 fn a_sample_half_off_the_figure_counts_as_moving() {
     let fake = Fake::default();
@@ -173,8 +173,7 @@ fn a_sample_half_off_the_figure_counts_as_moving() {
 }
 
 /// A class list broken into a cycle (or pointing past its links) is walked at most once per
-/// link: the flip that walks it under the cache lock ends instead of hanging the hook (review
-/// of s5-i21, S2).
+/// link: the flip that walks it under the cache lock ends instead of hanging the hook.
 #[test]
 fn a_class_list_cycle_ends_the_walk() {
     let fake = Fake::default();

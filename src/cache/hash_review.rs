@@ -1,4 +1,4 @@
-//! Session 11's review: probe lengths of the exact-key hash (`key_hash`) for realistic
+//! Probe lengths of the exact-key hash (`key_hash`) for realistic
 //! keys, against a random hash, in a linear-probing table at the cache's load (3/4 at
 //! growth).
 

@@ -4,7 +4,7 @@
 //! the hook's guard and shield, the runtime's and the cache's lookups, the classes' lock and
 //! the sampling questions before libibverbs registered it: about 1,300 instructions a
 //! remote pair beside libibverbs' own, 8-10 us a pair in the TCG guest where libibverbs
-//! alone takes about 62 us (remote cyclic 2x at 0.86x, issue 21). The lane answers the same
+//! alone takes about 62 us (remote cyclic 2x at 0.86x). The lane answers the same
 //! question from an atomic credit per class (`ClassLock::take_lane`): granted under the
 //! classes' lock as the count of calls `pass_early` would pass in a row, taken back and
 //! counted into the figures by the next holder of the lock. It decides only that a call is

@@ -61,7 +61,7 @@ impl<R: Registrar> Cache<R> {
             return None;
         }
         // The slot a hit on this thread just handed `ptr` out of, if the recent-hit word
-        // still names it: validated as a table word is (docs/design.md, "Concurrency").
+        // still names it: validated as a table word is (docs/design/cache.md, "Concurrency").
         if let Some(slot) = self
             .fast
             .recent

@@ -379,7 +379,7 @@ impl<R: Registrar> Cache<R> {
         }
         // The device-memory probe only now, for a registration the cache is to make: a
         // call the scan rule or the limits pass through is as without the cache and must
-        // not pay it (before, every scan pass-through did: issue 21, cyclic 4x).
+        // not pay it (a cyclic set 4x the cache passes most calls through the scan rule).
         if let Some(b) = self.registrar.uncacheable(req) {
             return Err(AcquireError::Bypass(b));
         }

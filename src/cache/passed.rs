@@ -2,7 +2,7 @@
 //! in a small lock-free table: their `ibv_dereg_mr` goes straight to libibverbs
 //! (`take_passed`) instead of first asking the cache whether the handle is one of its own
 //! (`release_at`: the state lock and four hash lookups, about 600 instructions a pair, most
-//! of what a pass-through cost beside libibverbs alone; issue 21).
+//! of what a pass-through would cost beside libibverbs alone).
 //!
 //! Why a handle found here is libibverbs' and never the cache's: an address is recorded
 //! when libibverbs returns that MR to the app (`note_foreign`), and taken out before its
@@ -64,7 +64,7 @@ impl PassedSet {
         let word = ptr | if timed { TIMED } else { 0 };
         // Already here (left behind by an MR freed without our hooks, e.g. a dereg nested
         // in a hook, which goes to libibverbs untouched): one copy only, so that
-        // `forget_all` can never leave one behind (review of i21rxe, F1).
+        // `forget_all` can never leave one behind.
         for slot in self.probe(ptr) {
             let w = slot.load(Acquire);
             if w & !TIMED == ptr && slot.compare_exchange(w, word, AcqRel, Relaxed).is_ok() {
@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(cache.release(h), Released::Kept);
     }
 
-    /// Review (rev-i21rxe): two MRs at one address freed behind our hooks (a nested
+    /// Two MRs at one address freed behind our hooks (a nested
     /// `ibv_dereg_mr`, e.g. from a signal handler inside a hook, passes through without
     /// `take_passed`), each noted: `insert` does not look for the address already there, so
     /// the table holds it twice, and `forget_passed` takes only one. The cache's own MR

@@ -47,7 +47,7 @@ fn try_hit_obeys_the_refusal_word() {
 }
 
 /// `try_hit` does not call `classify`: a request it would refuse must still never be
-/// served, because it matches no entry's key (session 12).
+/// served, because it matches no entry's key.
 #[test]
 fn try_hit_serves_no_request_classify_refuses() {
     let fake = Fake::default();

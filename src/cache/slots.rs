@@ -307,14 +307,14 @@ impl Slot {
 
     /// Mark dead if the only reference is one holding of the provider's pointer, whether
     /// or not the entry is dead already (its memory went away while it was held: the
-    /// holder may still take it for `ibv_rereg_mr`, review-3 W3).
+    /// holder may still take it for `ibv_rereg_mr`).
     pub fn kill_if_sole(&self) -> bool {
         self.update(|s| (refs(s) == 1 && holders(s) == 1).then_some(s | DEAD))
             .is_ok()
     }
 
     /// Mark dead if the only reference is one other than the provider's pointer (a grant
-    /// or a shadow), dead already or not: its holder takes it for `ibv_rereg_mr` (issue 25).
+    /// or a shadow), dead already or not: its holder takes it for `ibv_rereg_mr`.
     /// The previous state, or None when others hold it too.
     pub fn kill_if_sole_other(&self) -> Option<u64> {
         self.update(|s| (refs(s) == 1 && holders(s) == 0).then_some(s | DEAD))

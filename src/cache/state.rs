@@ -137,8 +137,8 @@ pub enum Handle {
         /// The registration's start (0 with `len` 0), for `fork_ranges`.
         addr: usize,
     },
-    /// A shadow or granted handle whose entry left the cache for the app's `ibv_rereg_mr`
-    /// (issue 25): a copy of `mr`, now the app's own registration. Its dereg deregisters
+    /// A shadow or granted handle whose entry left the cache for the app's `ibv_rereg_mr`:
+    /// a copy of `mr`, now the app's own registration. Its dereg deregisters
     /// `mr` and returns the handle's memory to the pool it came from (`grant`: the
     /// registrar's spare grants, else the spare shadows).
     Alias { mr: Mr, grant: bool },
@@ -172,7 +172,7 @@ pub struct State {
     pub spare_shadows: WordSet<usize>,
     /// Spare shadows a hit took out of `spare_shadows` and is filling without the lock:
     /// neither spare nor handed out yet, and still released as far as the app's old
-    /// handle is concerned (review-3 W4).
+    /// handle is concerned.
     pub refilling: WordSet<usize>,
     /// Granted handles the app released (the registrar reuses them): a second release of
     /// one is a double deregistration.

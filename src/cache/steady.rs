@@ -4,7 +4,7 @@
 //! A remote registration of a passed-through class asked the classes' lock three times: the
 //! preload's `wants_hit_sample` before the lookup, `pass_early`, and its
 //! `wants_passthrough_sample` after, which copied the class's whole figures (about 140 of
-//! the 1,900 instructions of a default remote pass-through pair, callgrind, session 17). A
+//! the 1,900 instructions of a default remote pass-through pair, callgrind). A
 //! class that passes through steadily (`Figures::steady_pass`) answers both sampling
 //! questions from one bit, without the lock. The bit is set from the figures when a guard
 //! that handed them out for a change (`Classes::get_mut`) is dropped, under the lock, so it
@@ -534,7 +534,7 @@ mod unwind {
         assert!(!k.steady(Access::Remote, 65536));
     }
 
-    /// Review of the lane: a panic mid-update of a class whose lane is open, its figures
+    /// A panic mid-update of a class whose lane is open, its figures
     /// changed (caching pays now) but its verdict not yet held again. The drop, during the
     /// unwinding, opens the lane from what was written without checking the held verdict
     /// against the figures (that check, in a drop while unwinding, aborted the process in

@@ -1,4 +1,4 @@
-//! Review of session 17: an address the cache buried, handed by the "allocator" to a pass-through on
+//! An address the cache buried, handed by the "allocator" to a pass-through on
 //! another thread, must never release as a double deregistration.
 
 use super::test_fake::{LIMITS, req};

@@ -77,12 +77,12 @@ pub trait Registrar: Sync {
         Ok(())
     }
     /// `handle` (from `grant`), its key revoked already, is free again: the next `grant`
-    /// may reuse it (the alias of a sole-grant `ibv_rereg_mr` was deregistered, issue 25).
+    /// may reuse it (the alias of a sole-grant `ibv_rereg_mr` was deregistered).
     fn recycle_grant(&self, _handle: usize) {}
     /// Whether the kernel charges this process's pins against a limit now (a finite
     /// `RLIMIT_MEMLOCK` without CAP_IPC_LOCK). Asked before a containing-range hit, which
     /// would keep a wider range pinned than the app's handle needs: while pins are charged
-    /// a request is served only by an entry of its own range (docs/design.md, "The
+    /// a request is served only by an entry of its own range (docs/design/cache.md, "The
     /// locked-memory limit").
     fn pins_charged(&self) -> bool {
         false

@@ -177,9 +177,9 @@ impl<R: Registrar> Cache<R> {
     /// sampling (`needs_round_sample`), so that the caller times it from its entry, as it
     /// times its sampled ones. A class passed through hits only on a trial's hits; its
     /// other calls pass through, which must not pay a clock read for nothing (in the TCG
-    /// guest a read is a system call). Review of session 15: the cache timed these rounds
-    /// from its lookup, a shorter span than the hook's, and confirmation samples 10% short
-    /// kept a class that costs 1.3x a miss from ever passing through (simulated).
+    /// guest a read is a system call). Timed from the cache's lookup, a shorter span than
+    /// the hook's, confirmation samples 10% short would keep a class that costs 1.3x a miss
+    /// from ever passing through (simulated).
     pub fn wants_hit_sample(&self, req: &Request) -> bool {
         let kind = self.kind_of(req);
         if kind != Access::Remote || self.sample_every <= 1 || self.classes.steady(kind, req.len) {

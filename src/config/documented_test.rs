@@ -1,8 +1,8 @@
-//! Review of i24: docs/configuration.md names only variables the library knows.
+//! docs/configuration.md names only variables the library knows.
 
 use super::*;
 
-/// Review of i24: every MRCACHE_* name the reference documents is one the library
+/// Every MRCACHE_* name the reference documents is one the library
 /// knows (else setting it as documented prints "unknown variable ... ignored").
 #[test]
 fn every_documented_variable_is_known() {

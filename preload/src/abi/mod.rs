@@ -6,7 +6,7 @@
 //! hooks -- munmap, madvise, mmap, brk, ... -- are exported by `monitor::memory`, whose
 //! patching and watch need their own addresses.)
 //!
-//! Layer: the top. May use every layer below (docs/design.md, "Architecture").
+//! Layer: the top. May use every layer below (docs/design/overview.md).
 
 mod dlsym;
 

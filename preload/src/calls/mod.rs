@@ -2,7 +2,7 @@
 //! and the calls that must first flush the cache's idle entries.
 //!
 //! Layer: below `abi`; uses `runtime`, `verbs`, `monitor`, `trace`, `sys` and `ffi`
-//! (docs/design.md, "Architecture").
+//! (docs/design/overview.md).
 
 use crate::ffi::{IbvContext, IbvMr, IbvPd};
 use crate::runtime::guard::{Guard, shielded, with_cache};
@@ -69,7 +69,7 @@ fn register_miss(
 /// A call of a class admission passes through steadily, or a remote call under
 /// `MRCACHE_REMOTE=bypass` (`Cache::try_pass`): libibverbs'
 /// registration inside the re-entrancy guard (a registration the provider makes meanwhile
-/// passes through: review of the lane, where one was served the cache's own MR), the MR
+/// passes through, never served the cache's own MR), the MR
 /// recorded as a pass-through, and no lock. The sampled call's timing, an address the
 /// cache deregistered, and a failure take the shield for the locked part. None: take the
 /// full path (nothing was changed).
@@ -272,7 +272,7 @@ fn register_inner(
                 Ok((handle, o)) => {
                     // A miss just cached an entry: the sites are read whatever the watch
                     // word says (an overwrite no watched call announced, /proc/self/mem or
-                    // a raw mprotect, leaves it clean; review of s5-i21, D1): caught here,
+                    // a raw mprotect, leaves it clean): caught here,
                     // `stop_caching` takes the entry out of the index. Pass-throughs cache
                     // nothing and skip it; hits keep the watched check.
                     if o == mrcache::cache::Outcome::Miss && rt.monitor == Monitor::Patch {
@@ -360,9 +360,9 @@ fn note_foreign(mr: *mut IbvMr, nested: bool, known: Option<&'static Cache<Provi
         // The cache's lock may be held on this thread: no `note_foreign`. Recorded in the
         // pass-through table instead (lock-free), so that its owner's `ibv_dereg_mr`, made
         // outside our calls, goes to libibverbs even at the address of an MR the cache
-        // deregistered (a tombstone: refused as a double deregistration before, and the MR
-        // leaked; review of session 19). A full stretch of the table or a shut gate leaves
-        // it as before.
+        // deregistered (a tombstone: its deregistration would be refused as a double one, and
+        // the MR leak). A full stretch of the table or a shut gate leaves it to the locked
+        // path.
         if let Some(cache) = known.or_else(crate::runtime::fast::armed_cache) {
             cache.note_nested_mr(mr as usize);
         }

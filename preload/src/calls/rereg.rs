@@ -107,8 +107,8 @@ pub(super) fn rereg_inner(
 }
 
 /// `ibv_rereg_mr` of the app's only handle of a registration, a shadow or a revocable
-/// registration's handle (its rkey a window's), reserved by `Cache::reserve_sole` (issue
-/// 25). The provider is asked first, on the cached MR, with the handle's own rights (a
+/// registration's handle (its rkey a window's), reserved by `Cache::reserve_sole`. The
+/// provider is asked first, on the cached MR, with the handle's own rights (a
 /// revocable MR had local rights and MW_BIND only, a shared one its first registrant's:
 /// CHANGE_ACCESS with the rights the handle registered with, unless the app changes them
 /// itself). Refused: the entry and the handle are as they were, window bound, the
@@ -189,7 +189,7 @@ pub(super) fn has_rereg_op(mr: *mut IbvMr) -> bool {
 
 /// A rereg the cache cannot hand to the provider for this handle (the registration is
 /// shared, the handle's remote key is a window's, or it is the parent's in a fork child),
-/// answered as libibverbs answers it (issue 25): its argument checks first
+/// answered as libibverbs answers it: its argument checks first
 /// (`IBV_REREG_MR_ERR_INPUT`, EINVAL); then, when the provider has no rereg op of its own
 /// (libibverbs' placeholder is in the op table: rxe, siw), that op's own answer, which
 /// changes nothing (`IBV_REREG_MR_ERR_CMD`, EOPNOTSUPP); otherwise `why` is told and the

@@ -28,8 +28,8 @@
 //! The barrier and the `mprotect` that makes the page read+execute again are both tried
 //! before the first write (`sync_core_ready`, `make_writable`), so a policy that refuses
 //! either refuses the site untouched; one that fails after the write is an error that keeps
-//! the jump (`finish`), and the runtime turns caching off. docs/design.md ("The write
-//! protocol against the JITs' and the kernel's") compares this with HotSpot and Linux's
+//! the jump (`finish`), and the runtime turns caching off. docs/design/monitor.md ("Patching
+//! code other threads are running") compares this with HotSpot and Linux's
 //! `text_poke_bp`, and says what remains on CPUs with cross-modifying-code errata.
 //!
 //! A hook more than 2 GiB from the site is reached through a trampoline (`trampoline`).
@@ -442,7 +442,8 @@ pub unsafe fn replace_word(site: *mut u32, old: u32, new: u32) -> Result<(), Pat
     if unsafe_under_execution || !sync {
         // Asked only when needed: the thread count never relaxes the architecture's rule
         // for another thread that is counted, and a CLONE_VM task it misses is the one
-        // residual hazard of patching an ordinary first instruction (docs/design.md).
+        // residual hazard of patching an ordinary first instruction
+        // (docs/design/monitor.md, "aarch64").
         if !single_threaded() {
             return Err(if unsafe_under_execution {
                 PatchError::Alone

@@ -16,8 +16,8 @@
 //! loader's list (`_r_debug`). No allocation, no lock of ours: memory hooks call `dlsym`
 //! lazily from inside allocators. And no call a sanitizer intercepts before our
 //! constructor: a sanitizer's runtime calls `dlsym` while setting up its interceptors,
-//! whose pointers to the real functions are NULL until then (docs/design.md, "Sanitizer
-//! builds run").
+//! whose pointers to the real functions are NULL until then (docs/design/monitor.md, "Sanitizer
+//! builds").
 
 use crate::sys::elf::{self, iterate_phdr, own_symbol, slot, span};
 use std::ffi::{CStr, c_char, c_int, c_void};

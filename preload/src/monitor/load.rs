@@ -133,7 +133,7 @@ pub fn install() {
     PATCH_WANTED.store(true, Relaxed);
     if patching_needs_one_thread() {
         // Some entry can only be patched while no other thread runs: now, not at the first
-        // registration, when the program usually has threads (docs/design.md, "When the
+        // registration, when the program usually has threads (docs/design/monitor.md, "When the
         // monitor is installed").
         patch_libc();
     }
@@ -160,7 +160,7 @@ pub fn patch_libc() {
     });
     PATCHED.store(patch::install(h, &targets), Relaxed);
     // libc's own mprotect entry: glibc's internal `__mprotect` callers taking access away
-    // invalidate (docs/design.md, "Protection changes"), and the patch check's watch
+    // invalidate (docs/design/monitor.md, "Protection changes"), and the patch check's watch
     // (unpatched, it never clears and every hit reads every site). Our own code pages are
     // made writable by raw system calls (cross_modify), which no hook sees.
     let mprotect = Target {

@@ -6,7 +6,7 @@
 //! `search`), the constructor's install (`load`) and the start-up self-test (`selftest`).
 //!
 //! Layer: below `runtime`, beside `verbs` (neither uses the other); uses only `trace`,
-//! `sys` and `ffi` (docs/design.md, "Architecture"). What it needs from above (the verbs
+//! `sys` and `ffi` (docs/design/overview.md). What it needs from above (the verbs
 //! hooks `dlsym` hands out) comes in as a parameter (`dlsym::route_dlsym`).
 
 pub mod cross_modify;

@@ -97,7 +97,7 @@ pub fn hit(
 ) -> Option<*mut IbvMr> {
     let (cache, check_patches) = open()?;
     // The watch word first: while no watched page changed since the last full check, no
-    // site can have changed either (docs/design.md, "A cheaper patch check").
+    // site can have changed either (docs/design/monitor.md, "The patch check").
     if check_patches && !patch::watch_clean() && patch::overwritten().is_some() {
         return None;
     }

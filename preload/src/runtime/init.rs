@@ -239,8 +239,8 @@ pub fn check_patches(cache: &Cache<Provider>) {
 
 /// `check_patches` on the registration hooks' full path, which every miss and every call
 /// passed through takes: while the watch word is clean no watched page changed since the
-/// last full check, so no site can have (the fast hit's own rule, docs/design.md, "A
-/// cheaper patch check"); every site is read only while it is not. The drain thread and
+/// last full check, so no site can have (the fast hit's own rule, docs/design/monitor.md, "The
+/// patch check"); every site is read only while it is not. The drain thread and
 /// the set-up still read every site (`check_patches`).
 pub fn check_patches_watched(cache: &Cache<Provider>) {
     if patch::watch_clean() {

@@ -7,7 +7,7 @@
 //! (`report`).
 //!
 //! Layer: below `calls`; uses `verbs`, `monitor`, `trace`, `sys` and `ffi`
-//! (docs/design.md, "Architecture").
+//! (docs/design/overview.md).
 
 pub mod budget;
 pub mod drain;

@@ -4,8 +4,8 @@
 //! looking a symbol up (`symbol`), our own threads (`thread`) and whether pins are charged
 //! against `RLIMIT_MEMLOCK` (`memlock`).
 //!
-//! Layer: the bottom (with `ffi`); uses nothing else of the crate (docs/design.md,
-//! "Architecture").
+//! Layer: the bottom (with `ffi`); uses nothing else of the crate (docs/design/overview.md,
+//! "The layers of libmrcache.so").
 
 pub mod elf;
 pub mod memlock;

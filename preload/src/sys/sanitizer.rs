@@ -15,7 +15,7 @@
 //!   these symbols, and its `.symtab` is not loaded into memory. The file is mapped
 //!   read-only with raw system calls, read through bounds-checked slices and unmapped: no
 //!   allocation, no libc call a sanitizer intercepts. A stripped executable has no `.symtab`
-//!   left: a static runtime in it is not found (docs/design.md, "What mrcache cannot see").
+//!   left: a static runtime in it is not found (docs/design/monitor.md, "What mrcache cannot see").
 
 use crate::sys::elf::{defines, iterate_phdr};
 use crate::sys::syscall6;

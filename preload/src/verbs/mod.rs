@@ -2,8 +2,8 @@
 //! that registers through the verbs provider (`provider`), and the memory windows of
 //! `MRCACHE_REMOTE=revoke` (`window`).
 //!
-//! Layer: below `runtime`; uses only `trace`, `sys` and `ffi` (docs/design.md,
-//! "Architecture"). What it needs from above (logging at the configured level) comes in as
+//! Layer: below `runtime`; uses only `trace`, `sys` and `ffi` (docs/design/overview.md,
+//! "The layers of libmrcache.so"). What it needs from above (logging at the configured level) comes in as
 //! a parameter (`Provider::new`).
 
 pub mod provider;

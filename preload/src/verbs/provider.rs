@@ -194,7 +194,7 @@ impl Registrar for Provider {
         // Remote write or atomic rights without local write: every provider refuses them
         // (the kernel's ib_check_mr_access), ours without them would not, and the window
         // bind of them would fail and break the PD's bind QP for every later remote
-        // registration (issue 25). libibverbs refuses it instead.
+        // registration. libibverbs refuses it instead.
         let remote_writes = mrcache::access::REMOTE_WRITE | mrcache::access::REMOTE_ATOMIC;
         if req.access & remote_writes != 0 && req.access & mrcache::access::LOCAL_WRITE == 0 {
             return Err(mrcache::cache::UNSUPPORTED);
@@ -211,7 +211,7 @@ impl Registrar for Provider {
         match self.register(&local) {
             // MW_BIND makes the kernel pin the pages writable: read-only memory (a
             // PROT_READ mapping, remote read only) fails with it, not with the app's
-            // rights (issue 25). libibverbs registers it with those instead.
+            // rights. libibverbs registers it with those instead.
             // Our failed attempt's errno is not the app's: libibverbs' success leaves it.
             Err(e) if e != libc::ENOMEM && req.access & writes == 0 => {
                 crate::sys::set_errno(saved);
@@ -313,14 +313,14 @@ impl Registrar for Provider {
 /// ordinary memory ibv_reg_mr pins with get_user_pages but a peer-memory client's (GPU
 /// memory through nvidia-peermem), whose pages can change with no unmap we could see.
 /// Only on a miss (`Registrar::uncacheable`; no hit pays): two system calls, about 2 us here
-/// (docs/design.md, "Device memory"). `msync(MS_ASYNC)` walks the VMAs of the whole range
+/// (docs/design/monitor.md, "Device memory"). `msync(MS_ASYNC)` walks the VMAs of the whole range
 /// and fails with ENOMEM at a hole; `process_vm_readv` of our own first and last byte goes
 /// through get_user_pages as the kernel's registration does, and fails at `PROT_NONE` and
 /// at `VM_IO`/`VM_PFNMAP` mappings. A VMA strictly inside the range with readable ones on
 /// both sides is not seen, nor a range made unreadable after it was cached. Where
 /// process_vm_readv is refused (a seccomp filter: ENOSYS or EPERM) the range is taken as
 /// readable, as before this check (a filter that kills or traps on it kills the process at
-/// its first miss: docs/design.md, "Device memory").
+/// its first miss: docs/design/monitor.md, "Device memory").
 pub fn cpu_unreadable(addr: usize, len: usize) -> Option<&'static str> {
     if len == 0 || addr.checked_add(len).is_none() {
         return None; // the cache's own checks say what is wrong with it

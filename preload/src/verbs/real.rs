@@ -5,7 +5,7 @@
 //! a plugin, as NCCL and some MPIs do) through `dlopen("libibverbs.so.1", RTLD_NOLOAD)`,
 //! which never loads it (`sys::symbol` looks them up).
 //!
-//! Layer: verbs (docs/design.md, "Architecture"); the lookup itself is `sys::symbol`.
+//! Layer: verbs (docs/design/overview.md); the lookup itself is `sys::symbol`.
 
 use crate::ffi::{IbvContext, IbvMr, IbvPd};
 use crate::sys::symbol::Symbol;

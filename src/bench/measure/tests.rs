@@ -53,12 +53,12 @@ fn a_timed_phase_is_what_its_pairs_cost_in_all() {
     );
 }
 
-/// Review (rev-i26): a cost that comes back in one window of four (deferred kernel work
+/// A cost that comes back in one window of four (deferred kernel work
 /// repaid every few deregistrations, or a cache's periodic sweep) is what an application
 /// pays on average, but the median over the windows drops it. Both `phase` and
 /// `counted_phase` report the cheap windows only. This asserts what an application pays
-/// (the phase's mean), so it FAILS on ee0e3d4: the figure is ~4x under the mean (ported to
-/// `counted_phase`'s signature without the window size in session 6).
+/// (the phase's mean), so it fails with a median over windows: the figure is then ~4x
+/// under the mean.
 #[test]
 fn review_a_periodic_cost_is_in_the_figure() {
     let mut i = 0usize;

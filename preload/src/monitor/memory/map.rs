@@ -13,11 +13,11 @@ use std::sync::atomic::Ordering::Relaxed;
 /// `mprotect` and `pkey_mprotect`. A change that takes access away invalidates the range
 /// as an unmap does: the kernel refuses to pin for writing a page the process cannot write
 /// (and a page it cannot read at all), so a registration made after it must fail as
-/// without the cache instead of hitting an entry pinned before (docs/design.md, "Protection
+/// without the cache instead of hitting an entry pinned before (docs/design/monitor.md, "Protection
 /// changes"). They are also what another patcher needs before it can write over one of our
 /// jumps (libc's code pages and ours are not writable): a call that touches a watched page
 /// makes every hit check every site from before the system call until the next
-/// `patch::try_clean` (docs/design.md, "A cheaper patch check"). A call through our symbol
+/// `patch::try_clean` (docs/design/monitor.md, "The patch check"). A call through our symbol
 /// goes on to the next interposer, if there is one; otherwise they issue the system call
 /// themselves (`forward::Entry::unpatched`).
 #[cfg_attr(not(test), unsafe(no_mangle))]

@@ -1,4 +1,4 @@
-//! The aarch64 patch mechanism (issue 24), the counterpart of the x86-64 jump in `x86_64` and
+//! The aarch64 patch mechanism, the counterpart of the x86-64 jump in `x86_64` and
 //! `cross_modify`; `sites_aarch64::patch_at` writes it with `cross_modify::replace_word`.
 //! What is here is the part that can be checked anywhere: the instruction encodings, Debian 12's and 13's arm64 glibc
 //! prologues (word for word, from aarch64-linux-gnu-objdump of libc6 2.36-9+deb12u14 and
@@ -6,7 +6,7 @@
 //! execute them, the trampoline, and the decoding of UCX's and libfabric's aarch64 jumps;
 //! plus, on aarch64 only, the cache maintenance after a code write.
 //!
-//! The mechanism (docs/design.md, "aarch64 patching"): one aligned 32-bit store of a `B` to
+//! The mechanism (docs/design/monitor.md, "aarch64"): one aligned 32-bit store of a `B` to
 //! a 16-byte trampoline slot (`ldr x16, #8; br x16; .quad hook`) mapped within +-128 MiB of
 //! libc. The Arm ARM allows an instruction to be modified while another thread executes it
 //! only when the old and the new instruction are both B, BL, BRK, HVC, ISB, NOP (which

@@ -13,7 +13,7 @@
 //! overwritten instruction needs no relocation, provided nothing branches into the bytes we
 //! overwrite. The first instruction stays where we can: a uprobe or a breakpoint there runs
 //! it elsewhere and resumes on our jump, and writes back only its own first byte
-//! (docs/design.md, "Breakpoints at a patched entry"). We only patch a function whose first bytes are a prologue we recognise byte
+//! (docs/design/monitor.md, "Where the jump goes"). We only patch a function whose first bytes are a prologue we recognise byte
 //! for byte (each checked by disassembling that glibc: no branch lands inside them), after
 //! an optional `endbr64` that stays at the entry for CET's indirect branch tracking.
 //! Anything else is left alone; the self-test then reports that path as not covered.
@@ -22,8 +22,8 @@
 //! and the checks before each hit compare the bytes; the runtime stops caching when they changed.
 
 //!
-//! On aarch64 the jump is one `B` word to a trampoline (`aarch64`, docs/design.md,
-//! "aarch64 patching"); every other architecture fails closed (nothing is patched).
+//! On aarch64 the jump is one `B` word to a trampoline (`aarch64`, docs/design/monitor.md,
+//! "aarch64"); every other architecture fails closed (nothing is patched).
 //!
 //! Here: the targets and why one was refused; `x86_64` and `aarch64` (the prologues each
 //! recognises), `sites` (our jumps: writing them, what each holds now, chaining),

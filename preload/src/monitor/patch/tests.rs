@@ -320,7 +320,7 @@ fn calling_threads(
         .collect()
 }
 
-/// Review-3 G2: libfabric's memhooks jump (`movabs r11, hook; jmp r11`) sits over one of our
+/// Taking a foreign jump back under running threads: libfabric's memhooks jump (`movabs r11, hook; jmp r11`) sits over one of our
 /// sites while two threads call through it in a loop (some preempted between its two
 /// instructions, to resume at `jmp r11`); `adopt_overwritten` takes the site back. Each
 /// round uses a fresh copy of the function. Every call must land in the other patcher's
@@ -393,7 +393,7 @@ fn taking_a_jump_back_never_breaks_the_threads_running_it() {
     assert!(site_intact(i, first));
 }
 
-/// Review-3 G1: our jump written over a system call stub while two threads call it in a
+/// Patching under running threads: our jump written over a system call stub while two threads call it in a
 /// loop (inside its `syscall` much of the time, to return to the instruction after it),
 /// each round on a fresh copy of the stub. A write over any later instruction boundary, or
 /// one a thread can see half done, kills the test process (SIGSEGV/SIGILL).
@@ -486,8 +486,8 @@ fn a_short_first_instruction_becomes_a_short_jump_to_the_padding() {
     assert_eq!(unsafe { std::slice::from_raw_parts(g, 24) }, &bare[..]);
 }
 
-/// Review-3 G1 with a short first instruction (glibc 2.36's sbrk, mmap, mremap), and the
-/// second review's CLONE_VM task that no thread count sees: two threads run the function
+/// Patching under running threads with a short first instruction (glibc 2.36's sbrk, mmap,
+/// mremap), and a CLONE_VM task that no thread count sees: two threads run the function
 /// (some preempted after its `push r12`, to resume at +2) while the short jump is written,
 /// 3,000 rounds on fresh copies.
 #[test]

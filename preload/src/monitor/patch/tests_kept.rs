@@ -1,6 +1,6 @@
 //! Tests of `patch` at entries patched after their first instruction: a breakpoint over the
 //! kept instruction is no overwrite, and a kept instruction's stack effect is taken back
-//! before the hook (docs/design.md, "Breakpoints at a patched entry").
+//! before the hook (docs/design/monitor.md, "Where the jump goes").
 
 use super::tests::{
     FOREIGN_CALLS, MY_CALLS, SITE_WRITES, code_page, foreign_hook, my_calls, test_hook,

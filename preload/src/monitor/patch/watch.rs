@@ -9,7 +9,7 @@ use std::sync::atomic::{
     Ordering::{Relaxed, SeqCst},
 };
 
-/// The watch on the code we patched (see docs/design.md, "A cheaper patch check"): instead
+/// The watch on the code we patched (see docs/design/monitor.md, "The patch check"): instead
 /// of reading every site on every hit, a hit reads this one word. Bit 0 (`SUSPECT`): some
 /// watched page may be writable or replaced, or was since the last full check: check every
 /// site (`overwritten`). The next bits count the calls in flight that change a watched page

@@ -10,8 +10,8 @@ use crate::monitor::cross_modify::{self, JMP_LEN};
 /// after them, `replaced` bytes long, the only one it may change (threads may stand at any
 /// later boundary). A uprobe or a debugger's breakpoint puts an `int3` over the entry's
 /// first byte, runs the file's first instruction elsewhere and resumes after it, on our
-/// jump; removed, it writes that byte back, which we never changed (docs/design.md,
-/// "Breakpoints at a patched entry"). `keep` 0: the first instruction itself is replaced
+/// jump; removed, it writes that byte back, which we never changed (docs/design/monitor.md,
+/// "Where the jump goes"). `keep` 0: the first instruction itself is replaced
 /// (a start where nothing after it is known to be replaceable). `undo`: code run before the
 /// hook that takes back what the kept instructions did to the stack (`pop r12` after
 /// `push r12`). A replaced instruction shorter than `JMP_LEN` becomes a `jmp rel8` to a
