@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils perftest rdmacm-utils
       iproute2 gcc g++ libasan8 libtsan2 liblsan0 libubsan1 clang libclang-rt-14-dev make python3 liburing-dev libjemalloc2
       libfabric-bin libfabric-dev ucx-utils libucx-dev openmpi-bin libopenmpi-dev mpich libmpich-dev
-      mmdebstrap environment-modules python3-venv  # python3-venv: ci/easybuild's EasyBuild
+      mmdebstrap environment-modules python3-venv xz-utils zstd  # ci/easybuild; the second VM kernel
       file qemu-user-static arch-test)  # the last three for ci/aarch64 (check_out, the arm64 roots)
 missing=()
 for p in "${pkgs[@]}"; do

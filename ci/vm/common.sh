@@ -2,8 +2,18 @@
 VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VM_CACHE=${MRCACHE_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mrcache-vm}
 SYSROOT=$VM_CACHE/sysroot
-INITRAMFS=$VM_CACHE/initramfs.cpio.gz
 TRIXIE_ROOT=$VM_CACHE/trixie-root  # Debian 13 userland for the second-glibc run (trixie-root.sh)
+# The guest kernel: MRCACHE_VM_KERNEL=debian12 (default: Debian 12's, with QEMU in SYSROOT,
+# fetch.sh) or current (the newest kernel Debian ships, trixie-backports, in KROOT,
+# fetch-current.sh). KROOT holds KVER, vmlinux (uncompressed, booted through PVH) and
+# lib/modules/KVER; each kernel has its own initramfs.
+VM_KERNEL=${MRCACHE_VM_KERNEL:-debian12}
+case $VM_KERNEL in
+  debian12) KROOT=$SYSROOT; INITRAMFS=$VM_CACHE/initramfs.cpio.gz ;;
+  current) KROOT=$VM_CACHE/kernel-current; INITRAMFS=$VM_CACHE/initramfs-current.cpio.gz ;;
+  *) echo "mrcache-vm: error: MRCACHE_VM_KERNEL='$VM_KERNEL' is not a kernel the rig knows (allowed: debian12, current)" >&2
+     exit 2 ;;
+esac
 QEMU=$SYSROOT/usr/bin/qemu-system-x86_64
 QEMU_LIBS=$SYSROOT/usr/lib/x86_64-linux-gnu:$SYSROOT/lib/x86_64-linux-gnu
 
@@ -116,9 +126,17 @@ vm_initramfs() {
     echo "$m" >> "$root/etc/modules"
   }
   : > "$root/etc/modules"
-  for w in rdma_rxe ib_uverbs rdma_ucm crc32_generic dummy virtio_pci 9pnet_virtio 9p overlay; do
+  # A module built into the kernel (modules.builtin) needs no file; crc32_generic (rxe's
+  # checksum on 6.1) no longer exists on newer kernels, whose crc32 library is built in.
+  local optional
+  for w in rdma_rxe ib_uverbs rdma_ucm crc32_generic:optional dummy virtio_pci 9pnet_virtio 9p overlay; do
+    optional=; [ "${w%:optional}" != "$w" ] && { w=${w%:optional}; optional=1; }
     path=$(awk -F: -v n="/$w.ko" 'substr($1, length($1) - length(n) + 1) == n { print $1; exit }' "$mods/modules.dep")
-    [ -n "$path" ] || { rm -rf "$root"; vm_die "$RC_SETUP" "$label: module $w not found in kernel $kver"; }
+    if [ -z "$path" ]; then
+      grep -q "/$w\.ko$" "$mods/modules.builtin" 2>/dev/null && continue
+      [ -n "$optional" ] && continue
+      rm -rf "$root"; vm_die "$RC_SETUP" "$label: module $w not found in kernel $kver"
+    fi
     _vm_add_module "$path"
   done
   echo "$kver" > "$root/etc/kver"

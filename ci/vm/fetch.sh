@@ -1,14 +1,18 @@
 #!/bin/bash
-# Fetch the guest kernel, QEMU and busybox as .debs and unpack them into the VM cache,
+# Fetch Debian 12's guest kernel, QEMU and busybox as .debs and unpack them into the VM cache,
 # without installing them: installing qemu-system-x86 would replace the host's backported
 # qemu-utils and pull in a udev/systemd upgrade. Reuses what a previous run left.
 #   MRCACHE_VM_CACHE  cache directory (default ~/.cache/mrcache-vm)
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
+current() {  # the second kernel, when MRCACHE_VM_KERNEL=current asks for it
+  [ "$VM_KERNEL" = current ] || return 0
+  bash "$VM_DIR/fetch-current.sh"
+}
 if [ -f "$SYSROOT/.complete" ]; then
   vm_log "fetch: reusing $SYSROOT (kernel $(cat "$SYSROOT/KVER"))"
-  exit 0
+  current; exit
 fi
 need apt-get; need dpkg-deb; need python3
 KVER=${KVER:-$(apt-cache depends linux-image-amd64 2>/dev/null |
@@ -44,3 +48,4 @@ fi
 rm -rf "$VM_CACHE/debs"
 touch "$SYSROOT/.complete"
 vm_log "fetch: done, $(LD_LIBRARY_PATH=$QEMU_LIBS "$QEMU" --version | head -1)"
+current

@@ -5,7 +5,8 @@
 # common.sh, shared with ci/vm/a64-initramfs.sh.)
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
-[ -f "$SYSROOT/.complete" ] || vm_die "$RC_SETUP" "initramfs: no sysroot in $VM_CACHE; run ci/vm/fetch.sh first"
-KVER=$(cat "$SYSROOT/KVER")
-vm_initramfs initramfs "$INITRAMFS" "$VM_DIR/init" "$KVER" "$SYSROOT/lib/modules/$KVER" \
+[ -f "$SYSROOT/.complete" ] && [ -f "$KROOT/.complete" ] ||
+  vm_die "$RC_SETUP" "initramfs: no $VM_KERNEL kernel in $VM_CACHE; run ci/vm/fetch.sh first"
+KVER=$(cat "$KROOT/KVER")
+vm_initramfs "initramfs ($VM_KERNEL kernel)" "$INITRAMFS" "$VM_DIR/init" "$KVER" "$KROOT/lib/modules/$KVER" \
   "$SYSROOT/bin/busybox" "$SYSROOT/bin/busybox"
