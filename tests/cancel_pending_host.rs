@@ -7,8 +7,10 @@ mod common;
 
 use common::{fake_scenario, tempdir, text};
 
-fn cancelled(scenario: &str, env: &[(&str, &str)]) {
-    let dir = tempdir(&format!("cancel-{scenario}"));
+/// `tag`: the test's own directory (tests run in parallel; exec of a program another test is
+/// still writing fails with ETXTBSY).
+fn cancelled(tag: &str, scenario: &str, env: &[(&str, &str)]) {
+    let dir = tempdir(&format!("cancel-{tag}"));
     let out = fake_scenario(&dir, "cancel_pending", scenario, env);
     let t = text(&out);
     assert_eq!(
@@ -22,15 +24,15 @@ fn cancelled(scenario: &str, env: &[(&str, &str)]) {
 
 #[test]
 fn a_pending_cancel_acts_after_the_first_registration() {
-    cancelled("cold", &[]);
+    cancelled("first", "cold", &[]);
 }
 
 #[test]
 fn a_pending_cancel_acts_after_a_miss() {
-    cancelled("warm", &[]);
+    cancelled("miss", "warm", &[]);
 }
 
 #[test]
 fn a_pending_cancel_acts_after_a_logged_miss() {
-    cancelled("warm", &[("MRCACHE_LOG", "debug")]);
+    cancelled("logged", "warm", &[("MRCACHE_LOG", "debug")]);
 }
