@@ -7,6 +7,7 @@ mod common;
 mod admission;
 mod bench_first_pair_outside_loop;
 mod caching_off;
+mod cancel_pending_after_registration;
 mod coexist_with_other_hooks;
 mod device_memory_not_cached;
 mod dlsym;

@@ -75,3 +75,35 @@ extern "C" fn run(arg: *mut libc::c_void) -> *mut libc::c_void {
     let _ = catch_unwind(body);
     std::ptr::null_mut()
 }
+
+unsafe extern "C" {
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+
+/// glibc's `PTHREAD_CANCEL_DISABLE` (not in the libc crate for Linux).
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+
+/// This thread's cancellation switched off while it lives, its state before put back on drop.
+/// Our code makes calls that are cancellation points (the miss path's `msync`, a log line's
+/// `write`, the set-up's file reads): a cancel pending when the program called one of our
+/// hooks would act there, and glibc's forced unwind would run through our frames and abort
+/// the process. Switched off, it acts at the program's own next cancellation point, as
+/// without us. Back on, a deferred cancel does not act.
+pub struct NoCancel(libc::c_int);
+
+impl NoCancel {
+    pub fn new() -> NoCancel {
+        let mut old = PTHREAD_CANCEL_DISABLE;
+        // SAFETY: sets this thread's own cancelability; `old` is a valid out-pointer.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+        NoCancel(old)
+    }
+}
+
+impl Drop for NoCancel {
+    fn drop(&mut self) {
+        let mut was = 0;
+        // SAFETY: as in `new`.
+        unsafe { pthread_setcancelstate(self.0, &mut was) };
+    }
+}
