@@ -52,15 +52,26 @@ fn static_unwinder() {
         println!("cargo:warning=no libgcc_eh.a from {cc}: libmrcache.so needs libgcc_s.so.1");
         return;
     };
-    // The target's binutils beside a cross compiler (aarch64-linux-gnu-gcc: -objcopy).
-    let objcopy = match cc.strip_suffix("gcc") {
-        Some(prefix) if prefix.ends_with('-') => format!("{prefix}objcopy"),
-        _ => "objcopy".to_string(),
+    // The target's binutils, as the compiler finds them (a cross compiler's own objcopy).
+    let tool = |name: &str| {
+        std::process::Command::new(&cc)
+            .arg(format!("-print-prog-name={name}"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| name.to_string())
     };
+    let (objcopy, nm) = (tool("objcopy"), tool("nm"));
+    println!("cargo:rerun-if-changed={eh}");
     let dir = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("unwind");
     let archive = dir.join("libgcc_s.a");
     let _ = std::fs::remove_dir_all(&dir);
-    let made = std::fs::create_dir_all(&dir).is_ok()
+    // An objcopy that does not know the target's format may still exit 0 (saying so on
+    // stderr): the rewrite counts only if it was silent and nm then finds no reference to
+    // the allocator left.
+    let rewritten = std::fs::create_dir_all(&dir).is_ok()
         && std::fs::copy(&eh, &archive).is_ok()
         && std::process::Command::new(&objcopy)
             .args(["--redefine-sym", "malloc=__libc_malloc"])
@@ -68,9 +79,19 @@ fn static_unwinder() {
             .args(["--redefine-sym", "calloc=__libc_calloc"])
             .args(["--redefine-sym", "realloc=__libc_realloc"])
             .arg(&archive)
-            .status()
-            .is_ok_and(|s| s.success());
-    if !made {
+            .output()
+            .is_ok_and(|o| o.status.success() && o.stderr.is_empty())
+        && std::process::Command::new(&nm)
+            .args(["-u", "--format=just-symbols"])
+            .arg(&archive)
+            .output()
+            .is_ok_and(|o| {
+                o.status.success()
+                    && !String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .any(|l| ["malloc", "free", "calloc", "realloc"].contains(&l.trim()))
+            });
+    if !rewritten {
         let _ = std::fs::remove_dir_all(&dir);
         println!(
             "cargo:warning={objcopy} could not rewrite {eh}: libmrcache.so needs libgcc_s.so.1"
