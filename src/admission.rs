@@ -135,7 +135,7 @@ pub fn sampled(every: u64) -> bool {
     if every.is_power_of_two() {
         z & (every - 1) == 0
     } else {
-        z.is_multiple_of(every)
+        z % every == 0
     }
 }
 

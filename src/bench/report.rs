@@ -10,7 +10,7 @@ pub fn size_text(b: usize) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
         let u = 1usize << shift;
         if b >= u {
-            return if b.is_multiple_of(u) {
+            return if b % u == 0 {
                 format!("{} {unit}", b / u)
             } else {
                 format!("{:.1} {unit}", b as f64 / u as f64)

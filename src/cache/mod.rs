@@ -320,18 +320,18 @@ impl<R: Registrar> Cache<R> {
             && let Some(Some(claim)) = claim
         {
             drop(st);
-            if let Some(h) = self.finish_claim(claim, req)
-                && self.verified(id, h)
-            {
-                match outcome {
-                    Outcome::Hit => self.hits.add(0, 1),
-                    _ => self.stats.add(Counter::HitsContaining, 1),
+            if let Some(h) = self.finish_claim(claim, req) {
+                if self.verified(id, h) {
+                    match outcome {
+                        Outcome::Hit => self.hits.add(0, 1),
+                        _ => self.stats.add(Counter::HitsContaining, 1),
+                    }
+                    if let Some(t) = t_start {
+                        let ns = t.elapsed().as_nanos() as f64;
+                        self.figures(kind, req.len, |f| f.add_hit(ns));
+                    }
+                    return Ok((h, outcome));
                 }
-                if let Some(t) = t_start {
-                    let ns = t.elapsed().as_nanos() as f64;
-                    self.figures(kind, req.len, |f| f.add_hit(ns));
-                }
-                return Ok((h, outcome));
             }
             st = self.lock();
         }

@@ -384,7 +384,7 @@ mod fuzz {
     fn step(k: &ClassLock, r: &mut Rng, lens: &[usize]) {
         let a = Access::ALL[(r.next() % 2) as usize];
         let len = lens[(r.next() % lens.len() as u64) as usize];
-        let cheap_miss = !r.next().is_multiple_of(8); // mostly: pass-through pays
+        let cheap_miss = r.next() % 8 != 0; // mostly: pass-through pays
         let ns = |r: &mut Rng, base: f64| base * (0.5 + (r.next() % 1000) as f64 / 500.0);
         match r.next() % 9 {
             0 => {
@@ -401,7 +401,7 @@ mod fuzz {
             }
             4 => {
                 let x = ns(r, if cheap_miss { 1_000.0 } else { 1_000_000.0 });
-                let big = r.next().is_multiple_of(16);
+                let big = r.next() % 16 == 0;
                 figures(k, a, len, |f| {
                     let before = f.pass_reg.value;
                     let x = if big { x * 4.0 } else { x };

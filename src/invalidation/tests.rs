@@ -161,7 +161,7 @@ mod overflow_stress {
         let b = b.min(bits.len() * 64);
         let mut k = a;
         while k < b {
-            if k.is_multiple_of(64) && k + 64 <= b {
+            if k % 64 == 0 && k + 64 <= b {
                 bits[k / 64] = u64::MAX;
                 k += 64;
             } else {

@@ -110,7 +110,7 @@ impl FakeHca {
         let stale =
             Self::pages(req.addr, req.len).any(|p| self.gens[p].load(SeqCst) != mr.gens[p - first]);
         let after = self.replacing.load(SeqCst);
-        if stale && seq == after && seq.is_multiple_of(2) {
+        if stale && seq == after && seq % 2 == 0 {
             self.violation(format!(
                 "STALE: handle {handle:#x} for {req:?} pins pages replaced since registration"
             ));

@@ -57,7 +57,7 @@ fn req(k: usize) -> Request {
         pd: 0x10,
         context: 0x20,
         addr,
-        len: if k.is_multiple_of(2) { 0x1000 } else { 0x2000 },
+        len: if k % 2 == 0 { 0x1000 } else { 0x2000 },
         iova: addr as u64,
         access: 1,
     }
@@ -132,7 +132,7 @@ fn churn(shadow: bool, max_entries: usize, seed: u64) {
                     let (h, _) = cache.acquire(&r).unwrap();
                     check(fake, &r, h);
                     held.push((r, h));
-                    if held.len() > 4 || rng.next().is_multiple_of(2) {
+                    if held.len() > 4 || rng.next() % 2 == 0 {
                         let (_, h) = held.swap_remove(rng.next() % held.len());
                         let released = cache.release(h);
                         assert!(

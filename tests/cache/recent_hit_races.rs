@@ -167,14 +167,14 @@ fn run(reuse: bool, max_entries: usize, seed: u64, rounds: usize) {
                         }
                         // Handed on only when second releases are not tried: a handle
                         // the next thread holds may be this one's again.
-                        if reuse && rng.next().is_multiple_of(8) {
+                        if reuse && rng.next() % 8 == 0 {
                             let (r, h) = held.swap_remove(rng.next() % held.len());
                             tx.send((r, h)).unwrap();
                         }
                         while let Ok((r, h)) = rx.try_recv() {
                             held.push((r, h));
                         }
-                        if !held.is_empty() && (held.len() > 3 || rng.next().is_multiple_of(2)) {
+                        if !held.is_empty() && (held.len() > 3 || rng.next() % 2 == 0) {
                             let (r, h) = held.swap_remove(rng.next() % held.len());
                             if !live_as(fake, h, &r) {
                                 fail(format!("held {h:#x} no longer live for {r:?}"));

@@ -153,11 +153,10 @@ pub fn trampoline_hook(at: usize) -> Option<usize> {
     (0..PAGES).find_map(|p| {
         let base = PAGE_BASE[p].load(Relaxed);
         let used = PAGE_USED[p].load(Relaxed);
-        (base != 0 && at >= base && at < base + used * SLOT && (at - base).is_multiple_of(SLOT))
-            .then(|| {
-                // SAFETY: a written slot of our own trampoline page: its address field.
-                unsafe { std::ptr::read_volatile((at + SLOT_HOOK_AT) as *const u64) as usize }
-            })
+        (base != 0 && at >= base && at < base + used * SLOT && (at - base) % SLOT == 0).then(|| {
+            // SAFETY: a written slot of our own trampoline page: its address field.
+            unsafe { std::ptr::read_volatile((at + SLOT_HOOK_AT) as *const u64) as usize }
+        })
     })
 }
 

@@ -403,7 +403,7 @@ fn bind(
                 }
                 // The clock is read rarely: in a guest without a stable TSC it is a system
                 // call, which costs more than the bind itself.
-                0 if !spin.is_multiple_of(4096)
+                0 if spin % 4096 != 0
                     || start.get_or_insert_with(Instant::now).elapsed() < p.limit =>
                 {
                     std::hint::spin_loop()

@@ -20,7 +20,7 @@ fn next(z: &mut u64) -> u64 {
 /// A timing of `ns` on the noisy machine: 0.6x to 1.6x, and one in 25 a stall of 8x.
 fn noisy(z: &mut u64, ns: f64) -> f64 {
     let r = next(z);
-    if r.is_multiple_of(25) {
+    if r % 25 == 0 {
         8.0 * ns
     } else {
         ns * (0.6 + (r >> 11) as f64 / (1u64 << 53) as f64)

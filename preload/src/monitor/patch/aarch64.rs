@@ -30,7 +30,7 @@ pub const B_REACH: i64 = 1 << 27;
 /// `b to` written at `site`, if `to` is a word-aligned address within reach.
 pub fn b_to(site: usize, to: usize) -> Option<u32> {
     let off = (to as i64).wrapping_sub(site as i64);
-    if off % 4 != 0 || !site.is_multiple_of(4) || !(-B_REACH..B_REACH).contains(&off) {
+    if off % 4 != 0 || site % 4 != 0 || !(-B_REACH..B_REACH).contains(&off) {
         return None;
     }
     Some(0x1400_0000 | ((off >> 2) as u32 & 0x03ff_ffff))

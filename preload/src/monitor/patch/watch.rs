@@ -159,7 +159,7 @@ pub fn drain_tick() {
     let w = WATCH.load(SeqCst);
     if w & SUSPECT == 0 {
         let query = matches!(query_fd(), Some(fd) if fd >= 0);
-        if (query || tick.is_multiple_of(MAPS_RECHECK)) && !pages_ok(false) {
+        if (query || tick % MAPS_RECHECK == 0) && !pages_ok(false) {
             let _ = WATCH.fetch_update(SeqCst, SeqCst, |w| Some((w | SUSPECT).wrapping_add(EVENT)));
         }
         return;
