@@ -158,7 +158,7 @@ mod tests {
     /// "pass through" while the library, timing the same calls in the application, caches.
     /// Asserts they agree, so it fails with the windowed median.
     #[test]
-    fn review_default_column_matches_the_librarys_running_mean() {
+    fn default_column_matches_the_librarys_running_mean() {
         let access = Access::Remote;
         let len = 65536;
         let samples: Vec<f64> = (0..64)

@@ -499,7 +499,7 @@ mod tests {
     /// least measured rows read as trustworthy. Asserts a warning (or a line saying it
     /// could not be judged).
     #[test]
-    fn review_a_one_round_row_is_not_silently_trusted() {
+    fn a_one_round_row_is_not_silently_trusted() {
         let mut one = row(Some(Spread::of(&[6_069_000.0])));
         one.rounds = 1;
         assert!(

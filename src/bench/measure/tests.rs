@@ -60,7 +60,7 @@ fn a_timed_phase_is_what_its_pairs_cost_in_all() {
 /// (the phase's mean), so it fails with a median over windows: the figure is then ~4x
 /// under the mean.
 #[test]
-fn review_a_periodic_cost_is_in_the_figure() {
+fn a_periodic_cost_is_in_the_figure() {
     let mut i = 0usize;
     let t = Instant::now();
     let ns = counted_phase(80, || {
