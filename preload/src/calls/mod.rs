@@ -7,7 +7,7 @@
 use crate::ffi::{IbvContext, IbvMr, IbvPd};
 use crate::runtime::guard::{Guard, shielded, with_cache};
 use crate::runtime::{
-    cache, drain::ensure_drain_thread, flush_after_fork, forking, log, note_bypass, runtime,
+    cache, drain::ensure_drain_thread, fast, flush_after_fork, forking, log, note_bypass, runtime,
 };
 use crate::trace;
 use crate::verbs::provider::Provider;
@@ -18,8 +18,10 @@ use mrcache::stats::Bypassed;
 use mrcache::trace::{Call, Outcome};
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
+use through::{Reg, Tell};
 
 mod rereg;
+mod through;
 
 pub use rereg::rereg_mr;
 
@@ -36,19 +38,40 @@ pub extern "C" fn register(
     access: u32,
     call: Call,
 ) -> *mut IbvMr {
-    if trace::enabled() {
-        return register_traced(call, pd, addr, len, iova, access);
+    let mode = fast::mode();
+    if mode & (fast::TRACED | fast::OFF) != 0 {
+        return register_in_mode(mode, call, pd, addr, len, iova, access);
     }
-    // Caching off for good (`CACHING_OFF`): nothing can be cached, so nothing needs a
-    // lookup; libibverbs' registration (not counted: a process without a cache reports
-    // nothing).
-    if crate::runtime::CACHING_OFF.load(Relaxed) {
-        return real::reg_mr_iova2(pd, addr, len, iova, access);
-    }
-    match crate::runtime::fast::hit(pd, addr, len, iova, access) {
+    match fast::hit(mode, pd, addr, len, iova, access) {
         Some(mr) => mr,
         None => register_miss(pd, addr, len, iova, access).0,
     }
+}
+
+/// Traced; or caching off for good: nothing can be cached, so nothing needs a lookup
+/// (libibverbs' registration, not counted: a process without a cache reports nothing).
+#[cold]
+#[inline(never)]
+fn register_in_mode(
+    mode: u64,
+    call: Call,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    if mode & fast::TRACED != 0 {
+        return register_traced(mode, call, pd, addr, len, iova, access);
+    }
+    let reg = Reg {
+        pd,
+        addr,
+        len,
+        iova,
+        access,
+    };
+    through::register(reg, Tell::Nothing, None).0
 }
 
 /// Not a fast hit: the pass-through lane, else the full path. Apart, as `register_inner`.
@@ -67,12 +90,11 @@ fn register_miss(
 }
 
 /// A call of a class admission passes through steadily, or a remote call under
-/// `MRCACHE_REMOTE=bypass` (`Cache::try_pass`): libibverbs'
-/// registration inside the re-entrancy guard (a registration the provider makes meanwhile
-/// passes through, never served the cache's own MR), the MR
-/// recorded as a pass-through, and no lock. The sampled call's timing, an address the
-/// cache deregistered, and a failure take the shield for the locked part. None: take the
-/// full path (nothing was changed).
+/// `MRCACHE_REMOTE=bypass` (`Cache::try_pass`): libibverbs' registration inside the
+/// re-entrancy guard (a registration the provider makes meanwhile passes through, never
+/// served the cache's own MR), the MR recorded as a pass-through, and no lock. The sampled
+/// call's timing, an address the cache deregistered, and a failure take the shield for the
+/// locked part (`through`). None: take the full path (nothing was changed).
 #[inline(always)]
 fn register_lane(
     pd: *mut IbvPd,
@@ -98,69 +120,23 @@ fn register_lane(
         Lane::Bypass => (false, Bypassed::RemoteAccess),
     };
     note_bypass(why);
-    let t = timed.then(std::time::Instant::now);
-    let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
-    if mr.is_null() {
-        let mr = lane_failed(cache, pd, addr, len, iova, access);
-        let o = if mr.is_null() {
-            Outcome::Failed
-        } else {
-            Outcome::Bypass
-        };
-        return Some((mr, o));
-    }
-    if !cache.note_lane_mr(mr as usize) {
-        lane_locked(|| cache.note_foreign(mr as usize));
-    }
-    if let Some(t) = t {
-        let ns = t.elapsed().as_nanos() as u64;
-        lane_locked(|| cache.note_passthrough(&req, mr as usize, ns));
-    }
-    Some((mr, Outcome::Bypass))
-}
-
-/// The lane's locked part (`f` takes the cache's locks), inside the shield (the caller
-/// holds the guard).
-#[cold]
-#[inline(never)]
-fn lane_locked(f: impl FnOnce()) {
-    shielded(f, || ());
-}
-
-/// libibverbs just refused a registration: when out of pinnable memory (ENOMEM, EAGAIN)
-/// and the cache gave idle entries back, true (ask libibverbs once more); else false with
-/// libibverbs' errno in place (the cache lock's futex wait may have changed it).
-fn gave_back_for_retry(cache: &Cache<Provider>) -> bool {
-    let e = crate::sys::errno();
-    if matches!(e, libc::ENOMEM | libc::EAGAIN) && cache.give_back_idle() > 0 {
-        return true;
-    }
-    real::set_errno(e);
-    false
-}
-
-/// libibverbs refused the lane's registration: out of pinnable memory, the cache's idle
-/// entries are given back and libibverbs asked once more, as on the full path.
-#[cold]
-#[inline(never)]
-fn lane_failed(
-    cache: &'static Cache<Provider>,
-    pd: *mut IbvPd,
-    addr: *mut c_void,
-    len: usize,
-    iova: u64,
-    access: u32,
-) -> *mut IbvMr {
-    if !shielded(|| gave_back_for_retry(cache), || false) {
-        return std::ptr::null_mut();
-    }
-    let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
-    note_foreign(mr, false, Some(cache));
-    mr
+    let reg = Reg {
+        pd,
+        addr,
+        len,
+        iova,
+        access,
+    };
+    Some(through::register(
+        reg,
+        Tell::Lane(cache),
+        timed.then_some(&req),
+    ))
 }
 
 #[inline(never)]
 fn register_traced(
+    mode: u64,
     call: Call,
     pd: *mut IbvPd,
     addr: *mut c_void,
@@ -169,7 +145,7 @@ fn register_traced(
     access: u32,
 ) -> *mut IbvMr {
     let t = trace::now_ns();
-    let (mr, outcome) = match crate::runtime::fast::hit(pd, addr, len, iova, access) {
+    let (mr, outcome) = match fast::hit(mode, pd, addr, len, iova, access) {
         Some(mr) => (mr, Outcome::Hit),
         None => register_miss(pd, addr, len, iova, access),
     };
@@ -191,23 +167,17 @@ fn register_inner(
     iova: u64,
     access: u32,
 ) -> (*mut IbvMr, Outcome) {
-    // libibverbs' registration of the call (`nested`: made inside another one).
-    // `known`: the cache, when the caller has it already (one lookup less).
-    let register_through = |nested: bool, known: Option<&'static Cache<Provider>>| {
-        let mr = real::reg_mr_iova2(pd, addr, len, iova, access);
-        note_foreign(mr, nested, known);
-        (
-            mr,
-            if mr.is_null() {
-                Outcome::Failed
-            } else {
-                Outcome::Bypass
-            },
-        )
+    let reg = Reg {
+        pd,
+        addr,
+        len,
+        iova,
+        access,
     };
     let passthrough = |why: Bypassed| {
         note_bypass(why);
-        register_through(why == Bypassed::Nested, None)
+        let nested = why == Bypassed::Nested;
+        through::register(reg, Tell::Passed { nested }, None)
     };
     // A remote call's round is timed whole, from here to the return (what the app pays
     // for a hit: the hook's checks, the shadow copy, the window bind and its completion):
@@ -311,28 +281,11 @@ fn register_inner(
                         | mrcache::access::Bypass::Scan => cache.wants_passthrough_sample(&req),
                         _ => false,
                     };
-                    let t = timed.then(std::time::Instant::now);
-                    let why = Bypassed::from(b);
-                    note_bypass(why);
-                    let (mut mr, mut o) = register_through(why == Bypassed::Nested, Some(cache));
+                    note_bypass(Bypassed::from(b));
                     // Out of pinnable memory, as the miss path: the cache's idle entries
                     // given back, libibverbs once more (a probe's range is still pinned by
                     // its cached entry; libibverbs alone would have pinned it once).
-                    let retried = mr.is_null() && gave_back_for_retry(cache);
-                    if retried {
-                        (mr, o) = register_through(false, Some(cache));
-                    }
-                    // A retried call's time holds the deregistrations: not a miss's figure.
-                    if let Some(t) = t
-                        && !mr.is_null()
-                        && !retried
-                    {
-                        cache.note_passthrough(&req, mr as usize, t.elapsed().as_nanos() as u64);
-                    }
-                    // libibverbs' MR may reuse the address of one the cache deregistered:
-                    // its dereg must not look like a second one (`passthrough` told the
-                    // cache already: `note_foreign`).
-                    (mr, o)
+                    through::register(reg, Tell::Admitted(cache), timed.then_some(&req))
                 }
                 Err(AcquireError::Failed(e)) => {
                     real::set_errno(e);
@@ -344,49 +297,21 @@ fn register_inner(
     )
 }
 
-/// A registration passed through to libibverbs returned `mr`: if the cache remembers that
-/// address as an MR it deregistered (a tombstone, to catch double deregistrations), it is a
-/// live MR now, and its `ibv_dereg_mr` must reach libibverbs. A nested registration may
-/// come from inside the cache (its lock held on this thread): tell it only when this thread
-/// is not inside one of our calls. `known`: the cache the caller's call used (`cache()`
-/// would give the same one: a fork child renews it before any call of the child gets it;
-/// only a `_Fork()` in a signal handler that interrupted this very call, and returned into
-/// it in the child, would leave the parent's here, and the call was on that cache already).
-fn note_foreign(mr: *mut IbvMr, nested: bool, known: Option<&'static Cache<Provider>>) {
-    if mr.is_null() {
-        return;
-    }
-    if nested {
-        // The cache's lock may be held on this thread: no `note_foreign`. Recorded in the
-        // pass-through table instead (lock-free), so that its owner's `ibv_dereg_mr`, made
-        // outside our calls, goes to libibverbs even at the address of an MR the cache
-        // deregistered (a tombstone: its deregistration would be refused as a double one, and
-        // the MR leak). A full stretch of the table or a shut gate leaves it to the locked
-        // path.
-        if let Some(cache) = known.or_else(crate::runtime::fast::armed_cache) {
-            cache.note_nested_mr(mr as usize);
-        }
-        return;
-    }
-    if let Some(cache) = known.or_else(cache) {
-        shielded(|| cache.note_foreign(mr as usize), || ());
-    }
-}
-
 /// `extern "C"` and apart, as `register`: the hook jumps here, one frame for the fast
 /// release and the full path.
 #[inline(never)]
 pub extern "C" fn dereg_mr(mr: *mut IbvMr) -> i32 {
-    if trace::enabled() {
-        return dereg_traced(mr);
+    let mode = fast::mode();
+    if mode & fast::TRACED != 0 {
+        return dereg_traced(mode, mr);
     }
-    dereg_inner(mr).0
+    dereg_inner(mode, mr).0
 }
 
 #[inline(never)]
-fn dereg_traced(mr: *mut IbvMr) -> i32 {
+fn dereg_traced(mode: u64, mr: *mut IbvMr) -> i32 {
     let t = trace::now_ns();
-    let (rc, outcome) = dereg_inner(mr);
+    let (rc, outcome) = dereg_inner(mode, mr);
     trace::emit(
         Call::DeregMr,
         outcome,
@@ -398,15 +323,15 @@ fn dereg_traced(mr: *mut IbvMr) -> i32 {
 }
 
 #[inline(always)]
-fn dereg_inner(mr: *mut IbvMr) -> (i32, Outcome) {
+fn dereg_inner(mode: u64, mr: *mut IbvMr) -> (i32, Outcome) {
     if mr.is_null() {
         return (libc::EINVAL, Outcome::Failed);
     }
     // Caching off for good: every MR is libibverbs' own (`register`).
-    if crate::runtime::CACHING_OFF.load(Relaxed) {
-        return (real::dereg_mr(mr), Outcome::Passthrough);
+    if mode & fast::OFF != 0 {
+        return through::deregister(mr, None);
     }
-    if crate::runtime::fast::release(mr) {
+    if fast::release(mode, mr) {
         return (0, Outcome::Kept);
     }
     match dereg_lane(mr) {
@@ -423,22 +348,7 @@ fn dereg_lane(mr: *mut IbvMr) -> Result<(i32, Outcome), bool> {
     let cache = crate::runtime::fast::cache_if_open().ok_or(false)?;
     let _guard = Guard::enter().ok_or(false)?;
     let timed = cache.take_passed(mr as usize).ok_or(true)?;
-    if timed {
-        return Ok(dereg_timed(cache, mr));
-    }
-    Ok((real::dereg_mr(mr), Outcome::Passthrough))
-}
-
-/// A sampled pass-through's dereg (taken out of the table already; the caller holds the
-/// guard): timed, reported inside the shield.
-#[cold]
-#[inline(never)]
-fn dereg_timed(cache: &'static Cache<Provider>, mr: *mut IbvMr) -> (i32, Outcome) {
-    let t = std::time::Instant::now();
-    let rc = real::dereg_mr(mr);
-    let ns = t.elapsed().as_nanos() as u64;
-    lane_locked(|| cache.note_passthrough_dereg(mr as usize, ns, rc == 0));
-    (rc, Outcome::Passthrough)
+    Ok(through::deregister(mr, timed.then_some(cache)))
 }
 
 /// `mr` a registration passed through to libibverbs (`Cache::take_passed`): libibverbs'
@@ -456,16 +366,7 @@ fn dereg_passed(mr: *mut IbvMr) -> Option<(i32, Outcome)> {
         || None,
     )?;
     // An admission sample: the other half of what a miss of its class costs.
-    let t = timed.then(std::time::Instant::now);
-    let rc = real::dereg_mr(mr);
-    if let Some(t) = t {
-        let ns = t.elapsed().as_nanos() as u64;
-        shielded(
-            || cache.note_passthrough_dereg(mr as usize, ns, rc == 0),
-            || (),
-        );
-    }
-    Some((rc, Outcome::Passthrough))
+    Some(through::deregister(mr, timed.then_some(cache)))
 }
 
 /// The full path, apart for the same reason as `register_inner` (`asked`: the
@@ -480,7 +381,7 @@ fn dereg_full(mr: *mut IbvMr, asked: bool) -> (i32, Outcome) {
     // pass-through's, a miss's), and a clock read can be a system call.
     let t_hook =
         mrcache::admission::sampled(mrcache::admission::SAMPLE_EVERY).then(std::time::Instant::now);
-    let passthrough = || (real::dereg_mr(mr), Outcome::Passthrough);
+    let passthrough = || through::deregister(mr, None);
     with_cache(passthrough, |cache| {
         match cache.release_at(mr as usize, t_hook) {
             Released::Kept => (0, Outcome::Kept),
@@ -490,10 +391,7 @@ fn dereg_full(mr: *mut IbvMr, asked: bool) -> (i32, Outcome) {
             // A registration admission passed through: libibverbs' whole dereg is the other
             // half of what a miss of its class costs the app.
             Released::NotOurs if cache.passed_through(mr as usize) => {
-                let t = std::time::Instant::now();
-                let rc = real::dereg_mr(mr);
-                cache.note_passthrough_dereg(mr as usize, t.elapsed().as_nanos() as u64, rc == 0);
-                (rc, Outcome::Passthrough)
+                through::deregister(mr, Some(cache))
             }
             Released::NotOurs => passthrough(),
             Released::DoubleRelease => {
@@ -577,7 +475,7 @@ pub fn reg_dmabuf_mr(
     let t = if trace::enabled() { trace::now_ns() } else { 0 };
     let mr = real::reg_dmabuf_mr(pd, offset, len, iova, fd, access);
     if Guard::enter().is_some() {
-        note_foreign(mr, false, None);
+        through::note_other(mr);
     }
     if t != 0 {
         trace::emit(

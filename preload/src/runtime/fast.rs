@@ -1,6 +1,10 @@
-//! The fast path of a hit and of its release: `Cache::try_hit` / `Cache::try_release`
-//! called before the re-entrancy guard, the panic shield and the full path's runtime
-//! checks, when one gate word says those checks would all pass.
+//! The hooks' mode word, and the fast path of a hit and of its release: `Cache::try_hit` /
+//! `Cache::try_release` called before the re-entrancy guard, the panic shield and the full
+//! path's runtime checks, when the mode word says those checks would all pass.
+//!
+//! A verbs hook reads the word once and learns all it needs before the full path: caching
+//! off for good (`OFF`: straight to libibverbs), tracing (`TRACED`: the traced path), armed
+//! (`ARMED`: the fast path may serve), with or without the patch check (`CHECK_PATCHES`).
 //!
 //! The full path arms the gate after a registration that passed every check (runtime set
 //! up, cache on and current, no `_Fork` in progress, no fork flush pending); whatever makes
@@ -32,11 +36,28 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 const ARMED: u64 = 1;
 /// Armed with `MRCACHE_MONITOR=patch`.
 const CHECK_PATCHES: u64 = 2;
+/// Every call is traced (`MRCACHE_LOG=trace`); set once, at set-up.
+pub const TRACED: u64 = 4;
+/// Caching is off for good (`MRCACHE_ENABLE=0`, or a configuration error that turned it
+/// off): every registration and deregistration is libibverbs' own; set once, at set-up.
+pub const OFF: u64 = 8;
 /// One disarm.
-const EPOCH: u64 = 4;
+const EPOCH: u64 = 16;
 
-/// `ARMED | CHECK_PATCHES` and, above them, the count of disarms.
+/// The mode word: `ARMED | CHECK_PATCHES | TRACED | OFF` and, above them, the count of
+/// disarms.
 static GATE: AtomicU64 = AtomicU64::new(0);
+
+/// The mode word, read once by a hook (`TRACED`, `OFF`; `hit` and `release` take it).
+#[inline(always)]
+pub fn mode() -> u64 {
+    GATE.load(Acquire)
+}
+
+/// Set `TRACED` or `OFF` for the rest of the process (set-up). A disarm keeps them.
+pub fn set_mode(bits: u64) {
+    GATE.fetch_or(bits & (TRACED | OFF), SeqCst);
+}
 /// The cache the gate was armed for; set before arming.
 static CACHE: AtomicPtr<Cache<Provider>> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -64,11 +85,10 @@ pub fn disarm() {
     });
 }
 
-/// The cache, when the gate is armed and this thread is not inside one of our calls; and
-/// whether to check the patches.
+/// The cache, when the mode word `g` says armed and this thread is not inside one of our
+/// calls; and whether to check the patches.
 #[inline]
-fn open() -> Option<(&'static Cache<Provider>, bool)> {
-    let g = GATE.load(Acquire);
+fn open(g: u64) -> Option<(&'static Cache<Provider>, bool)> {
     if g & ARMED == 0 || guard::nested() || crate::runtime::drain::cycle_due() {
         return None;
     }
@@ -86,16 +106,18 @@ fn armed_in(g: u64) -> Option<&'static Cache<Provider>> {
     unsafe { CACHE.load(Acquire).as_ref() }
 }
 
-/// An exact hit on the fast path; None: take the full path (nothing was changed).
+/// An exact hit on the fast path, `mode` the mode word the hook read; None: take the full
+/// path (nothing was changed).
 #[inline(always)]
 pub fn hit(
+    mode: u64,
     pd: *mut IbvPd,
     addr: *mut c_void,
     len: usize,
     iova: u64,
     access: u32,
 ) -> Option<*mut IbvMr> {
-    let (cache, check_patches) = open()?;
+    let (cache, check_patches) = open(mode)?;
     // The watch word first: while no watched page changed since the last full check, no
     // site can have changed either (docs/design/monitor.md, "The patch check").
     if check_patches && !patch::watch_clean() && patch::overwritten().is_some() {
@@ -125,11 +147,12 @@ pub fn armed_cache() -> Option<&'static Cache<Provider>> {
 /// calls): the pass-through lane's (`calls::register_lane`).
 #[inline]
 pub fn cache_if_open() -> Option<&'static Cache<Provider>> {
-    open().map(|(cache, _)| cache)
+    open(mode()).map(|(cache, _)| cache)
 }
 
-/// The release of a hit on the fast path; false: take the full path (nothing was changed).
+/// The release of a hit on the fast path, `mode` the mode word the hook read; false: take
+/// the full path (nothing was changed).
 #[inline]
-pub fn release(mr: *mut IbvMr) -> bool {
-    open().is_some_and(|(cache, _)| cache.try_release(mr as usize).is_some())
+pub fn release(mode: u64, mr: *mut IbvMr) -> bool {
+    open(mode).is_some_and(|(cache, _)| cache.try_release(mr as usize).is_some())
 }

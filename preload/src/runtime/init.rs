@@ -41,6 +41,7 @@ pub fn set_up() -> Runtime {
     }
     if config.log >= LogLevel::Trace {
         trace::start(config.trace_buffer);
+        crate::runtime::fast::set_mode(crate::runtime::fast::TRACED);
     }
     if config.enabled && config.monitor == Monitor::None {
         eprintln!(
@@ -152,7 +153,7 @@ pub fn set_up() -> Runtime {
         );
     }
     if cache.is_none() {
-        crate::runtime::CACHING_OFF.store(true, Relaxed);
+        crate::runtime::fast::set_mode(crate::runtime::fast::OFF);
     }
     Runtime {
         cache,

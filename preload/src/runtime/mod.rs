@@ -107,12 +107,6 @@ static RESET_FOR: AtomicI32 = AtomicI32::new(0);
 static CHILD_DOFORK: AtomicPtr<Vec<(usize, usize)>> = AtomicPtr::new(std::ptr::null_mut());
 /// Process-wide registrations made once per address space (inherited by fork children).
 pub static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
-/// Set once the runtime is set up without a cache (`MRCACHE_ENABLE=0`, or a configuration
-/// error that turned caching off): for the rest of the process every registration and
-/// deregistration is libibverbs' own, and the hooks go straight to it (`calls::register`,
-/// `calls::dereg_mr`). The full path's guard, shield and lookups cost a disabled pair about
-/// 520 instructions (x86 host, callgrind), 5% of a pair in the aarch64 guest under TCG.
-pub static CACHING_OFF: AtomicBool = AtomicBool::new(false);
 pub static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 fn getpid() -> i32 {

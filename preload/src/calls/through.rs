@@ -1,0 +1,183 @@
+//! The one way a registration reaches libibverbs and the one way a deregistration does,
+//! each with what the cache learns of it: every route that does not serve the cache's own
+//! MR ends here (caching off, the pass-through lane, the full path's pass-throughs).
+
+use crate::ffi::{IbvMr, IbvPd};
+use crate::runtime::cache;
+use crate::runtime::guard::shielded;
+use crate::verbs::provider::Provider;
+use crate::verbs::real;
+use mrcache::cache::{Cache, Request};
+use mrcache::trace::Outcome;
+use std::ffi::c_void;
+
+/// What the cache is told of a registration passed to libibverbs.
+#[derive(Clone, Copy)]
+pub enum Tell {
+    /// Nothing: caching is off for good.
+    Nothing,
+    /// The pass-through lane's (the guard held, no shield): recorded lock-free when the
+    /// table has room; out of pinnable memory, the cache's idle entries are given back and
+    /// libibverbs asked once more.
+    Lane(&'static Cache<Provider>),
+    /// An admission pass-through of the full path: told under the lock; retried as the
+    /// lane's.
+    Admitted(&'static Cache<Provider>),
+    /// Any other pass-through of the full path (`nested`: made inside another of our calls
+    /// on this thread, whose cache lock may be held: lock-free only).
+    Passed { nested: bool },
+}
+
+/// The registration the app asked for.
+#[derive(Clone, Copy)]
+pub struct Reg {
+    pub pd: *mut IbvPd,
+    pub addr: *mut c_void,
+    pub len: usize,
+    pub iova: u64,
+    pub access: u32,
+}
+
+impl Reg {
+    fn real(&self) -> *mut IbvMr {
+        real::reg_mr_iova2(self.pd, self.addr, self.len, self.iova, self.access)
+    }
+}
+
+/// libibverbs' registration of `reg`, and the cache told of it (`tell`). `sample`: timed
+/// as an admission figure of what a miss of its class costs (`Cache::note_passthrough`),
+/// unless it had to be retried (its time then holds the deregistrations).
+#[inline(always)]
+pub fn register(reg: Reg, tell: Tell, sample: Option<&Request>) -> (*mut IbvMr, Outcome) {
+    if let Some(req) = sample {
+        return register_sampled(reg, tell, req);
+    }
+    let mut mr = reg.real();
+    if mr.is_null() {
+        mr = retry(reg, tell);
+    } else {
+        told(mr, tell);
+    }
+    (mr, outcome(mr))
+}
+
+#[cold]
+#[inline(never)]
+fn register_sampled(reg: Reg, tell: Tell, req: &Request) -> (*mut IbvMr, Outcome) {
+    let t = std::time::Instant::now();
+    let mr = reg.real();
+    if mr.is_null() {
+        let mr = retry(reg, tell);
+        return (mr, outcome(mr));
+    }
+    let ns = t.elapsed().as_nanos() as u64;
+    told(mr, tell);
+    if let Tell::Lane(cache) | Tell::Admitted(cache) = tell {
+        shielded(|| cache.note_passthrough(req, mr as usize, ns), || ());
+    }
+    (mr, Outcome::Bypass)
+}
+
+fn outcome(mr: *mut IbvMr) -> Outcome {
+    if mr.is_null() {
+        Outcome::Failed
+    } else {
+        Outcome::Bypass
+    }
+}
+
+/// libibverbs refused `reg`: out of pinnable memory (ENOMEM, EAGAIN) with a cache that
+/// gave idle entries back, libibverbs once more (told as an ordinary pass-through); else
+/// null with libibverbs' errno in place (the cache lock's futex wait may have changed it).
+#[cold]
+#[inline(never)]
+fn retry(reg: Reg, tell: Tell) -> *mut IbvMr {
+    let (Tell::Lane(cache) | Tell::Admitted(cache)) = tell else {
+        return std::ptr::null_mut();
+    };
+    let e = crate::sys::errno();
+    let gave_back = matches!(e, libc::ENOMEM | libc::EAGAIN)
+        && shielded(|| cache.give_back_idle() > 0, || false);
+    if !gave_back {
+        real::set_errno(e);
+        return std::ptr::null_mut();
+    }
+    let mr = reg.real();
+    if !mr.is_null() {
+        told(mr, Tell::Admitted(cache));
+    }
+    mr
+}
+
+/// Tell the cache of `mr`, libibverbs' MR (not null): it may reuse the address of one the cache
+/// deregistered (a tombstone, kept to catch double deregistrations), and its
+/// `ibv_dereg_mr` must then reach libibverbs, not be refused as a second one.
+#[inline(always)]
+fn told(mr: *mut IbvMr, tell: Tell) {
+    match tell {
+        Tell::Nothing => {}
+        Tell::Lane(cache) => {
+            if !cache.note_lane_mr(mr as usize) {
+                locked_note(cache, mr);
+            }
+        }
+        Tell::Admitted(cache) => locked_note(cache, mr),
+        Tell::Passed { nested } => note_passed(mr, nested),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn locked_note(cache: &'static Cache<Provider>, mr: *mut IbvMr) {
+    shielded(|| cache.note_foreign(mr as usize), || ());
+}
+
+/// A pass-through of the full path. A nested one may come from inside the cache (its lock
+/// held on this thread): recorded in the pass-through table instead (lock-free), so that
+/// its owner's `ibv_dereg_mr`, made outside our calls, reaches libibverbs. A full stretch
+/// of the table or a shut gate leaves it to the locked path. (A fork child renews its cache
+/// before any call of the child gets it, so `cache()` is the cache the call used.)
+fn note_passed(mr: *mut IbvMr, nested: bool) {
+    if mr.is_null() {
+        return;
+    }
+    if nested {
+        if let Some(cache) = crate::runtime::fast::armed_cache() {
+            cache.note_nested_mr(mr as usize);
+        }
+        return;
+    }
+    if let Some(cache) = cache() {
+        locked_note(cache, mr);
+    }
+}
+
+/// Tell the cache of libibverbs' MR `mr` made by another call than a registration
+/// (`ibv_reg_dmabuf_mr`, inside the guard).
+pub fn note_other(mr: *mut IbvMr) {
+    note_passed(mr, false);
+}
+
+/// libibverbs' deregistration of `mr`, an MR that is not the cache's. `sample`: the cache
+/// that passed its registration through as an admission sample (timed: the other half of
+/// what a miss of its class costs the app).
+#[inline(always)]
+pub fn deregister(mr: *mut IbvMr, sample: Option<&'static Cache<Provider>>) -> (i32, Outcome) {
+    match sample {
+        None => (real::dereg_mr(mr), Outcome::Passthrough),
+        Some(cache) => deregister_sampled(mr, cache),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn deregister_sampled(mr: *mut IbvMr, cache: &'static Cache<Provider>) -> (i32, Outcome) {
+    let t = std::time::Instant::now();
+    let rc = real::dereg_mr(mr);
+    let ns = t.elapsed().as_nanos() as u64;
+    shielded(
+        || cache.note_passthrough_dereg(mr as usize, ns, rc == 0),
+        || (),
+    );
+    (rc, Outcome::Passthrough)
+}
