@@ -12,7 +12,8 @@ pub const REMOTE_ATOMIC: u32 = 1 << 3;
 /// `IBV_ACCESS_MW_BIND`.
 pub const MW_BIND: u32 = 1 << 4;
 pub(crate) const ZERO_BASED: u32 = 1 << 5;
-pub(crate) const ON_DEMAND: u32 = 1 << 6;
+/// `IBV_ACCESS_ON_DEMAND`.
+pub const ON_DEMAND: u32 = 1 << 6;
 pub(crate) const HUGETLB: u32 = 1 << 7;
 pub(crate) const FLUSH_GLOBAL: u32 = 1 << 8;
 pub(crate) const FLUSH_PERSISTENT: u32 = 1 << 9;
@@ -57,6 +58,10 @@ pub enum Bypass {
     /// The key's cache entry is held as often as a slot counts at once (4,095): this
     /// registration is made as without the cache.
     Saturated,
+    /// The monitor cannot see every unmap here, so only registrations the device makes on
+    /// demand are cached (`MRCACHE_ODP`), and this one it cannot make so (a device without
+    /// On-Demand Paging for what it needs, or remote access not revoked per handle).
+    NotOnDemand,
 }
 
 /// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).

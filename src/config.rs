@@ -9,7 +9,7 @@ use std::fmt;
 
 mod values;
 use values::OTHER_KNOWN;
-pub use values::{Admit, ForkMode, Monitor, RemoteMode, StatsMode};
+pub use values::{Admit, ForkMode, Monitor, OnDemand, RemoteMode, StatsMode};
 mod variables;
 pub use variables::{VARIABLES, Variable};
 
@@ -38,6 +38,8 @@ pub struct Config {
     pub log_file: Option<String>,
     /// `MRCACHE_MONITOR`.
     pub monitor: Monitor,
+    /// `MRCACHE_ODP`: entries registered on demand where the device pages them so.
+    pub odp: OnDemand,
     /// `MRCACHE_VERIFY=pfn`.
     pub verify_pfn: bool,
     /// `MRCACHE_PATCH_CHECK=every-hit`: every hit reads every patched site (no watch).
@@ -81,6 +83,7 @@ impl Config {
             stats_file: None,
             log_file: None,
             monitor: Monitor::Patch,
+            odp: OnDemand::Auto,
             verify_pfn: false,
             patch_check_every_hit: false,
             fork: ForkMode::Auto,
@@ -241,6 +244,7 @@ where
             }
             "MRCACHE_REMOTE" => RemoteMode::parse(value).map(|m| cfg.remote = m),
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
+            "MRCACHE_ODP" => OnDemand::parse(value).map(|o| cfg.odp = o),
             "MRCACHE_PATCH_CHECK" => match value {
                 "watch" => Some(false),
                 "every-hit" => Some(true),
@@ -422,6 +426,7 @@ mod tests {
             ("MRCACHE_SHADOW", "2"),
             ("MRCACHE_REMOTE_SUPERSET", "yes please"),
             ("MRCACHE_MONITOR", "uffd"),
+            ("MRCACHE_ODP", "implicit"),
             ("MRCACHE_REMOTE", "revoked"),
             ("MRCACHE_STATS", "verbose"),
             ("MRCACHE_VERIFY", "always"),

@@ -124,6 +124,21 @@ fn info_configuration() -> config::Config {
         }
     );
     println!(
+        "  on-demand paging: MRCACHE_ODP={}: {}",
+        cfg.odp.as_str(),
+        match cfg.odp {
+            config::OnDemand::Auto => {
+                "entries are pinned; where the monitor cannot see every unmap, only registrations the device makes on demand (ODP) are cached, instead of none"
+            }
+            config::OnDemand::On => {
+                "every entry the device can make on demand (ODP) is registered so; with the monitor off or blind, only those are cached"
+            }
+            config::OnDemand::Off => {
+                "every entry is pinned; where the monitor cannot see every unmap, caching is off"
+            }
+        }
+    );
+    println!(
         "  admission: MRCACHE_ADMIT={}: {}",
         cfg.admit.as_str(),
         match cfg.admit {

@@ -137,6 +137,9 @@ named_enum! {
         Probe = "admission-probe",
         /// The key's entry already held 4,095 times at once.
         Saturated = "references-full",
+        /// The monitor is blind here and the device cannot register this one on demand
+        /// (`MRCACHE_ODP`).
+        NotOnDemand = "not-on-demand",
     }
 }
 
@@ -156,6 +159,7 @@ impl From<crate::access::Bypass> for Bypassed {
             Bypass::Scan => Bypassed::Scan,
             Bypass::Probe => Bypassed::Probe,
             Bypass::Saturated => Bypassed::Saturated,
+            Bypass::NotOnDemand => Bypassed::NotOnDemand,
         }
     }
 }
@@ -328,6 +332,10 @@ pub struct Report {
     /// Why caching was turned off in this process (empty: it was not).
     #[serde(default)]
     pub caching_off: String,
+    /// Why only registrations the device makes on demand are cached in this process
+    /// (`MRCACHE_ODP`; empty: every kind is).
+    #[serde(default)]
+    pub on_demand_only: String,
     /// `MRCACHE_REMOTE`: revoke, keep or bypass.
     #[serde(default)]
     pub remote_keys: String,

@@ -197,6 +197,9 @@ pub fn summary(r: &Report) -> Vec<String> {
     if !r.caching_off.is_empty() {
         rows.push(("caching OFF", r.caching_off.clone()));
     }
+    if !r.on_demand_only.is_empty() {
+        rows.push(("on demand only", r.on_demand_only.clone()));
+    }
     let mut out = vec![format!("mrcache: pid {} at exit:", r.pid)];
     let mut push = |label: &str, parts: &[String]| {
         let mut first = true;

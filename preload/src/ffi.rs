@@ -244,6 +244,22 @@ pub const IBV_QP_SQ_PSN: i32 = 1 << 16;
 pub const IBV_QP_MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
 pub const IBV_QP_DEST_QPN: i32 = 1 << 20;
 
+/// `struct verbs_context`, which ends with the `struct ibv_context` of an extended context:
+/// how many bytes before that context its `query_device_ex` op and its `sz` sit.
+pub const VCTX_QUERY_DEVICE_EX_BACK: usize = 104;
+pub const VCTX_SZ_BACK: usize = 8;
+/// `struct ibv_device_attr_ex`: its size, and where `odp_caps.general_caps` and
+/// `odp_caps.per_transport_caps.rc_odp_caps` sit.
+pub const DEVICE_ATTR_EX_SIZE: usize = 400;
+pub const DEVICE_ATTR_EX_ODP: usize = 240;
+pub const DEVICE_ATTR_EX_ODP_RC: usize = 248;
+pub const IBV_ODP_SUPPORT: u64 = 1;
+pub const IBV_ODP_SUPPORT_SEND: u32 = 1;
+pub const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
+pub const IBV_ODP_SUPPORT_WRITE: u32 = 1 << 2;
+pub const IBV_ODP_SUPPORT_READ: u32 = 1 << 3;
+pub const IBV_ODP_SUPPORT_ATOMIC: u32 = 1 << 4;
+
 pub const IBV_REREG_MR_ERR_INPUT: i32 = -1;
 pub const IBV_REREG_MR_ERR_CMD: i32 = -4;
 
@@ -344,6 +360,17 @@ int main(void) {
     P("const.sq_psn", IBV_QP_SQ_PSN);
     P("const.min_rnr_timer", IBV_QP_MIN_RNR_TIMER);
     P("const.av", IBV_QP_AV);
+    P("vctx.query_device_ex", offsetof(struct verbs_context, context) - offsetof(struct verbs_context, query_device_ex));
+    P("vctx.sz", offsetof(struct verbs_context, context) - offsetof(struct verbs_context, sz));
+    P("attr_ex.size", sizeof(struct ibv_device_attr_ex));
+    P("attr_ex.odp", offsetof(struct ibv_device_attr_ex, odp_caps.general_caps));
+    P("attr_ex.odp_rc", offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.rc_odp_caps));
+    P("odp.support", IBV_ODP_SUPPORT);
+    P("odp.send", IBV_ODP_SUPPORT_SEND);
+    P("odp.recv", IBV_ODP_SUPPORT_RECV);
+    P("odp.write", IBV_ODP_SUPPORT_WRITE);
+    P("odp.read", IBV_ODP_SUPPORT_READ);
+    P("odp.atomic", IBV_ODP_SUPPORT_ATOMIC);
     return 0;
 }
 "#,
@@ -467,6 +494,17 @@ int main(void) {
             ("const.sq_psn", IBV_QP_SQ_PSN as usize),
             ("const.min_rnr_timer", IBV_QP_MIN_RNR_TIMER as usize),
             ("const.av", IBV_QP_AV as usize),
+            ("vctx.query_device_ex", VCTX_QUERY_DEVICE_EX_BACK),
+            ("vctx.sz", VCTX_SZ_BACK),
+            ("attr_ex.size", DEVICE_ATTR_EX_SIZE),
+            ("attr_ex.odp", DEVICE_ATTR_EX_ODP),
+            ("attr_ex.odp_rc", DEVICE_ATTR_EX_ODP_RC),
+            ("odp.support", IBV_ODP_SUPPORT as usize),
+            ("odp.send", IBV_ODP_SUPPORT_SEND as usize),
+            ("odp.recv", IBV_ODP_SUPPORT_RECV as usize),
+            ("odp.write", IBV_ODP_SUPPORT_WRITE as usize),
+            ("odp.read", IBV_ODP_SUPPORT_READ as usize),
+            ("odp.atomic", IBV_ODP_SUPPORT_ATOMIC as usize),
         ];
         assert_eq!(rust.len(), c.len());
         for (name, value) in rust {

@@ -49,6 +49,40 @@ impl ForkMode {
     }
 }
 
+/// Whether the cache registers its entries ON_DEMAND (`MRCACHE_ODP`), on a device that
+/// pages them on demand (On-Demand Paging: the kernel follows every change of the range).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDemand {
+    /// Never: every entry is pinned.
+    Off,
+    /// Only where the monitor cannot see every unmap: then only entries the device
+    /// registers on demand are cached, instead of none.
+    Auto,
+    /// Every entry the device can register on demand; with the monitor off or blind, only
+    /// those are cached.
+    On,
+}
+
+impl OnDemand {
+    pub(crate) fn parse(v: &str) -> Option<OnDemand> {
+        match v {
+            "off" => Some(OnDemand::Off),
+            "auto" => Some(OnDemand::Auto),
+            "on" => Some(OnDemand::On),
+            _ => None,
+        }
+    }
+
+    /// The value as `MRCACHE_ODP` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDemand::Off => "off",
+            OnDemand::Auto => "auto",
+            OnDemand::On => "on",
+        }
+    }
+}
+
 /// What happens to the remote keys of cached registrations (`MRCACHE_REMOTE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RemoteMode {

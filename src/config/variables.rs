@@ -52,6 +52,12 @@ pub const VARIABLES: &[Variable] = &[
         about: "how unmapped memory is seen: patch = symbol hooks plus glibc's internal munmap/madvise/mmap/brk patched at the first registration (sees free(), malloc_trim, arena shrink); symbols = symbol hooks only (misses those, so caching is off); none = nothing (UNSAFE: for tests that must see stale registrations)",
     },
     Variable {
+        name: "MRCACHE_ODP",
+        default: "auto",
+        allowed: "auto, on, off",
+        about: "entries registered ON_DEMAND (On-Demand Paging), on a device that pages them so for RC send, receive, write and read (and atomics when asked): the kernel then follows every change of the range, seen by the monitor or not; auto = only where the monitor cannot see every unmap (a sanitizer's allocator, refused or overwritten patching, MRCACHE_MONITOR=symbols): only such entries are cached there, instead of none; on = every entry the device can register on demand, and with the monitor off or blind only those are cached; off = never (every entry pinned; where the monitor is blind caching is off). Remote registrations are cached on demand only under MRCACHE_REMOTE=revoke",
+    },
+    Variable {
         name: "MRCACHE_PATCH_CHECK",
         default: "watch",
         allowed: "watch, every-hit",

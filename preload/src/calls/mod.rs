@@ -194,6 +194,12 @@ fn register_inner(
     };
     shielded(
         || {
+            if crate::runtime::get().is_none() && !pd.is_null() {
+                // SAFETY: pd is the app's non-null PD.
+                let context = unsafe { (*pd).context } as usize;
+                let _ =
+                    crate::runtime::SETUP_CONTEXT.compare_exchange(0, context, Relaxed, Relaxed);
+            }
             let Some(rt) = runtime() else {
                 return passthrough(Bypassed::SettingUp); // another thread is setting the library up
             };

@@ -7,9 +7,10 @@ use crate::monitor::selftest::{self, Coverage};
 use crate::runtime::fork;
 use crate::runtime::{ATFORK_REGISTERED, Runtime, STATS_AT_EXIT};
 use crate::trace;
+use crate::verbs::odp::Policy;
 use crate::verbs::provider::Provider;
 use mrcache::cache::{Cache, Limits};
-use mrcache::config::{self, LogLevel, Monitor, StatsMode};
+use mrcache::config::{self, LogLevel, Monitor, OnDemand, StatsMode};
 use std::sync::atomic::Ordering::*;
 
 /// This process's configuration, and what is wrong with it.
@@ -43,7 +44,11 @@ pub fn set_up() -> Runtime {
         trace::start(config.trace_buffer);
         crate::runtime::fast::set_mode(crate::runtime::fast::TRACED);
     }
-    if config.enabled && config.monitor == Monitor::None {
+    if config.enabled && config.monitor == Monitor::None && config.odp == OnDemand::On {
+        eprintln!(
+            "mrcache: MRCACHE_MONITOR=none with MRCACHE_ODP=on: unmapped and freed memory is not tracked; only registrations the device makes on demand are cached, the others pass through uncached"
+        );
+    } else if config.enabled && config.monitor == Monitor::None {
         eprintln!(
             "mrcache: WARNING: MRCACHE_MONITOR=none: unmapped and freed memory is NOT tracked; cached registrations can go stale and remote writes can land in memory that no longer belongs to the buffer. For tests only."
         );
@@ -94,7 +99,11 @@ pub fn set_up() -> Runtime {
             verify = false;
         }
         Cache::with_queue(
-            Provider::new(verify, crate::runtime::log),
+            Provider::new(
+                verify,
+                Policy::new(config.odp, config.remote),
+                crate::runtime::log,
+            ),
             Limits {
                 max_entries: config.max_entries,
                 max_bytes: config.max_bytes,
@@ -110,7 +119,16 @@ pub fn set_up() -> Runtime {
     });
     if let Some(cache) = &cache {
         if let Some(why) = blind {
-            fail_closed(cache, &why);
+            // Decided here, before the cache serves anything (no pinned entry exists), on the
+            // device of the registration that sets up: where it pages nothing on demand,
+            // caching only on-demand entries would cache nothing.
+            let context = crate::runtime::SETUP_CONTEXT.load(Relaxed);
+            let odp = context != 0 && cache.registrar().odp.pages_on_demand(context);
+            if !(odp && on_demand_only(cache, &why)) {
+                fail_closed(cache, &why);
+            }
+        } else if config.monitor == Monitor::None && config.odp == OnDemand::On {
+            on_demand_only(cache, "MRCACHE_MONITOR=none");
         } else if config.monitor == Monitor::Patch {
             patch::EVERY_HIT.store(config.patch_check_every_hit, Relaxed);
             check_patches(cache);
@@ -209,15 +227,33 @@ pub fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
     )
 }
 
-/// Memory could now go away unseen: stop caching (one line, once). Registrations are made
-/// and released uncached from here on; entries in use are deregistered at their release.
+/// Memory could now go away unseen (`why`): stop caching (one line, once), unless only
+/// registrations the device makes on demand are cached already (`on_demand_only`, decided
+/// at set-up), which stay correct whatever the monitor misses. Registrations are made and
+/// released uncached from here on; entries in use are deregistered at their release.
 fn fail_closed(cache: &Cache<Provider>, why: &str) {
+    if cache.registrar().odp.only_why().is_some() {
+        return;
+    }
     if cache.stop_caching(why) {
         trace::write_line(&format!(
             "mrcache[{}]: caching is OFF: {why}; every registration now passes through uncached",
             std::process::id()
         ));
     }
+}
+
+/// Cache only registrations the device makes on demand, for `why` (at set-up, before the
+/// cache serves anything); false under `MRCACHE_ODP=off`.
+fn on_demand_only(cache: &Cache<Provider>, why: &str) -> bool {
+    if !cache.registrar().odp.only(why) {
+        return false;
+    }
+    trace::write_line(&format!(
+        "mrcache[{}]: only registrations the device makes on demand (ODP) are cached: {why}; the others pass through uncached",
+        std::process::id()
+    ));
+    true
 }
 
 /// Fail closed when another patcher wrote over one of our jumps in libc. A few byte

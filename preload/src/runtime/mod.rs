@@ -27,7 +27,9 @@ use mrcache::config::{LogLevel, Monitor, StatsMode};
 use mrcache::fork::FlushRequests;
 use mrcache::stats::{Bypassed, Counter, Counters, Tally};
 use once::InitOnce;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::*,
+};
 
 pub struct Runtime {
     pub cache: Option<Cache<Provider>>,
@@ -62,6 +64,11 @@ static RUNTIME: InitOnce<Runtime> = InitOnce::new();
 
 /// The runtime, set up at the first call; None while another thread sets it up (the caller
 /// passes through instead of waiting: see `once`).
+/// The device context of the registration that sets the runtime up (0: none known): where
+/// the monitor is blind, whether that device pages on demand decides between caching only
+/// on-demand entries and caching nothing (`init::set_up`).
+pub static SETUP_CONTEXT: AtomicUsize = AtomicUsize::new(0);
+
 pub fn runtime() -> Option<&'static Runtime> {
     RUNTIME.get_or_init(crate::runtime::init::set_up)
 }
@@ -128,7 +135,11 @@ pub fn cache() -> Option<&'static Cache<Provider>> {
                 let p = RENEWED.load(Acquire);
                 // SAFETY: a non-null RENEWED is a leaked Box, never freed.
                 let current = if p.is_null() { first } else { unsafe { &*p } };
-                let fresh = current.renewed(Provider::new(current.registrar().verify, log));
+                let fresh = current.renewed(Provider::new(
+                    current.registrar().verify,
+                    current.registrar().odp.renewed(),
+                    log,
+                ));
                 let older = INHERITED.load(Acquire);
                 let node = Box::leak(Box::new(Inherited {
                     cache: current,

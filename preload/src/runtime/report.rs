@@ -5,7 +5,7 @@ use crate::monitor::memory::{self, QUEUE};
 use crate::runtime::init::{blind_spots, run_selftest};
 use crate::runtime::{self, BYPASSED, COUNTERS, cache};
 use crate::trace;
-use mrcache::config::{Monitor, StatsMode};
+use mrcache::config::{Monitor, OnDemand, StatsMode};
 use mrcache::stats::{Bypassed, Counter, Report, UnmapSource};
 use std::sync::atomic::Ordering::*;
 
@@ -26,10 +26,17 @@ pub fn selftest_report() -> String {
     }
     let missed = c.missed();
     if !missed.is_empty() {
-        let monitor = crate::runtime::init::environment().0.monitor;
-        if monitor != Monitor::None {
+        let config = crate::runtime::init::environment().0;
+        let monitor = config.monitor;
+        if monitor != Monitor::None && config.odp == OnDemand::Off {
             out.push_str(&format!(
                 "caching would be OFF in a verbs program here: {}\n",
+                blind_spots(monitor, &missed)
+            ));
+        } else if monitor != Monitor::None {
+            out.push_str(&format!(
+                "only registrations the device makes on demand (ODP) would be cached in a verbs program here (MRCACHE_ODP={}), the others passed through: {}\n",
+                config.odp.as_str(),
                 blind_spots(monitor, &missed)
             ));
         }
@@ -52,6 +59,7 @@ pub fn report() -> Option<Report> {
         remote_keys: cache.remote().as_str().into(),
         selftest_us: rt.coverage.as_ref().map_or(0, |c| c.nanos / 1000),
         caching_off: cache.caching_stopped().unwrap_or_default().into(),
+        on_demand_only: cache.registrar().odp.only_why().unwrap_or_default().into(),
         admit: cache.admit().as_str().into(),
         admission: cache.admission().to_report(),
         ..Report::default()

@@ -5,8 +5,9 @@
 //! by the path that made it, so libibverbs' fork refcounts stay balanced.
 
 use crate::ffi::{IbvContext, IbvMr, IbvPd, ProviderDeregMr, ProviderRegMr, VERBS_MR_SIZE};
+use crate::verbs::odp::Policy;
 use crate::verbs::real;
-use mrcache::access::{MW_BIND, OPTIONAL_RANGE, REMOTE};
+use mrcache::access::{MW_BIND, ON_DEMAND, OPTIONAL_RANGE, REMOTE};
 use mrcache::cache::{Mr, Registrar, Request};
 use mrcache::config::LogLevel;
 use std::collections::HashMap;
@@ -22,6 +23,8 @@ const SHADOW_BYTES: usize = 256;
 /// page frames its range had at registration.
 pub struct Provider {
     pub verify: bool,
+    /// Which registrations are made on demand (`MRCACHE_ODP`).
+    pub odp: Policy,
     /// Writes one line at or above the configured level (the runtime's `log`): given, as
     /// the layer below the runtime cannot ask it.
     pub log: fn(LogLevel, std::fmt::Arguments<'_>),
@@ -31,13 +34,52 @@ pub struct Provider {
 }
 
 impl Provider {
-    pub fn new(verify: bool, log: fn(LogLevel, std::fmt::Arguments<'_>)) -> Provider {
+    pub fn new(verify: bool, odp: Policy, log: fn(LogLevel, std::fmt::Arguments<'_>)) -> Provider {
         Provider {
             verify,
+            odp,
             log,
             frames: Mutex::new(HashMap::new()),
             spare_grants: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Register exactly `req` (its access flags as given) through the provider's op, or
+    /// libibverbs' wrapper where the op is missing or optional bits need its masking.
+    fn register_as(&self, req: &Request) -> Result<Mr, i32> {
+        let pd = req.pd as *mut IbvPd;
+        let ctx = req.context as *mut IbvContext;
+        let addr = req.addr as *mut c_void;
+        // SAFETY: ctx is the live context of the app's PD (the hook read it from pd).
+        let op = unsafe { (*ctx).ops._compat_reg_mr };
+        let via_wrapper = req.access & OPTIONAL_RANGE != 0 || op.is_null();
+        let mr = if via_wrapper {
+            real::reg_mr_iova2(pd, addr, req.len, req.iova, req.access)
+        } else {
+            // SAFETY: the slot holds the provider's reg_mr op (verbs_set_ops mirrors it
+            // there since rdma-core v20), with this five-argument prototype. As
+            // libibverbs' wrapper does, we then fill the fields the provider leaves to it.
+            unsafe {
+                let f: ProviderRegMr = std::mem::transmute(op);
+                let mr = f(pd, addr, req.len, req.iova, req.access as i32);
+                if !mr.is_null() {
+                    (*mr).context = ctx;
+                    (*mr).pd = pd;
+                    (*mr).addr = addr;
+                    (*mr).length = req.len;
+                }
+                mr
+            }
+        };
+        if mr.is_null() {
+            return Err(errno());
+        }
+        let m = Mr {
+            ptr: mr as usize,
+            via_wrapper,
+        };
+        self.record(m, req.addr, req.len);
+        Ok(m)
     }
 
     fn record(&self, mr: Mr, addr: usize, len: usize) {
@@ -77,6 +119,9 @@ use crate::sys::{errno, page_size};
 
 impl Registrar for Provider {
     fn uncacheable(&self, req: &Request) -> Option<mrcache::access::Bypass> {
+        if self.odp.refuses(req) {
+            return Some(mrcache::access::Bypass::NotOnDemand);
+        }
         let why = cpu_unreadable(req.addr, req.len)?;
         (self.log)(
             LogLevel::Debug,
@@ -89,39 +134,13 @@ impl Registrar for Provider {
     }
 
     fn register(&self, req: &Request) -> Result<Mr, i32> {
-        let pd = req.pd as *mut IbvPd;
-        let ctx = req.context as *mut IbvContext;
-        let addr = req.addr as *mut c_void;
-        // SAFETY: ctx is the live context of the app's PD (the hook read it from pd).
-        let op = unsafe { (*ctx).ops._compat_reg_mr };
-        let via_wrapper = req.access & OPTIONAL_RANGE != 0 || op.is_null();
-        let mr = if via_wrapper {
-            real::reg_mr_iova2(pd, addr, req.len, req.iova, req.access)
-        } else {
-            // SAFETY: the slot holds the provider's reg_mr op (verbs_set_ops mirrors it
-            // there since rdma-core v20), with this five-argument prototype. As
-            // libibverbs' wrapper does, we then fill the fields the provider leaves to it.
-            unsafe {
-                let f: ProviderRegMr = std::mem::transmute(op);
-                let mr = f(pd, addr, req.len, req.iova, req.access as i32);
-                if !mr.is_null() {
-                    (*mr).context = ctx;
-                    (*mr).pd = pd;
-                    (*mr).addr = addr;
-                    (*mr).length = req.len;
-                }
-                mr
-            }
-        };
-        if mr.is_null() {
-            return Err(errno());
+        if self.odp.applies(req) {
+            return self.register_as(&Request {
+                access: req.access | ON_DEMAND,
+                ..*req
+            });
         }
-        let m = Mr {
-            ptr: mr as usize,
-            via_wrapper,
-        };
-        self.record(m, req.addr, req.len);
-        Ok(m)
+        self.register_as(req)
     }
 
     fn deregister(&self, mr: Mr) -> Result<(), i32> {
@@ -208,7 +227,16 @@ impl Registrar for Provider {
         };
         let writes = remote_writes | mrcache::access::LOCAL_WRITE;
         let saved = crate::sys::errno();
-        match self.register(&local) {
+        // On demand as the app's request allows (its remote atomics need the device's).
+        let local = if self.odp.applies(req) {
+            Request {
+                access: local.access | ON_DEMAND,
+                ..local
+            }
+        } else {
+            local
+        };
+        match self.register_as(&local) {
             // MW_BIND makes the kernel pin the pages writable: read-only memory (a
             // PROT_READ mapping, remote read only) fails with it, not with the app's
             // rights. libibverbs registers it with those instead.
@@ -411,7 +439,14 @@ mod tests {
             (*mr).lkey = 0x1234;
             (*mr).rkey = 0x5678;
         }
-        let provider = Provider::new(false, |_, _| {});
+        let provider = Provider::new(
+            false,
+            Policy::new(
+                mrcache::config::OnDemand::Off,
+                mrcache::config::RemoteMode::Revoke,
+            ),
+            |_, _| {},
+        );
         let slot = provider.alloc_shadow().unwrap();
         let m = Mr {
             ptr: obj as usize,

@@ -49,7 +49,8 @@ long lb_check(const void *buf, size_t len, unsigned seed);
 
 /* Prove that mr (which must cover [dst, dst+len) with REMOTE_WRITE) reaches the pages now
  * backing dst: write a fresh pattern into dst through the NIC and compare. Returns 0 on
- * success, -1 (and prints why) on failure. */
+ * success, -1 (and prints why) on failure. LB_PROVE=page-heads in the environment writes
+ * only the head of each page (see loopback.c). */
 int lb_prove_write(struct loopback *lb, struct ibv_mr *mr, void *dst, size_t len, unsigned seed);
 
 #define CHECK(cond, ...)                                                                  \

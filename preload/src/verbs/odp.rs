@@ -1,0 +1,167 @@
+//! On-Demand Paging (`MRCACHE_ODP`): which of the cache's registrations the device makes
+//! ON_DEMAND.
+//!
+//! An ON_DEMAND registration pins nothing: the kernel's MMU notifier follows every change of
+//! its range (an unmap by a raw system call, io_uring, migration, swap), and the device
+//! faults in the pages that back the addresses when it uses them. A cached one never points
+//! at pages that no longer back its addresses, so it stays correct where the monitor cannot
+//! see an unmap. It does not stop a peer's old rkey from reaching whatever lives at the
+//! address now: remote access stays revoked per handle (`window`), or is not cached.
+//!
+//! A device pages on demand what its `odp_caps` say: the RC transport's send, receive,
+//! write and read (and atomics, for a registration that grants them) are asked for, as the
+//! app may use its MR in any of them.
+
+use crate::ffi::{self, IbvContext};
+use mrcache::access::{REMOTE, REMOTE_ATOMIC};
+use mrcache::cache::Request;
+use mrcache::config::{OnDemand, RemoteMode};
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+/// The cache's on-demand policy (`MRCACHE_ODP`), and what each device context offers.
+pub struct Policy {
+    mode: OnDemand,
+    remote: RemoteMode,
+    /// Why only entries made on demand are cached (the monitor cannot see every unmap),
+    /// once that is decided.
+    only: OnceLock<String>,
+    /// The RC transport's ODP capabilities of each device context seen (0: none).
+    caps: Mutex<Vec<(usize, u32)>>,
+}
+
+impl Policy {
+    pub fn new(mode: OnDemand, remote: RemoteMode) -> Policy {
+        Policy {
+            mode,
+            remote,
+            only: OnceLock::new(),
+            caps: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The same policy for a fork child's cache (its contexts are asked again).
+    pub fn renewed(&self) -> Policy {
+        let p = Policy::new(self.mode, self.remote);
+        if let Some(why) = self.only.get() {
+            let _ = p.only.set(why.clone());
+        }
+        p
+    }
+
+    /// Cache only entries the device makes on demand from now on: the monitor cannot see
+    /// every unmap (`why`). Call before the cache serves anything. False under
+    /// `MRCACHE_ODP=off`: caching must stop instead.
+    pub fn only(&self, why: &str) -> bool {
+        if self.mode == OnDemand::Off {
+            return false;
+        }
+        let _ = self.only.set(why.to_string());
+        true
+    }
+
+    /// Why only entries made on demand are cached (None: every kind is).
+    pub fn only_why(&self) -> Option<&str> {
+        self.only.get().map(String::as_str)
+    }
+
+    /// Whether the cache registers `req` (the app's request) on demand.
+    pub fn applies(&self, req: &Request) -> bool {
+        let wanted = match self.mode {
+            OnDemand::Off => false,
+            OnDemand::Auto => self.only.get().is_some(),
+            OnDemand::On => true,
+        };
+        if !wanted {
+            return false;
+        }
+        if req.access & REMOTE_ATOMIC != 0 {
+            let atomic = ffi::IBV_ODP_SUPPORT_ATOMIC;
+            return self.rc_caps(req.context) & atomic != 0 && self.pages_on_demand(req.context);
+        }
+        self.pages_on_demand(req.context)
+    }
+
+    /// Whether the device of `context` pages on demand what a local registration needs.
+    pub fn pages_on_demand(&self, context: usize) -> bool {
+        let need = ffi::IBV_ODP_SUPPORT_SEND
+            | ffi::IBV_ODP_SUPPORT_RECV
+            | ffi::IBV_ODP_SUPPORT_WRITE
+            | ffi::IBV_ODP_SUPPORT_READ;
+        self.rc_caps(context) & need == need
+    }
+
+    /// With only on-demand entries cached: whether `req` must pass through uncached (a
+    /// device that cannot page it on demand, or remote access that would keep its key).
+    pub fn refuses(&self, req: &Request) -> bool {
+        if self.only.get().is_none() {
+            return false;
+        }
+        (req.access & REMOTE != 0 && self.remote != RemoteMode::Revoke) || !self.applies(req)
+    }
+
+    fn rc_caps(&self, context: usize) -> u32 {
+        let mut caps = self.caps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, c)) = caps.iter().find(|(ctx, _)| *ctx == context) {
+            return c;
+        }
+        let c = query_rc_caps(context as *mut IbvContext);
+        caps.push((context, c));
+        c
+    }
+}
+
+type QueryDeviceEx = unsafe extern "C" fn(*mut IbvContext, *const c_void, *mut u8, usize) -> i32;
+
+/// The RC transport's ODP capabilities of `ctx` (0: no ODP), from the provider's
+/// `query_device_ex` op as libibverbs' inline `ibv_query_device_ex` finds it: in the
+/// `struct verbs_context` that ends with the `struct ibv_context`, when the context is an
+/// extended one and the provider's `verbs_context` reaches back to the op.
+fn query_rc_caps(ctx: *mut IbvContext) -> u32 {
+    if ctx.is_null() {
+        return 0;
+    }
+    // SAFETY: ctx is the live context of the app's PD; abi_compat is a field of it.
+    if unsafe { (*ctx).abi_compat } as usize != usize::MAX {
+        return 0;
+    }
+    let base = ctx as *const u8;
+    // SAFETY: an extended context (abi_compat says so) sits at the end of a `struct
+    // verbs_context`, whose `sz` is the word right before it and says how far back its
+    // fields reach; the op is read only when it lies within.
+    let op = unsafe {
+        let sz = std::ptr::read_unaligned(base.sub(ffi::VCTX_SZ_BACK) as *const usize);
+        if sz < ffi::VCTX_QUERY_DEVICE_EX_BACK + std::mem::size_of::<IbvContext>() {
+            return 0;
+        }
+        std::ptr::read_unaligned(base.sub(ffi::VCTX_QUERY_DEVICE_EX_BACK) as *const *mut c_void)
+    };
+    if op.is_null() {
+        return 0;
+    }
+    let mut attr = [0u64; ffi::DEVICE_ATTR_EX_SIZE / 8];
+    // SAFETY: the provider's query_device_ex op, of this prototype; attr is zeroed, 8-byte
+    // aligned and as large as the size passed.
+    let rc = unsafe {
+        let f = std::mem::transmute::<*mut c_void, QueryDeviceEx>(op);
+        f(
+            ctx,
+            std::ptr::null(),
+            attr.as_mut_ptr() as *mut u8,
+            ffi::DEVICE_ATTR_EX_SIZE,
+        )
+    };
+    if rc != 0 {
+        return 0;
+    }
+    let general = attr[ffi::DEVICE_ATTR_EX_ODP / 8];
+    if general & ffi::IBV_ODP_SUPPORT == 0 {
+        return 0;
+    }
+    let rc_word = attr[ffi::DEVICE_ATTR_EX_ODP_RC / 8];
+    let shift = (ffi::DEVICE_ATTR_EX_ODP_RC % 8) * 8;
+    (rc_word >> shift) as u32
+}
+
+#[cfg(test)]
+mod tests;

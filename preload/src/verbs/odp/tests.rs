@@ -1,0 +1,146 @@
+//! The policy against fake device contexts laid out as libibverbs lays out an extended one
+//! (`struct verbs_context` ending with the `struct ibv_context`), whose `query_device_ex`
+//! op answers the RC capabilities a test gives.
+
+use super::*;
+use crate::ffi::{
+    DEVICE_ATTR_EX_ODP, DEVICE_ATTR_EX_ODP_RC, IBV_ODP_SUPPORT_ATOMIC, VCTX_QUERY_DEVICE_EX_BACK,
+    VCTX_SZ_BACK,
+};
+use mrcache::access::{LOCAL_WRITE, REMOTE_ATOMIC, REMOTE_WRITE};
+
+const ALL_BUT_ATOMIC: u32 = ffi::IBV_ODP_SUPPORT_SEND
+    | ffi::IBV_ODP_SUPPORT_RECV
+    | ffi::IBV_ODP_SUPPORT_WRITE
+    | ffi::IBV_ODP_SUPPORT_READ;
+
+/// A fake extended context: the words before it, then the context itself.
+#[repr(C, align(8))]
+struct Fake {
+    bytes: [u8; VCTX_QUERY_DEVICE_EX_BACK + std::mem::size_of::<IbvContext>()],
+}
+
+unsafe extern "C" fn answer(
+    ctx: *mut IbvContext,
+    _: *const c_void,
+    attr: *mut u8,
+    _: usize,
+) -> i32 {
+    // SAFETY: the test's own fake: the RC capabilities are kept in the context's first word
+    // (its `device` pointer, unused here); attr is the caller's zeroed buffer.
+    unsafe {
+        let rc = std::ptr::read(ctx as *const u64) as u32;
+        std::ptr::write_unaligned(
+            attr.add(DEVICE_ATTR_EX_ODP) as *mut u64,
+            ffi::IBV_ODP_SUPPORT,
+        );
+        std::ptr::write_unaligned(attr.add(DEVICE_ATTR_EX_ODP_RC) as *mut u32, rc);
+    }
+    0
+}
+
+/// A leaked fake context whose device pages on demand what `rc` says; `extended` false:
+/// a legacy context; `sz`: the provider's `verbs_context` size it claims.
+fn context(rc: u32, extended: bool, sz: usize) -> usize {
+    let fake = Box::leak(Box::new(Fake {
+        bytes: [0; VCTX_QUERY_DEVICE_EX_BACK + std::mem::size_of::<IbvContext>()],
+    }));
+    let base = fake.bytes.as_mut_ptr();
+    // SAFETY: every write is inside the fake, at the offsets verbs.h gives (ffi's test).
+    unsafe {
+        let ctx = base.add(VCTX_QUERY_DEVICE_EX_BACK);
+        let op: QueryDeviceEx = answer;
+        std::ptr::write_unaligned(base as *mut usize, op as usize);
+        std::ptr::write_unaligned(ctx.sub(VCTX_SZ_BACK) as *mut usize, sz);
+        std::ptr::write(ctx as *mut u64, rc as u64);
+        let c = ctx as *mut IbvContext;
+        (*c).abi_compat = if extended {
+            usize::MAX as *mut c_void
+        } else {
+            std::ptr::null_mut()
+        };
+        ctx as usize
+    }
+}
+
+fn full() -> usize {
+    VCTX_QUERY_DEVICE_EX_BACK + std::mem::size_of::<IbvContext>()
+}
+
+fn req(context: usize, access: u32) -> Request {
+    Request {
+        pd: 1,
+        context,
+        addr: 0x10000,
+        len: 4096,
+        iova: 0x10000,
+        access,
+    }
+}
+
+#[test]
+fn off_never_registers_on_demand_nor_keeps_caching_blind() {
+    let p = Policy::new(OnDemand::Off, RemoteMode::Revoke);
+    let ctx = context(ALL_BUT_ATOMIC, true, full());
+    assert!(!p.applies(&req(ctx, LOCAL_WRITE)));
+    assert!(!p.only("blind"), "off: caching must stop instead");
+    assert!(!p.refuses(&req(ctx, LOCAL_WRITE)));
+}
+
+#[test]
+fn auto_registers_on_demand_only_once_the_monitor_is_blind() {
+    let p = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
+    let ctx = context(ALL_BUT_ATOMIC, true, full());
+    assert!(
+        !p.applies(&req(ctx, LOCAL_WRITE)),
+        "a seeing monitor: pinned"
+    );
+    assert!(p.only("the sanitizer's allocator"));
+    assert_eq!(p.only_why(), Some("the sanitizer's allocator"));
+    assert!(p.applies(&req(ctx, LOCAL_WRITE)));
+    assert!(!p.refuses(&req(ctx, LOCAL_WRITE)));
+    assert!(
+        !p.refuses(&req(ctx, LOCAL_WRITE | REMOTE_WRITE)),
+        "revoked per handle"
+    );
+    let child = p.renewed();
+    assert_eq!(child.only_why(), Some("the sanitizer's allocator"));
+}
+
+#[test]
+fn blind_refuses_what_the_device_cannot_page_on_demand() {
+    let p = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
+    assert!(p.only("blind"));
+    let none = context(0, true, full());
+    assert!(p.refuses(&req(none, LOCAL_WRITE)), "no ODP: pass through");
+    let legacy = context(ALL_BUT_ATOMIC, false, full());
+    assert!(
+        p.refuses(&req(legacy, LOCAL_WRITE)),
+        "a legacy context: no op to ask"
+    );
+    let short = context(ALL_BUT_ATOMIC, true, full() - 8);
+    assert!(
+        p.refuses(&req(short, LOCAL_WRITE)),
+        "a verbs_context without the op"
+    );
+    let no_atomic = context(ALL_BUT_ATOMIC, true, full());
+    assert!(p.refuses(&req(no_atomic, LOCAL_WRITE | REMOTE_ATOMIC)));
+    let atomic = context(ALL_BUT_ATOMIC | IBV_ODP_SUPPORT_ATOMIC, true, full());
+    assert!(!p.refuses(&req(atomic, LOCAL_WRITE | REMOTE_ATOMIC)));
+}
+
+#[test]
+fn blind_never_keeps_a_remote_key() {
+    let ctx = context(ALL_BUT_ATOMIC, true, full());
+    for remote in [RemoteMode::Keep, RemoteMode::Bypass] {
+        let p = Policy::new(OnDemand::On, remote);
+        assert!(p.applies(&req(ctx, LOCAL_WRITE)));
+        assert!(
+            !p.refuses(&req(ctx, LOCAL_WRITE | REMOTE_WRITE)),
+            "the monitor sees"
+        );
+        assert!(p.only("MRCACHE_MONITOR=none"));
+        assert!(p.refuses(&req(ctx, LOCAL_WRITE | REMOTE_WRITE)));
+        assert!(!p.refuses(&req(ctx, LOCAL_WRITE)));
+    }
+}
