@@ -6,6 +6,28 @@
 pub use mrcache::admission::{Access, Costs, Verdict};
 use mrcache::admission::{BAND_OUT, Classes, Decision, Mean, SETTLED_ROUNDS};
 
+/// What a local row registers with: local write.
+pub const LOCAL: u32 = mrcache::access::LOCAL_WRITE;
+/// What a remote row registers with: local write, remote read and write.
+pub const REMOTE: u32 =
+    mrcache::access::LOCAL_WRITE | mrcache::access::REMOTE_READ | mrcache::access::REMOTE_WRITE;
+
+/// The access flags of a row: local write, and remote read and write for remote rows.
+pub fn flags(access: Access) -> u32 {
+    match access {
+        Access::Local => LOCAL,
+        Access::Remote => REMOTE,
+    }
+}
+
+/// A row's access as the table, `--json` and the control's protocol name it.
+pub fn access_name(a: Access) -> &'static str {
+    match a {
+        Access::Local => "local",
+        Access::Remote => "remote",
+    }
+}
+
 /// The figures the default's model is given for a row: `miss_ns` = a registration and
 /// deregistration without the cache (libibverbs' own call, as the cache times the calls it
 /// passes through), `cached_ns` = a hit and its release (with the window bind and unbind

@@ -6,7 +6,7 @@
 //! `LD_PRELOAD`): it opens the device through the process's own libibverbs (the base
 //! link-map namespace, as an application calls it) and serves, on request over a pipe, one
 //! phase of `ibv_reg_mr` + `ibv_dereg_mr` pairs timed plainly (a clock reading at each end,
-//! the phase's figure its total over its pairs, as `measure::phase`).
+//! the phase's figure its total over its pairs, as `timing::phase`).
 //! The measuring process asks for one such phase in every round of every row, between its
 //! libibverbs-alone (`dlmopen`) phase and its cached phase (the order rotated every round),
 //! with as many pairs as its libibverbs-alone phase did, so that each round's no-preload
@@ -22,8 +22,9 @@
 //! is one `mrcache: ...` line on stderr and exit 2.
 
 use super::Plan;
-use super::admission::Access;
-use super::measure::{Spread, access_name, clock_ns, counted_phase, flags, is_ours};
+use super::admission::{Access, access_name, flags};
+use super::preload::is_ours;
+use super::timing::{Spread, clock_ns, counted_phase};
 use super::verbs::{Buffer, Copy, Verbs};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -219,7 +220,7 @@ impl Peer {
     }
 
     /// One no-preload phase of `pairs` pairs on the row's buffer: its total over its pairs
-    /// (`measure::counted_phase`).
+    /// (`timing::counted_phase`).
     pub fn phase(&mut self, pairs: usize, batch: usize) -> Result<f64, String> {
         let r = self.ask(&format!("phase {} {}", pairs.max(1), batch.max(1)))?;
         parse_ns(&r)

@@ -11,16 +11,14 @@
 //! are rested: after each, a sleep as long as its phases took (a duty cycle of 1/2,
 //! `DUTY`).
 
-use super::admission::{self, Access, Costs, Verdict};
+use super::admission::{self, Access, Costs, LOCAL, Verdict, flags};
 use super::control::{Agreement, NAMESPACE_SPREAD, Peer, paired_ratio};
-pub use super::timing::{Spread, batch_for, clock_ns, counted_phase, phase};
+use super::preload::is_ours;
+use super::timing::{Spread, batch_for, clock_ns, phase};
 use super::verbs::{Buffer, Copy, DeviceInfo, Mover, Pd, Verbs};
 use super::{HIT_REGION_BYTES, HIT_REGIONS, Plan};
 use std::time::{Duration, Instant};
 
-const LOCAL: u32 = mrcache::access::LOCAL_WRITE;
-const REMOTE: u32 =
-    mrcache::access::LOCAL_WRITE | mrcache::access::REMOTE_READ | mrcache::access::REMOTE_WRITE;
 const MAX_ROUNDS: usize = 25;
 /// The share of a row's rounds spent registering: after each round, a rest as long as its
 /// phases took (stated in the table's header and in --json's `method`).
@@ -164,12 +162,6 @@ fn wait_unpinned(bytes: Option<u64>, limit: Duration) {
     while pinned().is_some_and(|p| p > bytes) && t.elapsed() < limit {
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-pub(super) fn is_ours(path: &str) -> bool {
-    path.rsplit('/')
-        .next()
-        .is_some_and(|b| b.starts_with("libmrcache"))
 }
 
 pub fn run(
@@ -503,21 +495,6 @@ fn held_hits(pd: &Pd, addr: *mut u8, len: usize, flags: u32, key: u32) -> Result
     }
     pd.dereg(a)?;
     Ok(hit)
-}
-
-/// The access flags of a row: local write, and remote read and write for remote rows.
-pub fn flags(access: Access) -> u32 {
-    match access {
-        Access::Local => LOCAL,
-        Access::Remote => REMOTE,
-    }
-}
-
-pub fn access_name(a: Access) -> &'static str {
-    match a {
-        Access::Local => "local",
-        Access::Remote => "remote",
-    }
 }
 
 /// The hit path's bounds, whatever `--seconds` (docs/usage.md, "How long it takes"): the

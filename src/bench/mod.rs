@@ -12,6 +12,7 @@
 mod admission;
 mod control;
 mod measure;
+mod preload;
 mod report;
 mod timing;
 mod verbs;
@@ -293,7 +294,7 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         return reexec(&lib, &stripped);
     }
     if mark.is_some_and(|m| m == CONTROL_MARK) {
-        if verbs::preloaded() {
+        if preload::preloaded() {
             return Err(preloaded_in_control(
                 &std::env::var("LD_PRELOAD").unwrap_or_default(),
             ));
@@ -311,7 +312,7 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
             copies.join(", ")
         ));
     }
-    if !verbs::preloaded() {
+    if !preload::preloaded() {
         return Err("libmrcache.so did not load in the benchmark process (LD_PRELOAD); check it with mrcache info".into());
     }
     let result = measure::run(&plan, || {

@@ -1,8 +1,10 @@
 //! The table and the JSON of `mrcache bench`.
 
+use super::admission::access_name;
 use super::admission::{Access, Verdict};
 use super::control::{Agreement, NAMESPACE_SPREAD, Z_MAX};
-use super::measure::{DUTY, Outcome, Row, Spread, TRUSTED_ROUNDS, access_name};
+use super::measure::{DUTY, Outcome, Row, TRUSTED_ROUNDS};
+use super::timing::Spread;
 use std::fmt::Write as _;
 
 /// `4 KiB`, `64 MiB`, `1 GiB`, `100 B`, `1.5 MiB`.

@@ -589,11 +589,5 @@ impl Drop for Mover {
     }
 }
 
-/// libmrcache.so is loaded in this process (its self-test export is there).
-pub fn preloaded() -> bool {
-    // SAFETY: dlsym on RTLD_DEFAULT for a name; nothing is called.
-    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mrcache_selftest_report".as_ptr()) }.is_null()
-}
-
 #[cfg(test)]
 mod tests;

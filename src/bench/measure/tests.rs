@@ -1,4 +1,5 @@
 use super::*;
+use crate::bench::timing::counted_phase;
 
 #[test]
 fn spread_is_median_and_range() {
