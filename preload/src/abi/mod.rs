@@ -35,8 +35,7 @@ pub static mrcache_version: [u8; mrcache::VERSION.len() + 1] = {
 /// `buf` must be writable for `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mrcache_selftest_report(buf: *mut u8, len: usize) -> usize {
-    let text =
-        std::panic::catch_unwind(crate::runtime::report::selftest_report).unwrap_or_default();
+    let text = std::panic::catch_unwind(crate::runtime::init::selftest_report).unwrap_or_default();
     let n = text.len().min(len);
     // SAFETY: the caller passes a writable buffer of len bytes.
     unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };

@@ -15,7 +15,7 @@
 use super::{RUNTIME, cache, flush_after_fork};
 use mrcache::config::Monitor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 static DRAIN_RUNNING: AtomicBool = AtomicBool::new(false);
 
@@ -50,28 +50,12 @@ pub fn cycle_due() -> bool {
     next != 0 && coarse_ns() >= next
 }
 
-/// glibc's `__libc_single_threaded` (2.32+): nonzero while the process has started no
-/// thread. Looked up once; where it is missing (an older glibc, another libc) the program
-/// counts as threaded.
-pub(crate) fn program_single_threaded() -> bool {
-    const UNKNOWN: usize = usize::MAX;
-    static FLAG: AtomicUsize = AtomicUsize::new(UNKNOWN);
-    let mut p = FLAG.load(Relaxed);
-    if p == UNKNOWN {
-        p = crate::sys::symbol::address(libc::RTLD_DEFAULT, c"__libc_single_threaded") as usize;
-        FLAG.store(p, Relaxed);
-    }
-    // SAFETY: a nonzero address is glibc's `char __libc_single_threaded`, live for the
-    // process; glibc writes it only when a thread starts (and in a fork child).
-    p != 0 && unsafe { std::ptr::read_volatile(p as *const u8) } != 0
-}
-
 /// Called by every registration of the full path before its checks and lookup: without a
 /// drain thread, runs the cycle here when one is due (before the lookup: a change to the
 /// watched pages the cycle finds must keep this very call from a hit the watch word would
 /// allow).
 pub fn cycle_here() {
-    if DRAIN_RUNNING.load(Relaxed) || !program_single_threaded() {
+    if DRAIN_RUNNING.load(Relaxed) || !crate::sys::thread::program_single_threaded() {
         return;
     }
     let now = coarse_ns();
@@ -90,7 +74,9 @@ pub fn cycle_here() {
 /// once the program has threads of its own.
 pub fn ensure_drain_thread() {
     // Load first: a swap on every registration would write this line from every thread.
-    if DRAIN_RUNNING.load(Relaxed) || program_single_threaded() || DRAIN_RUNNING.swap(true, Relaxed)
+    if DRAIN_RUNNING.load(Relaxed)
+        || crate::sys::thread::program_single_threaded()
+        || DRAIN_RUNNING.swap(true, Relaxed)
     {
         return;
     }

@@ -92,7 +92,7 @@ pub extern "C" fn prepare() {
         return;
     }
     runtime::begin_fork();
-    let lock_free = crate::runtime::drain::program_single_threaded()
+    let lock_free = crate::sys::thread::program_single_threaded()
         && !runtime::get()
             .and_then(|r| r.fork.as_ref())
             .is_some_and(|d| d.dontfork_in_use);

@@ -1,5 +1,6 @@
 //! Setting the runtime up at the first verbs call: configuration, the self-test, the
-//! cache, the fork policy, and failing closed when the monitor cannot see everything.
+//! cache, the fork policy, and failing closed when the monitor cannot see everything; and
+//! for `mrcache info`, what the self-test and that rule would say here (`selftest_report`).
 
 use crate::monitor::memory::QUEUE;
 use crate::monitor::patch::{self, PatchTarget};
@@ -143,7 +144,7 @@ pub fn set_up() -> Runtime {
         // run prepare twice and block on the lock the first one holds.
         if !ATFORK_REGISTERED.swap(true, SeqCst) {
             // Looked up now, not first in a prepare handler a signal handler may run.
-            crate::runtime::drain::program_single_threaded();
+            crate::sys::thread::program_single_threaded();
             // SAFETY: registering plain extern "C" handlers.
             unsafe {
                 libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child))
@@ -225,6 +226,41 @@ pub fn blind_spots(monitor: Monitor, missed: &[&str]) -> String {
         missed.join(", "),
         why.join("; ")
     )
+}
+
+/// For `mrcache info`: the self-test's result as lines of text.
+pub fn selftest_report() -> String {
+    if crate::runtime::cache().is_some() {
+        return "the cache is running in this process; the self-test ran at its start\n".into();
+    }
+    crate::monitor::load::patch_libc();
+    let c = run_selftest();
+    let mut out = c.lines();
+    if crate::monitor::load::PATCHED.load(Relaxed) != 0 {
+        out.push_str(if crate::monitor::patch::MPROTECT_PATCHED.load(Relaxed) {
+            "patch check: libc's mprotect entry patched: with MRCACHE_PATCH_CHECK=watch a hit reads the watch word only\n"
+        } else {
+            "patch check: libc's mprotect entry not patched (its start is not one mrcache knows): every hit reads every patched site\n"
+        });
+    }
+    let missed = c.missed();
+    if !missed.is_empty() {
+        let config = environment().0;
+        let monitor = config.monitor;
+        if monitor != Monitor::None && config.odp == OnDemand::Off {
+            out.push_str(&format!(
+                "caching would be OFF in a verbs program here: {}\n",
+                blind_spots(monitor, &missed)
+            ));
+        } else if monitor != Monitor::None {
+            out.push_str(&format!(
+                "only registrations the device makes on demand (ODP) would be cached in a verbs program here (MRCACHE_ODP={}), the others passed through: {}\n",
+                config.odp.as_str(),
+                blind_spots(monitor, &missed)
+            ));
+        }
+    }
+    out
 }
 
 /// Memory could now go away unseen (`why`): stop caching (one line, once), unless only

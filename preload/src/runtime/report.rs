@@ -1,48 +1,11 @@
-//! This process's statistics report and exit summary, and the self-test text of `mrcache
-//! info`.
+//! This process's statistics report and exit summary.
 
 use crate::monitor::memory::{self, QUEUE};
-use crate::runtime::init::{blind_spots, run_selftest};
 use crate::runtime::{self, BYPASSED, COUNTERS, cache};
 use crate::trace;
-use mrcache::config::{Monitor, OnDemand, StatsMode};
+use mrcache::config::StatsMode;
 use mrcache::stats::{Bypassed, Counter, Report, UnmapSource};
 use std::sync::atomic::Ordering::*;
-
-/// For `mrcache info`: the self-test's result as lines of text.
-pub fn selftest_report() -> String {
-    if cache().is_some() {
-        return "the cache is running in this process; the self-test ran at its start\n".into();
-    }
-    crate::monitor::load::patch_libc();
-    let c = run_selftest();
-    let mut out = c.lines();
-    if crate::monitor::load::PATCHED.load(Relaxed) != 0 {
-        out.push_str(if crate::monitor::patch::MPROTECT_PATCHED.load(Relaxed) {
-            "patch check: libc's mprotect entry patched: with MRCACHE_PATCH_CHECK=watch a hit reads the watch word only\n"
-        } else {
-            "patch check: libc's mprotect entry not patched (its start is not one mrcache knows): every hit reads every patched site\n"
-        });
-    }
-    let missed = c.missed();
-    if !missed.is_empty() {
-        let config = crate::runtime::init::environment().0;
-        let monitor = config.monitor;
-        if monitor != Monitor::None && config.odp == OnDemand::Off {
-            out.push_str(&format!(
-                "caching would be OFF in a verbs program here: {}\n",
-                blind_spots(monitor, &missed)
-            ));
-        } else if monitor != Monitor::None {
-            out.push_str(&format!(
-                "only registrations the device makes on demand (ODP) would be cached in a verbs program here (MRCACHE_ODP={}), the others passed through: {}\n",
-                config.odp.as_str(),
-                blind_spots(monitor, &missed)
-            ));
-        }
-    }
-    out
-}
 
 /// This process's statistics.
 pub fn report() -> Option<Report> {

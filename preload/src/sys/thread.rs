@@ -1,10 +1,11 @@
 //! Our own threads (the drain thread, the trace writer): bare pthreads that have made their
-//! first allocation before the caller goes on.
+//! first allocation before the caller goes on; and whether the program has started any
+//! thread (`program_single_threaded`).
 
 use std::ffi::CStr;
 use std::panic::catch_unwind;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 
 /// Start one of our threads and wait (at most 100 ms) until it has made its first
 /// allocation. glibc gives a thread its own malloc arena at its first allocation, a new
@@ -106,4 +107,20 @@ impl Drop for NoCancel {
         // SAFETY: as in `new`.
         unsafe { pthread_setcancelstate(self.0, &mut was) };
     }
+}
+
+/// glibc's `__libc_single_threaded` (2.32+): nonzero while the process has started no
+/// thread. Looked up once; where it is missing (an older glibc, another libc) the program
+/// counts as threaded.
+pub fn program_single_threaded() -> bool {
+    const UNKNOWN: usize = usize::MAX;
+    static FLAG: AtomicUsize = AtomicUsize::new(UNKNOWN);
+    let mut p = FLAG.load(Relaxed);
+    if p == UNKNOWN {
+        p = crate::sys::symbol::address(libc::RTLD_DEFAULT, c"__libc_single_threaded") as usize;
+        FLAG.store(p, Relaxed);
+    }
+    // SAFETY: a nonzero address is glibc's `char __libc_single_threaded`, live for the
+    // process; glibc writes it only when a thread starts (and in a fork child).
+    p != 0 && unsafe { std::ptr::read_volatile(p as *const u8) } != 0
 }
