@@ -1,7 +1,7 @@
 # Build and install the launcher and the library where the launcher finds them:
 #   make install PREFIX=/opt/mrcache   ->  $(PREFIX)/bin/mrcache, $(PREFIX)/lib/libmrcache.so,
 #   the manual pages (share/man/man1, man7) and the bash/zsh/fish completions, written
-#   from the code by `mrcache __generate` (src/generate.rs), and the environment module
+#   from the code by `mrcache __generate` (cli/src/generate.rs), and the environment module
 #   file share/modulefiles/mrcache/VERSION (dist/modulefile.tcl.in; docs/usage.md).
 PREFIX ?= /usr/local
 CARGO ?= cargo

@@ -1,13 +1,33 @@
-//! What the host tests that build C programs share: where libmrcache.so is, one compiler
-//! invocation with the project's C flags, and a child's output as one text.
+//! What the host tests that build C programs share: where libmrcache.so and the launcher
+//! are, one compiler invocation with the project's C flags, and a child's output as one text.
 
 #![allow(dead_code)] // each test file uses part of it
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A file of the workspace's build in this test binary's profile (target/<profile>/, above
+/// its deps/ folder): libmrcache.so (preload/) or the launcher (cli/), which `cargo test`
+/// of this package does not rebuild: `cargo build --workspace` first.
+pub fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let p = dir.join(name);
+    assert!(
+        p.is_file(),
+        "{} not built: cargo build --workspace (same profile) first",
+        p.display()
+    );
+    p
+}
+
 pub fn lib() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_mrcache")).with_file_name("libmrcache.so")
+    built("libmrcache.so")
+}
+
+/// The `mrcache` launcher.
+pub fn launcher() -> PathBuf {
+    built("mrcache")
 }
 
 /// Compiles `args` (sources, outputs, libraries) with the flags every C file here uses, with

@@ -4,19 +4,9 @@
 //! values). And the launcher composes with an existing LD_PRELOAD and passes the program's
 //! exit status through.
 
+use crate::common::{launcher, lib};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-
-fn lib() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_mrcache"));
-    let lib = exe.with_file_name("libmrcache.so");
-    assert!(
-        lib.is_file(),
-        "{} not built: cargo build --workspace (same profile) first",
-        lib.display()
-    );
-    lib
-}
 
 fn run(args: &[&str], preload: bool, env: &[(&str, &str)], stdin: &str) -> Output {
     let mut cmd = Command::new(args[0]);
@@ -155,9 +145,9 @@ fn no_thread_no_libibverbs_nothing_printed() {
 
 #[test]
 fn launcher_composes_with_ld_preload_and_passes_the_exit_status() {
-    let mrcache = env!("CARGO_BIN_EXE_mrcache");
+    let mrcache = launcher();
     let other = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
-    let out = Command::new(mrcache)
+    let out = Command::new(&mrcache)
         .args(["run", "--", "sh", "-c", "echo \"$LD_PRELOAD\"; exit 7"])
         .env("LD_PRELOAD", other)
         .output()
@@ -169,7 +159,7 @@ fn launcher_composes_with_ld_preload_and_passes_the_exit_status() {
         format!("{}:{other}", lib.display())
     );
 
-    let out = Command::new(mrcache)
+    let out = Command::new(&mrcache)
         .args(["run", "--max-bytes", "4X", "--", "true"])
         .output()
         .unwrap();
@@ -181,7 +171,7 @@ fn launcher_composes_with_ld_preload_and_passes_the_exit_status() {
         "{err}"
     );
 
-    let out = Command::new(mrcache)
+    let out = Command::new(&mrcache)
         .args([
             "run",
             "--stats",
@@ -217,7 +207,7 @@ fn tempdir(tag: &str) -> PathBuf {
 fn cap_ipc_lock_in_a_user_namespace_does_not_lift_the_memlock_cap() {
     let script = format!(
         "ulimit -l 64 && grep CapEff /proc/self/status && exec {} info",
-        env!("CARGO_BIN_EXE_mrcache")
+        launcher().display()
     );
     let mut cmd = Command::new("unshare");
     cmd.args(["--user", "--map-root-user", "sh", "-c", &script]);

@@ -41,6 +41,11 @@ class Mrcache(CargoPackage):
         join_path("share", "man", "man7", "mrcache-config.7"),
     ]
 
+    @property
+    def build_directory(self):
+        # The launcher is the workspace's cli/ package: `cargo install --path .` runs there.
+        return join_path(self.stage.source_path, "cli")
+
     def setup_build_environment(self, env):
         # One target directory for the build, the install and the library copied below.
         env.set("CARGO_TARGET_DIR", join_path(self.stage.source_path, "target"))

@@ -1,13 +1,12 @@
-//! The `mrcache-config(7)` manual page, written from [`crate::config::VARIABLES`]: the same table
-//! `mrcache info` prints and docs/configuration.md is checked against (tests/launcher/manual_pages.rs), so
+//! The `mrcache-config(7)` manual page, written from [`mrcache::config::VARIABLES`]: the same table
+//! `mrcache info` prints and docs/configuration.md is checked against (cli/tests/launcher/manual_pages.rs), so
 //! the page, the launcher and the reference cannot disagree. The launcher writes it with its
 //! other pages (`mrcache __generate DIR`, used by `make install` and ci/package).
 
-use crate::config::VARIABLES;
+use mrcache::config::VARIABLES;
 
 /// Text made safe for roff: backslashes escaped, hyphens literal, and a line that would start
 /// with a control character (`.` or `'`) guarded.
-/// Public for the integration tests only.
 pub fn roff_escape(text: &str) -> String {
     let s = text.replace('\\', "\\e").replace('-', "\\-");
     if s.starts_with('.') || s.starts_with('\'') {
@@ -18,7 +17,8 @@ pub fn roff_escape(text: &str) -> String {
 }
 
 /// The inverse of [`roff_escape`] (for the checks).
-pub(crate) fn roff_unescape(text: &str) -> String {
+#[cfg(test)]
+fn roff_unescape(text: &str) -> String {
     text.trim_start_matches("\\&")
         .replace("\\-", "-")
         .replace("\\e", "\\")
@@ -29,7 +29,7 @@ pub fn config_page() -> String {
     let mut p = String::new();
     p.push_str(&format!(
         ".TH MRCACHE\\-CONFIG 7 \"\" \"mrcache {}\" \"mrcache manual\"\n",
-        roff_escape(crate::VERSION)
+        roff_escape(mrcache::VERSION)
     ));
     p.push_str(
         ".SH NAME\nmrcache\\-config \\- the MRCACHE_* environment variables of libmrcache.so\n",
@@ -52,7 +52,7 @@ pub fn config_page() -> String {
     p.push_str(&format!(
         ".PP\nThe node\\-local rank count that divides the default byte cap is read from the \
          launcher's variables: {}.\n",
-        roff_escape(&crate::node::LAUNCHER_VARIABLES.join(", "))
+        roff_escape(&mrcache::node::LAUNCHER_VARIABLES.join(", "))
     ));
     p.push_str(
         ".SH EXAMPLES\n.nf\nMRCACHE_MAX_BYTES=4G MRCACHE_MAX_ENTRIES=4096 mrcache run \\-\\- ./app\n\
@@ -65,9 +65,9 @@ pub fn config_page() -> String {
 }
 
 /// The variables a page lists, with their defaults and allowed values, read back from its
-/// roff (for the checks: the page as installed, not as this crate would write it).
-/// Public for the integration tests only.
-pub fn variables_in_page(page: &str) -> Vec<(String, String, String)> {
+/// roff (for the checks).
+#[cfg(test)]
+fn variables_in_page(page: &str) -> Vec<(String, String, String)> {
     let lines: Vec<&str> = page.lines().collect();
     let mut out = Vec::new();
     for (i, l) in lines.iter().enumerate() {

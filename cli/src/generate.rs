@@ -1,11 +1,11 @@
-//! Part of the launcher (src/main.rs), not the library: `mrcache __generate DIR` writes the
-//! manual pages and shell completions, all from the code, so they cannot drift from it:
+//! `mrcache __generate DIR` writes the manual pages and shell completions, all from the code,
+//! so they cannot drift from it:
 //!
 //!   DIR/man1/mrcache.1, DIR/man1/mrcache-<subcommand>.1   clap's definitions (clap_mangen)
-//!   DIR/man7/mrcache-config.7                             config::VARIABLES (mrcache::manual)
+//!   DIR/man7/mrcache-config.7                             config::VARIABLES (manual.rs)
 //!   DIR/completions/{mrcache.bash,_mrcache,mrcache.fish}  clap_complete
 //!
-//! `make install` and ci/package install them; tests/launcher/manual_pages.rs checks them.
+//! `make install` and ci/package install them; cli/tests/launcher/manual_pages.rs checks them.
 
 use clap::CommandFactory;
 use std::path::Path;
@@ -63,7 +63,7 @@ pub fn generate(dir: &Path) -> Result<(), String> {
     }
     write(
         &dir.join("man7/mrcache-config.7"),
-        mrcache::manual::config_page().as_bytes(),
+        crate::manual::config_page().as_bytes(),
     )?;
     // Completions offer the visible subcommands only (clap_complete lists hidden ones too).
     let mut visible = clap::Command::new("mrcache")

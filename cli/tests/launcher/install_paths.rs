@@ -52,7 +52,7 @@ fn make_install_refuses_a_prefix_it_cannot_quote() {
             .args([
                 "-s",
                 "-C",
-                env!("CARGO_MANIFEST_DIR"),
+                concat!(env!("CARGO_MANIFEST_DIR"), "/.."),
                 "install",
                 "CARGO=false",
             ])

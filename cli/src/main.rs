@@ -16,6 +16,7 @@ use std::process::{Command, ExitCode};
 
 mod generate;
 mod info;
+mod manual;
 
 use info::{info, self_test};
 
