@@ -159,7 +159,7 @@ pub fn adopt_overwritten() -> bool {
                     && t != hook
                     && crate::monitor::trampoline::trampoline_hook(t) != Some(hook) =>
             {
-                crate::monitor::dl::pin_object_of(t);
+                pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
                 let old = std::array::from_fn(|k| have[k]);
                 let began = watch_begin(entry, at + JMP_LEN - entry);
@@ -246,7 +246,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         },
     };
     if let Some(t) = foreign {
-        crate::monitor::dl::pin_object_of(t);
+        pin_object_of(t);
     }
     let (skip, keep, first, pad, undo) = match usable_start(target.prologues, &head, f as usize) {
         Some((skip, p)) => (
@@ -552,4 +552,25 @@ pub fn overwritten() -> Option<&'static CStr> {
         }
     }
     None
+}
+
+/// Keep the object that holds `addr` (another patcher's hook, which our hooks now call)
+/// loaded for good: a program may dlclose it (libfabric's memhooks writes libc's bytes back
+/// when its last cache closes), and our jump, not its, is at libc's entry then. UCX pins
+/// its own library the same way. Code outside any loaded object cannot be pinned.
+pub fn pin_object_of(addr: usize) {
+    // SAFETY: Dl_info is plain data, written by dladdr on success.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables.
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return;
+    }
+    // SAFETY: RTLD_NOLOAD never loads anything; RTLD_NODELETE marks the loaded object as
+    // never unloaded. The reference this adds is never dropped, on purpose.
+    unsafe {
+        libc::dlopen(
+            info.dli_fname,
+            libc::RTLD_NOLOAD | libc::RTLD_NODELETE | libc::RTLD_LAZY,
+        )
+    };
 }
