@@ -2,7 +2,8 @@
 //! in libibverbs under a symbol version, or the next definition after ours), `address`
 //! and `function` (libc's own handle answered from its symbol table, `elf`), and libc's
 //! functions under our hooks. Slots are plain atomics: racing lookups store the same
-//! value, and nothing here can block or re-enter (no `Once`).
+//! value, and nothing here can block or re-enter (no `Once`). And `pin_object_of`: the
+//! object holding an address kept loaded for good.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::marker::PhantomData;
@@ -152,3 +153,24 @@ pub static FORK: Symbol<unsafe extern "C" fn() -> libc::pid_t> = unsafe { Symbol
 // SAFETY: glibc's dlclose has this prototype.
 pub static DLCLOSE: Symbol<unsafe extern "C" fn(*mut c_void) -> c_int> =
     unsafe { Symbol::next(c"dlclose") };
+
+/// Keep the object that holds `addr` (another patcher's hook, which our hooks now call)
+/// loaded for good: a program may dlclose it (libfabric's memhooks writes libc's bytes back
+/// when its last cache closes), and our jump, not its, is at libc's entry then. UCX pins
+/// its own library the same way. Code outside any loaded object cannot be pinned.
+pub fn pin_object_of(addr: usize) {
+    // SAFETY: Dl_info is plain data, written by dladdr on success.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables.
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return;
+    }
+    // SAFETY: RTLD_NOLOAD never loads anything; RTLD_NODELETE marks the loaded object as
+    // never unloaded. The reference this adds is never dropped, on purpose.
+    unsafe {
+        libc::dlopen(
+            info.dli_fname,
+            libc::RTLD_NOLOAD | libc::RTLD_NODELETE | libc::RTLD_LAZY,
+        )
+    };
+}

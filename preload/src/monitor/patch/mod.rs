@@ -26,23 +26,26 @@
 //! "aarch64"); every other architecture fails closed (nothing is patched).
 //!
 //! Here: the targets; `error` (why one was refused); `x86_64` and `aarch64` (the prologues each
-//! recognises), `sites` (our jumps: writing them, what each holds now, chaining),
-//! `own_hooks` (our exported hooks' first bytes), `watch` (the one word a hit reads instead
-//! of every site).
+//! recognises, and another patcher's jumps decoded), `record` (our jumps as recorded),
+//! `sites` (writing them, what each holds now, chaining), `own_hooks` (our exported hooks'
+//! first bytes), `watch` (the one word a hit reads instead of every site) and `pages`
+//! (clearing it after a look at the mappings).
 
 #[cfg(any(target_arch = "aarch64", test))]
 pub(crate) mod aarch64;
 mod error;
 mod own_hooks;
+mod pages;
+mod record;
 mod sites;
 #[cfg(target_arch = "aarch64")]
 mod sites_aarch64;
 mod watch;
 
 /// In a fork child, at the fork: the watch's inherited /proc/self/maps descriptor closed
-/// (`watch::forget_inherited_maps_fd`).
+/// (`pages::forget_inherited_maps_fd`).
 pub fn after_fork_child() {
-    watch::forget_inherited_maps_fd();
+    pages::forget_inherited_maps_fd();
 }
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
@@ -51,6 +54,8 @@ mod x86_64;
 pub use aarch64::Prologue;
 pub use error::PatchError;
 pub use own_hooks::*;
+pub use pages::*;
+use record::*;
 pub use sites::*;
 #[cfg(target_arch = "aarch64")]
 pub use sites_aarch64::{adopt_overwritten, patch_at};

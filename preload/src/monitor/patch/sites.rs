@@ -9,80 +9,12 @@ use super::*;
 #[cfg(target_arch = "x86_64")]
 use crate::monitor::cross_modify::{self, JMP_LEN};
 use std::ffi::{CStr, c_void};
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use std::sync::atomic::AtomicBool;
 #[cfg(target_arch = "x86_64")]
 use std::sync::atomic::Ordering::Release;
 use std::sync::atomic::{
-    AtomicU8, AtomicU64, AtomicUsize,
+    AtomicU8, AtomicUsize,
     Ordering::{Acquire, Relaxed},
 };
-
-/// Jumps we wrote: (address of the jump, hook, its bytes), for `intact`. Written in the constructor
-/// (before threads), read anywhere. Nine libc targets (with mprotect); the rest is room for the unit tests'
-/// stubs (the constructor patches libc in the test binary too).
-pub(super) const SITES: usize = 32;
-pub(super) static SITE_AT: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-pub(super) static SITE_HOOK: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-/// Our jump's bytes at the site, little-endian in the low five bytes (x86-64) or four (aarch64: one `B`).
-pub(super) static SITE_CODE: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
-pub(super) static SITE_NAME: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-/// How many bytes of endbr64 we kept before the jump (checked too: a patcher may write its
-/// own short jump over them).
-pub(super) static SITE_ENDBR: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-/// How many bytes of the function's own instructions we kept after the endbr64 and before
-/// the jump (`Prologue::keep`), and every kept byte from the entry on (endbr64 included; the
-/// first eight, and the last eight where there are more), checked like the jump. On
-/// aarch64: 4 per word kept before the `B`, and the kept words, two to a `SITE_KEPT` slot.
-pub(super) static SITE_KEEP: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-pub(super) static SITE_KEPT: [[AtomicU64; 2]; SITES] =
-    [const { [const { AtomicU64::new(0) }; 2] }; SITES];
-/// Whether the kept bytes are the function's own, as in its file: then an `int3` over the
-/// first byte of a kept instruction is a breakpoint (a uprobe, a debugger) that runs that
-/// instruction elsewhere and resumes on our jump, not an overwrite.
-/// Our jump at the entry of site `i`, in front of its kept instructions, where another
-/// patcher's jump there was taken back (`adopt_overwritten`); 0: none. The bytes after it
-/// are never run then: the site is intact with it in place, or with the bytes we first
-/// wrote and kept back (the other patcher wrote back what it had found).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-pub(super) static SITE_ADOPTED: [AtomicU64; SITES] = [const { AtomicU64::new(0) }; SITES];
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-pub(super) static SITE_BREAK_OK: [AtomicBool; SITES] = [const { AtomicBool::new(false) }; SITES];
-/// The hook another patcher (UCX's bistro, libfabric's memhooks) had put at the entry we
-/// took over: our hook calls it instead of issuing the system call, so both see the call.
-pub(super) static SITE_CHAINED: [AtomicUsize; SITES] = [const { AtomicUsize::new(0) }; SITES];
-
-#[cfg(target_arch = "x86_64")]
-/// Where the jump another patcher wrote at `at` leads: `jmp rel32` (UCX 1.13's bistro),
-/// `movabs r11, imm64; jmp r11` (libfabric's memhooks), `jmp [rip+0]; abs64`.
-pub(super) fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
-    match code {
-        [0xe9, r @ ..] if r.len() >= 4 => {
-            let rel = i32::from_le_bytes([r[0], r[1], r[2], r[3]]) as isize;
-            Some((at as isize).wrapping_add(5).wrapping_add(rel) as usize)
-        }
-        [0x49, 0xbb, r @ ..] if r.len() >= 11 && r[8..11] == [0x41, 0xff, 0xe3] => {
-            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
-        }
-        [0xff, 0x25, 0, 0, 0, 0, r @ ..] if r.len() >= 8 => {
-            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
-        }
-        _ => None,
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-/// The length of the first instruction of a jump `foreign_target` decodes: the only
-/// instruction boundary in the bytes our jump replaces.
-pub(super) fn foreign_first_len(code: &[u8]) -> Option<usize> {
-    match code {
-        [0xe9, ..] => Some(5),
-        [0x49, 0xbb, ..] => Some(10),
-        [0xff, 0x25, ..] => Some(6),
-        _ => None,
-    }
-}
 
 /// What libc's entry of `name` holds, for a memory hook deciding where to forward.
 pub enum Site {
@@ -159,7 +91,7 @@ pub fn adopt_overwritten() -> bool {
                     && t != hook
                     && crate::monitor::trampoline::trampoline_hook(t) != Some(hook) =>
             {
-                pin_object_of(t);
+                crate::sys::symbol::pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
                 let old = std::array::from_fn(|k| have[k]);
                 let began = watch_begin(entry, at + JMP_LEN - entry);
@@ -246,7 +178,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         },
     };
     if let Some(t) = foreign {
-        pin_object_of(t);
+        crate::sys::symbol::pin_object_of(t);
     }
     let (skip, keep, first, pad, undo) = match usable_start(target.prologues, &head, f as usize) {
         Some((skip, p)) => (
@@ -399,15 +331,6 @@ fn kept_intact(i: usize, at: usize) -> bool {
     have == want && (len <= 8 || load8(entry + len - 8) == SITE_KEPT[i][1].load(Relaxed))
 }
 
-#[cfg(target_arch = "x86_64")]
-/// Whether the bytes just before `f` are `pad`.
-pub(super) fn padding_ends_at(f: usize, pad: &[u8]) -> bool {
-    pad.iter().enumerate().all(|(k, &b)| {
-        // SAFETY: the bytes before a libc function (inside libc's text, or our test pages).
-        unsafe { std::ptr::read_volatile((f - pad.len() + k) as *const u8) == b }
-    })
-}
-
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub unsafe fn patch_at(_f: *mut u8, _target: &Target) -> Result<(), PatchError> {
     Err(PatchError::Unexpected)
@@ -552,25 +475,4 @@ pub fn overwritten() -> Option<&'static CStr> {
         }
     }
     None
-}
-
-/// Keep the object that holds `addr` (another patcher's hook, which our hooks now call)
-/// loaded for good: a program may dlclose it (libfabric's memhooks writes libc's bytes back
-/// when its last cache closes), and our jump, not its, is at libc's entry then. UCX pins
-/// its own library the same way. Code outside any loaded object cannot be pinned.
-pub fn pin_object_of(addr: usize) {
-    // SAFETY: Dl_info is plain data, written by dladdr on success.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr only reads the loader's tables.
-    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
-        return;
-    }
-    // SAFETY: RTLD_NOLOAD never loads anything; RTLD_NODELETE marks the loaded object as
-    // never unloaded. The reference this adds is never dropped, on purpose.
-    unsafe {
-        libc::dlopen(
-            info.dli_fname,
-            libc::RTLD_NOLOAD | libc::RTLD_NODELETE | libc::RTLD_LAZY,
-        )
-    };
 }

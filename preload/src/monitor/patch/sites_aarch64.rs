@@ -80,7 +80,7 @@ pub unsafe fn patch_at(f: *mut u8, target: &Target) -> Result<(), PatchError> {
         }
     };
     if let Some(t) = foreign {
-        super::sites::pin_object_of(t);
+        crate::sys::symbol::pin_object_of(t);
     }
     let site = entry + 4 * keep;
     let b = branch_to(site, target.hook)?;
@@ -173,7 +173,7 @@ pub fn adopt_overwritten() -> bool {
         };
         match (aarch64::foreign_target(entry, &have), ours) {
             (Some(t), Ok(ours)) if not_ours(t, hook) => {
-                super::sites::pin_object_of(t);
+                crate::sys::symbol::pin_object_of(t);
                 SITE_CHAINED[i].store(t, Release);
                 let began = watch_begin(entry, at + 4 - entry);
                 // SAFETY: our own patch site in libc's code; the other patcher's first

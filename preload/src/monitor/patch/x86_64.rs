@@ -110,8 +110,7 @@ pub(super) fn usable_start<'p>(
         .iter()
         .find(|p| {
             matches(p, &code[skip..skip + MATCH_LEN])
-                && (p.replaced as usize >= JMP_LEN
-                    || super::sites::padding_ends_at(pad_end(p, f, skip), p.pad))
+                && (p.replaced as usize >= JMP_LEN || padding_ends_at(pad_end(p, f, skip), p.pad))
         })
         .map(|p| (skip, p))
 }
@@ -339,4 +338,41 @@ pub(super) fn prologues(t: PatchTarget) -> &'static [Prologue] {
         PatchTarget::Sbrk => &SBRK_START,
         PatchTarget::Shmat => &SHMAT_STUB,
     }
+}
+
+/// Where the jump another patcher wrote at `at` leads: `jmp rel32` (UCX 1.13's bistro),
+/// `movabs r11, imm64; jmp r11` (libfabric's memhooks), `jmp [rip+0]; abs64`.
+pub(super) fn foreign_target(at: usize, code: &[u8]) -> Option<usize> {
+    match code {
+        [0xe9, r @ ..] if r.len() >= 4 => {
+            let rel = i32::from_le_bytes([r[0], r[1], r[2], r[3]]) as isize;
+            Some((at as isize).wrapping_add(5).wrapping_add(rel) as usize)
+        }
+        [0x49, 0xbb, r @ ..] if r.len() >= 11 && r[8..11] == [0x41, 0xff, 0xe3] => {
+            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
+        }
+        [0xff, 0x25, 0, 0, 0, 0, r @ ..] if r.len() >= 8 => {
+            Some(u64::from_le_bytes(r[..8].try_into().ok()?) as usize)
+        }
+        _ => None,
+    }
+}
+
+/// The length of the first instruction of a jump `foreign_target` decodes: the only
+/// instruction boundary in the bytes our jump replaces.
+pub(super) fn foreign_first_len(code: &[u8]) -> Option<usize> {
+    match code {
+        [0xe9, ..] => Some(5),
+        [0x49, 0xbb, ..] => Some(10),
+        [0xff, 0x25, ..] => Some(6),
+        _ => None,
+    }
+}
+
+/// Whether the bytes just before `f` are `pad`.
+pub(super) fn padding_ends_at(f: usize, pad: &[u8]) -> bool {
+    pad.iter().enumerate().all(|(k, &b)| {
+        // SAFETY: the bytes before a libc function (inside libc's text, or our test pages).
+        unsafe { std::ptr::read_volatile((f - pad.len() + k) as *const u8) == b }
+    })
 }
