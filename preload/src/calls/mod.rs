@@ -215,7 +215,7 @@ fn register_inner(
             flush_after_fork(cache);
             crate::runtime::drain::cycle_here();
             if rt.monitor == Monitor::Patch {
-                crate::runtime::init::check_patches_watched(cache);
+                crate::runtime::closed::check_patches_watched(cache);
             }
             if pd.is_null() {
                 return passthrough(Bypassed::NullPd); // libibverbs' own behaviour for a NULL pd
@@ -252,7 +252,7 @@ fn register_inner(
                     // `stop_caching` takes the entry out of the index. Pass-throughs cache
                     // nothing and skip it; hits keep the watched check.
                     if o == mrcache::cache::Outcome::Miss && rt.monitor == Monitor::Patch {
-                        crate::runtime::init::check_patches(cache);
+                        crate::runtime::closed::check_patches(cache);
                     }
                     crate::runtime::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
                     let o = match o {

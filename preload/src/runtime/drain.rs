@@ -96,7 +96,7 @@ fn cycle() {
     {
         let _ = catch_unwind(AssertUnwindSafe(|| {
             if rt.monitor == Monitor::Patch {
-                crate::runtime::init::check_patches(cache);
+                crate::runtime::closed::check_patches(cache);
                 if cache.caching_stopped().is_none() {
                     crate::monitor::patch::drain_tick();
                 }

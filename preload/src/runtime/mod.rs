@@ -10,6 +10,7 @@
 //! (docs/design/overview.md).
 
 pub mod budget;
+pub mod closed;
 pub mod drain;
 pub mod fast;
 pub mod fork;
