@@ -24,6 +24,7 @@ mod mprotect_drops_entries;
 mod nested_dereg;
 mod no_hit_after_jump_changed;
 mod no_registration_costs_nothing;
+mod on_demand;
 mod passthrough_enomem_retry;
 mod passthrough_reads_no_clock;
 mod patch_under_threads;

@@ -454,6 +454,7 @@ pub fn close_device(ctx: *mut IbvContext) -> i32 {
         |c| {
             let n = c.flush_context(ctx as usize);
             crate::verbs::window::release_context(ctx as usize);
+            c.registrar().odp.forget(ctx as usize);
             n
         },
         || real::close_device(ctx),

@@ -100,6 +100,13 @@ impl Policy {
         (req.access & REMOTE != 0 && self.remote != RemoteMode::Revoke) || !self.applies(req)
     }
 
+    /// `ibv_close_device` of `context`: its capabilities are asked again if a context opens
+    /// at that address (the allocator may put another device's there).
+    pub fn forget(&self, context: usize) {
+        let mut caps = self.caps.lock().unwrap_or_else(|e| e.into_inner());
+        caps.retain(|(ctx, _)| *ctx != context);
+    }
+
     fn rc_caps(&self, context: usize) -> u32 {
         let mut caps = self.caps.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&(_, c)) = caps.iter().find(|(ctx, _)| *ctx == context) {

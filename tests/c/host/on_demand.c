@@ -1,0 +1,96 @@
+/* On-demand entries (MRCACHE_ODP) against a fake extended context behind libmrcache.so and
+ * on_demand_shim.so: a `struct verbs_context` whose query_device_ex op says whether the
+ * device pages RC send, receive, write and read on demand, and whose reg op refuses
+ * IBV_ACCESS_ON_DEMAND with EOPNOTSUPP where it does not (as the kernel does).
+ *   on_demand reopen   a 1 MiB registration on an ODP device's context, ibv_close_device, then
+ *                      another device without ODP whose context the allocator put at the same
+ *                      address: "reopen: mr ok|NULL errno E"
+ *   on_demand verify   register, deregister (idle), munmap, new pages mapped at the same
+ *                      address, register again: "verify: provider registrations R (on demand O)"
+ * exit 0; 3: a call that must work failed. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static struct verbs_context vctx;
+static struct ibv_pd pd;
+static int odp_device, regs, odp_regs;
+
+static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *in,
+                    struct ibv_device_attr_ex *attr, size_t size) {
+    if (odp_device) {
+        attr->odp_caps.general_caps = IBV_ODP_SUPPORT;
+        attr->odp_caps.per_transport_caps.rc_odp_caps =
+            IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
+    }
+    return 0;
+}
+
+static struct ibv_mr *reg(struct ibv_pd *p, void *addr, size_t len, uint64_t iova, int access) {
+    if ((access & IBV_ACCESS_ON_DEMAND) && !odp_device) {
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    regs++;
+    odp_regs += !!(access & IBV_ACCESS_ON_DEMAND);
+    struct ibv_mr *mr = calloc(1, sizeof(struct ibv_mr) + 64);
+    mr->addr = addr, mr->length = len;
+    return mr;
+}
+
+static int dereg(struct ibv_mr *mr) {
+    free(mr);
+    return 0;
+}
+
+/* A device's context, laid out as libibverbs lays out an extended one. */
+static void open_device(int odp) {
+    memset(&vctx, 0, sizeof vctx);
+    odp_device = odp;
+    vctx.sz = sizeof vctx;
+    vctx.query_device_ex = query_ex;
+    vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    vctx.context.ops._compat_reg_mr = (void *(*)(void))reg;
+    vctx.context.ops._compat_dereg_mr = (void *(*)(void))dereg;
+    pd.context = &vctx.context;
+}
+
+static char *map(void *at, size_t len, int flags) {
+    char *b = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+    if (b == MAP_FAILED) exit(3);
+    memset(b, 1, len);
+    return b;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "reopen";
+    size_t len = 1 << 20;
+    char *a = map(NULL, len, 0);
+    open_device(1);
+    struct ibv_mr *m = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE);
+    if (!m || ibv_dereg_mr(m)) return 3;
+    if (!strcmp(mode, "reopen")) {
+        if (ibv_close_device(&vctx.context)) return 3;
+        open_device(0);
+        char *b = map(NULL, len, 0);
+        errno = 0;
+        struct ibv_mr *n = ibv_reg_mr(&pd, b, len, IBV_ACCESS_LOCAL_WRITE);
+        printf("reopen: mr %s errno %d\n", n ? "ok" : "NULL", n ? 0 : errno);
+        if (n && ibv_dereg_mr(n)) return 3;
+        return 0;
+    }
+    if (!strcmp(mode, "verify")) {
+        munmap(a, len);
+        char *b = map(a, len, MAP_FIXED);
+        memset(b, 2, len);
+        m = ibv_reg_mr(&pd, b, len, IBV_ACCESS_LOCAL_WRITE);
+        if (!m || ibv_dereg_mr(m)) return 3;
+        printf("verify: provider registrations %d (on demand %d)\n", regs, odp_regs);
+        return 0;
+    }
+    return 3;
+}

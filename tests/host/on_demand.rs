@@ -1,0 +1,50 @@
+//! On-demand entries (`MRCACHE_ODP`, docs/design/odp.md) through libmrcache.so and the fake
+//! extended context of tests/c/host/on_demand.c, whose query_device_ex op says whether its
+//! device pages on demand.
+
+use crate::common;
+
+use std::path::PathBuf;
+
+fn run(scenario: &str, env: &[(&str, &str)]) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("on_demand");
+    let tag = format!("{scenario}_{}", env.len());
+    let (shim, prog) = common::shim_and_program(
+        "host",
+        "on_demand_shim",
+        "on_demand",
+        &dir,
+        &tag,
+        &["-libverbs"],
+    );
+    let out = std::process::Command::new(&prog)
+        .arg(scenario)
+        .env("LD_PRELOAD", common::preload_with(&shim))
+        .env("MRCACHE_ADMIT", "always")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let t = common::text(&out);
+    println!("{t}");
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    t
+}
+
+/// What a device pages on demand is asked again for a context opened after
+/// `ibv_close_device`: the allocator may put another device's context at the same address,
+/// and a registration on a device without ODP must not be asked ON_DEMAND. Seen failing
+/// with the first context's answer kept: `reopen: mr NULL errno 95` (EOPNOTSUPP).
+#[test]
+fn a_context_at_a_closed_ones_address_is_asked_again() {
+    for env in [
+        &[("MRCACHE_MONITOR", "patch"), ("MRCACHE_ODP", "on")][..],
+        &[("MRCACHE_MONITOR", "none"), ("MRCACHE_ODP", "on")][..],
+    ] {
+        let out = run("reopen", env);
+        assert_eq!(
+            common::line(&out, "reopen:"),
+            "reopen: mr ok errno 0",
+            "{env:?}"
+        );
+    }
+}
