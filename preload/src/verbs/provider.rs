@@ -78,7 +78,10 @@ impl Provider {
             ptr: mr as usize,
             via_wrapper,
         };
-        self.record(m, req.addr, req.len);
+        // An on-demand MR follows whatever backs its range: its frames may change.
+        if req.access & ON_DEMAND == 0 {
+            self.record(m, req.addr, req.len);
+        }
         Ok(m)
     }
 
