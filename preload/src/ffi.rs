@@ -253,6 +253,10 @@ pub const VCTX_SZ_BACK: usize = 8;
 pub const DEVICE_ATTR_EX_SIZE: usize = 400;
 pub const DEVICE_ATTR_EX_ODP: usize = 240;
 pub const DEVICE_ATTR_EX_ODP_RC: usize = 248;
+/// Where `orig_attr.vendor_id` sits in `struct ibv_device_attr_ex`.
+pub const DEVICE_ATTR_EX_VENDOR_ID: usize = 96;
+/// The vendor id rxe (soft-RoCE) reports (the kernel's `RXE_VENDOR_ID`).
+pub const RXE_VENDOR_ID: u32 = 0xff_ffff;
 pub const IBV_ODP_SUPPORT: u64 = 1;
 pub const IBV_ODP_SUPPORT_SEND: u32 = 1;
 pub const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
@@ -365,6 +369,7 @@ int main(void) {
     P("attr_ex.size", sizeof(struct ibv_device_attr_ex));
     P("attr_ex.odp", offsetof(struct ibv_device_attr_ex, odp_caps.general_caps));
     P("attr_ex.odp_rc", offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.rc_odp_caps));
+    P("attr_ex.vendor_id", offsetof(struct ibv_device_attr_ex, orig_attr.vendor_id));
     P("odp.support", IBV_ODP_SUPPORT);
     P("odp.send", IBV_ODP_SUPPORT_SEND);
     P("odp.recv", IBV_ODP_SUPPORT_RECV);
@@ -499,6 +504,7 @@ int main(void) {
             ("attr_ex.size", DEVICE_ATTR_EX_SIZE),
             ("attr_ex.odp", DEVICE_ATTR_EX_ODP),
             ("attr_ex.odp_rc", DEVICE_ATTR_EX_ODP_RC),
+            ("attr_ex.vendor_id", DEVICE_ATTR_EX_VENDOR_ID),
             ("odp.support", IBV_ODP_SUPPORT as usize),
             ("odp.send", IBV_ODP_SUPPORT_SEND as usize),
             ("odp.recv", IBV_ODP_SUPPORT_RECV as usize),

@@ -26,8 +26,9 @@ pub struct Policy {
     /// Why only entries made on demand are cached (the monitor cannot see every unmap),
     /// once that is decided.
     only: OnceLock<String>,
-    /// The RC transport's ODP capabilities of each device context seen (0: none).
-    caps: Mutex<Vec<(usize, u32)>>,
+    /// Each device context seen: the RC transport's ODP capabilities (0: none), and its
+    /// vendor id.
+    caps: Mutex<Vec<(usize, Device)>>,
 }
 
 impl Policy {
@@ -77,18 +78,24 @@ impl Policy {
         }
         if req.access & REMOTE_ATOMIC != 0 {
             let atomic = ffi::IBV_ODP_SUPPORT_ATOMIC;
-            return self.rc_caps(req.context) & atomic != 0 && self.pages_on_demand(req.context);
+            return self.device(req.context).rc & atomic != 0 && self.pages_on_demand(req.context);
         }
         self.pages_on_demand(req.context)
     }
 
     /// Whether the device of `context` pages on demand what a local registration needs.
+    /// Under `auto` never rxe: its on-demand copy drops the offset within a page on the
+    /// kernels tested (docs/design/odp.md, "Devices"); only `on` asks it.
     pub fn pages_on_demand(&self, context: usize) -> bool {
         let need = ffi::IBV_ODP_SUPPORT_SEND
             | ffi::IBV_ODP_SUPPORT_RECV
             | ffi::IBV_ODP_SUPPORT_WRITE
             | ffi::IBV_ODP_SUPPORT_READ;
-        self.rc_caps(context) & need == need
+        let device = self.device(context);
+        if self.mode == OnDemand::Auto && device.vendor == ffi::RXE_VENDOR_ID {
+            return false;
+        }
+        device.rc & need == need
     }
 
     /// With only on-demand entries cached: whether `req` must pass through uncached (a
@@ -107,30 +114,38 @@ impl Policy {
         caps.retain(|(ctx, _)| *ctx != context);
     }
 
-    fn rc_caps(&self, context: usize) -> u32 {
+    fn device(&self, context: usize) -> Device {
         let mut caps = self.caps.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&(_, c)) = caps.iter().find(|(ctx, _)| *ctx == context) {
-            return c;
+        if let Some(&(_, d)) = caps.iter().find(|(ctx, _)| *ctx == context) {
+            return d;
         }
-        let c = query_rc_caps(context as *mut IbvContext);
-        caps.push((context, c));
-        c
+        let d = query_device(context as *mut IbvContext);
+        caps.push((context, d));
+        d
     }
+}
+
+/// What the policy asks of a device.
+#[derive(Clone, Copy, Default)]
+struct Device {
+    /// The RC transport's ODP capabilities (0: no ODP).
+    rc: u32,
+    vendor: u32,
 }
 
 type QueryDeviceEx = unsafe extern "C" fn(*mut IbvContext, *const c_void, *mut u8, usize) -> i32;
 
-/// The RC transport's ODP capabilities of `ctx` (0: no ODP), from the provider's
+/// The RC transport's ODP capabilities of `ctx` (0: no ODP) and its vendor, from the provider's
 /// `query_device_ex` op as libibverbs' inline `ibv_query_device_ex` finds it: in the
 /// `struct verbs_context` that ends with the `struct ibv_context`, when the context is an
 /// extended one and the provider's `verbs_context` reaches back to the op.
-fn query_rc_caps(ctx: *mut IbvContext) -> u32 {
+fn query_device(ctx: *mut IbvContext) -> Device {
     if ctx.is_null() {
-        return 0;
+        return Device::default();
     }
     // SAFETY: ctx is the live context of the app's PD; abi_compat is a field of it.
     if unsafe { (*ctx).abi_compat } as usize != usize::MAX {
-        return 0;
+        return Device::default();
     }
     let base = ctx as *const u8;
     // SAFETY: an extended context (abi_compat says so) sits at the end of a `struct
@@ -139,12 +154,12 @@ fn query_rc_caps(ctx: *mut IbvContext) -> u32 {
     let op = unsafe {
         let sz = std::ptr::read_unaligned(base.sub(ffi::VCTX_SZ_BACK) as *const usize);
         if sz < ffi::VCTX_QUERY_DEVICE_EX_BACK + std::mem::size_of::<IbvContext>() {
-            return 0;
+            return Device::default();
         }
         std::ptr::read_unaligned(base.sub(ffi::VCTX_QUERY_DEVICE_EX_BACK) as *const *mut c_void)
     };
     if op.is_null() {
-        return 0;
+        return Device::default();
     }
     let mut attr = [0u64; ffi::DEVICE_ATTR_EX_SIZE / 8];
     // SAFETY: the provider's query_device_ex op, of this prototype; attr is zeroed, 8-byte
@@ -159,15 +174,17 @@ fn query_rc_caps(ctx: *mut IbvContext) -> u32 {
         )
     };
     if rc != 0 {
-        return 0;
+        return Device::default();
     }
-    let general = attr[ffi::DEVICE_ATTR_EX_ODP / 8];
-    if general & ffi::IBV_ODP_SUPPORT == 0 {
-        return 0;
+    let word = |at: usize| (attr[at / 8] >> ((at % 8) * 8)) as u32;
+    let vendor = word(ffi::DEVICE_ATTR_EX_VENDOR_ID);
+    if attr[ffi::DEVICE_ATTR_EX_ODP / 8] & ffi::IBV_ODP_SUPPORT == 0 {
+        return Device { rc: 0, vendor };
     }
-    let rc_word = attr[ffi::DEVICE_ATTR_EX_ODP_RC / 8];
-    let shift = (ffi::DEVICE_ATTR_EX_ODP_RC % 8) * 8;
-    (rc_word >> shift) as u32
+    Device {
+        rc: word(ffi::DEVICE_ATTR_EX_ODP_RC),
+        vendor,
+    }
 }
 
 #[cfg(test)]
