@@ -337,6 +337,11 @@ impl<R: Registrar> Cache<R> {
         }
         // Miss: make room first, register without the lock, then insert.
         drop(st);
+        // Not to be cached whatever the figures say: no admission, and no entry evicted
+        // for it.
+        if let Some(b) = self.registrar.refuses(req) {
+            return Err(AcquireError::Bypass(b));
+        }
         // Admission first: a call passed through is registered as without the cache, so
         // it needs no device-memory probe (three system calls, dear in a guest).
         let decision = self.classes().decide(kind, req.len, auto);

@@ -54,6 +54,12 @@ pub trait Registrar: Sync {
     fn uncacheable(&self, _req: &Request) -> Option<crate::access::Bypass> {
         None
     }
+    /// As `uncacheable`, for a refusal that costs no system call (the on-demand policy's):
+    /// asked on a miss before admission and before room is made, so that a registration
+    /// that will not be cached evicts nothing.
+    fn refuses(&self, _req: &Request) -> Option<crate::access::Bypass> {
+        None
+    }
     /// Deregister through the path that registered; `Err(errno)` leaves the MR valid.
     fn deregister(&self, mr: Mr) -> Result<(), i32>;
     /// Memory for one shadow `ibv_mr` (kept and reused by the cache, never freed).

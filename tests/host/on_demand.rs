@@ -67,3 +67,22 @@ fn verify_leaves_on_demand_entries_alone() {
         "verify: provider registrations 1 (on demand 1)"
     );
 }
+
+/// A registration the on-demand policy refuses (another device, without ODP) is passed
+/// through before room is made for it: it evicts no cached entry. With room for one entry,
+/// the ODP device's pair is a hit in every round after the first. Seen failing with the
+/// refused pair evicting it each round: `evict: provider registrations on the ODP device 5
+/// of 5`.
+#[test]
+fn a_refused_registration_evicts_nothing() {
+    let env = [
+        ("MRCACHE_MONITOR", "none"),
+        ("MRCACHE_ODP", "on"),
+        ("MRCACHE_MAX_ENTRIES", "1"),
+    ];
+    let out = run("evict", &env);
+    assert_eq!(
+        common::line(&out, "evict:"),
+        "evict: provider registrations on the ODP device 1 of 5"
+    );
+}

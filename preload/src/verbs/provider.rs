@@ -121,10 +121,13 @@ pub fn page_frames(first: usize, pages: usize) -> Option<Vec<u64>> {
 use crate::sys::{errno, page_size};
 
 impl Registrar for Provider {
+    fn refuses(&self, req: &Request) -> Option<mrcache::access::Bypass> {
+        self.odp
+            .refuses(req)
+            .then_some(mrcache::access::Bypass::NotOnDemand)
+    }
+
     fn uncacheable(&self, req: &Request) -> Option<mrcache::access::Bypass> {
-        if self.odp.refuses(req) {
-            return Some(mrcache::access::Bypass::NotOnDemand);
-        }
         let why = cpu_unreadable(req.addr, req.len)?;
         (self.log)(
             LogLevel::Debug,

@@ -7,6 +7,9 @@
  *                      address: "reopen: mr ok|NULL errno E"
  *   on_demand verify   register, deregister (idle), munmap, new pages mapped at the same
  *                      address, register again: "verify: provider registrations R (on demand O)"
+ *   on_demand evict    five rounds of a pair on the ODP device and a pair on a second device
+ *                      without ODP (MRCACHE_MAX_ENTRIES=1): "evict: provider registrations on
+ *                      the ODP device R of 5"
  * exit 0; 3: a call that must work failed. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -16,13 +19,14 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static struct verbs_context vctx;
-static struct ibv_pd pd;
-static int odp_device, regs, odp_regs;
+/* The context's cmd_fd (unused here) says whether its device pages on demand. */
+static struct verbs_context vctx, other;
+static struct ibv_pd pd, other_pd;
+static int regs, odp_regs, pd_regs;
 
 static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *in,
                     struct ibv_device_attr_ex *attr, size_t size) {
-    if (odp_device) {
+    if (c->cmd_fd) {
         attr->odp_caps.general_caps = IBV_ODP_SUPPORT;
         attr->odp_caps.per_transport_caps.rc_odp_caps =
             IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
@@ -31,11 +35,12 @@ static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_inpu
 }
 
 static struct ibv_mr *reg(struct ibv_pd *p, void *addr, size_t len, uint64_t iova, int access) {
-    if ((access & IBV_ACCESS_ON_DEMAND) && !odp_device) {
+    if ((access & IBV_ACCESS_ON_DEMAND) && !p->context->cmd_fd) {
         errno = EOPNOTSUPP;
         return NULL;
     }
     regs++;
+    pd_regs += p == &pd;
     odp_regs += !!(access & IBV_ACCESS_ON_DEMAND);
     struct ibv_mr *mr = calloc(1, sizeof(struct ibv_mr) + 64);
     mr->addr = addr, mr->length = len;
@@ -47,17 +52,19 @@ static int dereg(struct ibv_mr *mr) {
     return 0;
 }
 
-/* A device's context, laid out as libibverbs lays out an extended one. */
-static void open_device(int odp) {
-    memset(&vctx, 0, sizeof vctx);
-    odp_device = odp;
-    vctx.sz = sizeof vctx;
-    vctx.query_device_ex = query_ex;
-    vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
-    vctx.context.ops._compat_reg_mr = (void *(*)(void))reg;
-    vctx.context.ops._compat_dereg_mr = (void *(*)(void))dereg;
-    pd.context = &vctx.context;
+/* A device's context at v, laid out as libibverbs lays out an extended one, and its PD. */
+static void open_device_at(struct verbs_context *v, struct ibv_pd *p, int odp) {
+    memset(v, 0, sizeof *v);
+    v->sz = sizeof *v;
+    v->query_device_ex = query_ex;
+    v->context.cmd_fd = odp;
+    v->context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    v->context.ops._compat_reg_mr = (void *(*)(void))reg;
+    v->context.ops._compat_dereg_mr = (void *(*)(void))dereg;
+    p->context = &v->context;
 }
+
+static void open_device(int odp) { open_device_at(&vctx, &pd, odp); }
 
 static char *map(void *at, size_t len, int flags) {
     char *b = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
@@ -90,6 +97,18 @@ int main(int argc, char **argv) {
         m = ibv_reg_mr(&pd, b, len, IBV_ACCESS_LOCAL_WRITE);
         if (!m || ibv_dereg_mr(m)) return 3;
         printf("verify: provider registrations %d (on demand %d)\n", regs, odp_regs);
+        return 0;
+    }
+    if (!strcmp(mode, "evict")) {
+        open_device_at(&other, &other_pd, 0);
+        char *b = map(NULL, len, 0);
+        for (int i = 0; i < 5; i++) { /* the first pair on pd was made above */
+            if (i && (!(m = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE)) || ibv_dereg_mr(m)))
+                return 3;
+            struct ibv_mr *n = ibv_reg_mr(&other_pd, b, len, IBV_ACCESS_LOCAL_WRITE);
+            if (!n || ibv_dereg_mr(n)) return 3;
+        }
+        printf("evict: provider registrations on the ODP device %d of 5\n", pd_regs);
         return 0;
     }
     return 3;
