@@ -63,13 +63,13 @@ pub fn log(level: LogLevel, msg: std::fmt::Arguments<'_>) {
 
 static RUNTIME: InitOnce<Runtime> = InitOnce::new();
 
-/// The runtime, set up at the first call; None while another thread sets it up (the caller
-/// passes through instead of waiting: see `once`).
 /// The device context of the registration that sets the runtime up (0: none known): where
 /// the monitor is blind, whether that device pages on demand decides between caching only
 /// on-demand entries and caching nothing (`init::set_up`).
 pub static SETUP_CONTEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// The runtime, set up at the first call; None while another thread sets it up (the caller
+/// passes through instead of waiting: see `once`).
 pub fn runtime() -> Option<&'static Runtime> {
     RUNTIME.get_or_init(crate::runtime::init::set_up)
 }
