@@ -86,3 +86,21 @@ fn a_refused_registration_evicts_nothing() {
         "evict: provider registrations on the ODP device 1 of 5"
     );
 }
+
+/// `MRCACHE_ODP=on` with a blind monitor caches the entries a device makes on demand,
+/// whichever device's registration set the library up (docs/configuration.md): here the
+/// first one is on a device without ODP. Seen failing with caching turned off instead:
+/// `blind_on: provider registrations on the ODP device 5 of 5`.
+#[test]
+fn on_with_a_blind_monitor_caches_on_demand_entries() {
+    let env = [("MRCACHE_MONITOR", "symbols"), ("MRCACHE_ODP", "on")];
+    let out = run("blind_on", &env);
+    assert_eq!(
+        common::line(&out, "blind_on:"),
+        "blind_on: provider registrations on the ODP device 1 of 5"
+    );
+    assert!(
+        out.contains("only registrations the device makes on demand"),
+        "{out}"
+    );
+}

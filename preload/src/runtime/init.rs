@@ -121,11 +121,13 @@ pub fn set_up() -> Runtime {
     });
     if let Some(cache) = &cache {
         if let Some(why) = blind {
-            // Decided here, before the cache serves anything (no pinned entry exists), on the
-            // device of the registration that sets up: where it pages nothing on demand,
-            // caching only on-demand entries would cache nothing.
+            // Decided here, before the cache serves anything (no pinned entry exists). Under
+            // `auto` on the device of the registration that sets up: where it pages nothing
+            // on demand, caching only on-demand entries would cache nothing. Under `on` the
+            // user asked for them, on whichever device pages on demand.
             let context = crate::runtime::SETUP_CONTEXT.load(Relaxed);
-            let odp = context != 0 && cache.registrar().odp.pages_on_demand(context);
+            let odp = config.odp == OnDemand::On
+                || context != 0 && cache.registrar().odp.pages_on_demand(context);
             if !(odp && on_demand_only(cache, &why)) {
                 fail_closed(cache, &why);
             }

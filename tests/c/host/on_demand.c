@@ -7,6 +7,9 @@
  *                      address: "reopen: mr ok|NULL errno E"
  *   on_demand verify   register, deregister (idle), munmap, new pages mapped at the same
  *                      address, register again: "verify: provider registrations R (on demand O)"
+ *   on_demand blind_on the first pair on a device without ODP (it sets the library up), then
+ *                      five pairs on the ODP device (MRCACHE_MONITOR=symbols: blind):
+ *                      "blind_on: provider registrations on the ODP device R of 5"
  *   on_demand evict    five rounds of a pair on the ODP device and a pair on a second device
  *                      without ODP (MRCACHE_MAX_ENTRIES=1): "evict: provider registrations on
  *                      the ODP device R of 5"
@@ -78,6 +81,18 @@ int main(int argc, char **argv) {
     size_t len = 1 << 20;
     char *a = map(NULL, len, 0);
     open_device(1);
+    if (!strcmp(mode, "blind_on")) {
+        open_device_at(&other, &other_pd, 0);
+        char *b = map(NULL, len, 0);
+        struct ibv_mr *n = ibv_reg_mr(&other_pd, b, len, IBV_ACCESS_LOCAL_WRITE);
+        if (!n || ibv_dereg_mr(n)) return 3;
+        for (int i = 0; i < 5; i++) {
+            struct ibv_mr *m = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE);
+            if (!m || ibv_dereg_mr(m)) return 3;
+        }
+        printf("blind_on: provider registrations on the ODP device %d of 5\n", pd_regs);
+        return 0;
+    }
     struct ibv_mr *m = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE);
     if (!m || ibv_dereg_mr(m)) return 3;
     if (!strcmp(mode, "reopen")) {
