@@ -148,12 +148,15 @@ struct rig {
 };
 static struct rig rig;
 
+/* RESET to RTS: 0 or the failed step's errno. */
 static int qp_connect(struct rig *g, struct ibv_qp *qp, uint32_t dest) {
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                                IBV_ACCESS_REMOTE_ATOMIC};
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return -1;
+    int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                       IBV_QP_ACCESS_FLAGS);
+    if (rc)
+        return rc;
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = g->mtu;
@@ -165,9 +168,10 @@ static int qp_connect(struct rig *g, struct ibv_qp *qp, uint32_t dest) {
     a.ah_attr.grh.sgid_index = 1;
     a.ah_attr.grh.hop_limit = 1;
     a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return -1;
+    rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc)
+        return rc;
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTS;
     a.timeout = 14; /* timeout 10 with retry 2 gave RETRY_EXC_ERR under TCG load */
@@ -181,15 +185,26 @@ static int qp_connect(struct rig *g, struct ibv_qp *qp, uint32_t dest) {
 static int rig_connect(struct rig *g) {
     for (int i = 0; i < 2; i++) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
-        if (ibv_modify_qp(g->qp[i], &a, IBV_QP_STATE))
+        int rc = ibv_modify_qp(g->qp[i], &a, IBV_QP_STATE);
+        if (rc) {
+            fprintf(stderr, "differential: QP %d to RESET: %s\n", i, strerror(rc));
             return -1;
+        }
     }
     struct ibv_wc wc[16];
     while (ibv_poll_cq(g->cq, 16, wc) > 0) {
     }
-    for (int i = 0; i < 2; i++)
-        if (qp_connect(g, g->qp[i], g->qp[1 - i]->qp_num))
+    for (int i = 0; i < 2; i++) {
+        int rc = qp_connect(g, g->qp[i], g->qp[1 - i]->qp_num);
+        if (rc) {
+            struct ibv_qp_attr a;
+            struct ibv_qp_init_attr ia;
+            int st = ibv_query_qp(g->qp[i], &a, IBV_QP_STATE, &ia) ? -1 : (int)a.qp_state;
+            fprintf(stderr, "differential: QP %d from RESET to RTS: %s (now in state %d)\n", i,
+                    strerror(rc), st);
             return -1;
+        }
+    }
     return 0;
 }
 
@@ -248,7 +263,7 @@ static void rig_close(struct rig *g) {
 }
 
 /* One work request from qp[0], waited for. 0, 1000 + the failed completion's status (the
- * QPs are reset and reconnected after it), or an errno. */
+ * QPs are reset and reconnected once in the error state), or an errno. */
 static int post(struct rig *g, enum ibv_wr_opcode op, void *local, size_t len, uint32_t lkey,
                 uint64_t raddr, uint32_t rkey, uint64_t add_value) {
     struct ibv_sge sge = {.addr = (uintptr_t)local, .length = (uint32_t)len, .lkey = lkey};
@@ -285,6 +300,7 @@ static int post(struct rig *g, enum ibv_wr_opcode op, void *local, size_t len, u
     }
     if (wc.status == IBV_WC_SUCCESS)
         return 0;
+    lb_await_error_state(g->qp, wc.status);
     if (rig_connect(g))
         fprintf(stderr, "differential: cannot reconnect the QPs\n");
     return 1000 + (int)wc.status;

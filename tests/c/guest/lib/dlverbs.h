@@ -22,6 +22,7 @@
     X(ibv_create_qp)                                                                          \
     X(ibv_destroy_qp)                                                                         \
     X(ibv_modify_qp)                                                                          \
+    X(ibv_query_qp)                                                                           \
     X(ibv_reg_mr)                                                                             \
     X(ibv_reg_mr_iova2)                                                                       \
     X(ibv_dereg_mr)
@@ -50,6 +51,7 @@ DLVERBS_FUNCTIONS(DLVERBS_DECLARE)
 #define ibv_create_qp dlv_ibv_create_qp
 #define ibv_destroy_qp dlv_ibv_destroy_qp
 #define ibv_modify_qp dlv_ibv_modify_qp
+#define ibv_query_qp dlv_ibv_query_qp
 #define ibv_reg_mr dlv_ibv_reg_mr
 #define ibv_reg_mr_iova2 dlv_ibv_reg_mr_iova2
 #define ibv_dereg_mr dlv_ibv_dereg_mr

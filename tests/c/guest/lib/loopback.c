@@ -180,6 +180,64 @@ static int post_and_wait(struct loopback *lb, enum ibv_wr_opcode op, void *local
     }
 }
 
+int lb_await_error_state(struct ibv_qp *const qp[2], enum ibv_wc_status status) {
+    int nak = status == IBV_WC_REM_INV_REQ_ERR || status == IBV_WC_REM_ACCESS_ERR ||
+              status == IBV_WC_REM_OP_ERR;
+    for (int i = 0; i < (nak ? 2 : 1); i++) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            struct ibv_qp_attr a;
+            struct ibv_qp_init_attr ia;
+            if (ibv_query_qp(qp[i], &a, IBV_QP_STATE, &ia) || a.qp_state == IBV_QPS_ERR)
+                break;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if (t.tv_sec - t0.tv_sec > 5) {
+                fprintf(stderr, "lb_await_error_state: QP %d not in the error state 5 s after a "
+                                "failed completion (status %d)\n", i, (int)status);
+                return -1;
+            }
+            struct timespec nap = {0, 50000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    return 0;
+}
+
+int lb_reconnect(struct loopback *lb) {
+    struct ibv_port_attr port;
+    union ibv_gid gid;
+    if (ibv_query_port(lb->ctx, 1, &port) || ibv_query_gid(lb->ctx, 1, GID_INDEX, &gid)) {
+        fprintf(stderr, "lb_reconnect: cannot query port 1 / gid %d\n", GID_INDEX);
+        return EIO;
+    }
+    for (int i = 0; i < 2; i++) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+        int rc = ibv_modify_qp(lb->qp[i], &a, IBV_QP_STATE);
+        if (rc) {
+            fprintf(stderr, "lb_reconnect: QP %d to RESET: %s\n", i, strerror(rc));
+            return rc;
+        }
+    }
+    struct ibv_wc wc[16];
+    while (ibv_poll_cq(lb->cq, 16, wc) > 0) {
+    }
+    for (int i = 0; i < 2; i++) {
+        int rc = to_init(lb->qp[i]);
+        if (!rc)
+            rc = to_rtr_rts(lb->qp[i], lb->qp[1 - i]->qp_num, &gid, port.active_mtu);
+        if (rc) {
+            struct ibv_qp_attr a;
+            struct ibv_qp_init_attr ia;
+            int st = ibv_query_qp(lb->qp[i], &a, IBV_QP_STATE, &ia) ? -1 : (int)a.qp_state;
+            fprintf(stderr, "lb_reconnect: QP %d from RESET to RTS: %s (now in state %d)\n", i,
+                    strerror(rc), st);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 int lb_write(struct loopback *lb, const void *src, size_t len, uint32_t lkey, uint64_t raddr,
              uint32_t rkey) {
     return post_and_wait(lb, IBV_WR_RDMA_WRITE, (void *)src, len, lkey, raddr, rkey);

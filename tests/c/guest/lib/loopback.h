@@ -42,6 +42,17 @@ int lb_write(struct loopback *lb, const void *src, size_t len, uint32_t lkey,
 int lb_read(struct loopback *lb, void *dst, size_t len, uint32_t lkey, uint64_t raddr,
             uint32_t rkey);
 
+/* rxe hands out a failed completion before it moves the QPs to the error state (its
+ * completer posts the completion, then moves the posting QP; after a NAK the responder moves
+ * the target QP once the NAK is sent), so a QP reset as soon as the completion is polled can
+ * be moved to ERR afterwards. This waits until qp[0], which posted the failed work request,
+ * and, for a status a NAK gives, qp[1], its target, report IBV_QPS_ERR; one still not there
+ * after 5 s is reported on stderr. Returns 0, or -1 if it gave up. */
+int lb_await_error_state(struct ibv_qp *const qp[2], enum ibv_wc_status status);
+/* Reset both QPs, empty the CQ and connect them again (RESET to RTS). Returns 0 or the failed
+ * step's errno, and prints it. After a failed completion call lb_await_error_state first. */
+int lb_reconnect(struct loopback *lb);
+
 /* Fill buf with a pattern derived from seed, and check it. */
 void lb_fill(void *buf, size_t len, unsigned seed);
 /* Returns the offset of the first mismatch, or -1 when buf holds the pattern. */
