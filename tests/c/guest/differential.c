@@ -182,30 +182,41 @@ static int qp_connect(struct rig *g, struct ibv_qp *qp, uint32_t dest) {
                                      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-static int rig_connect(struct rig *g) {
+/* Make the QP pair and connect it (RESET to RTS). 0, or -1 with the failed step on stderr. */
+static int rig_qps(struct rig *g) {
     for (int i = 0; i < 2; i++) {
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
-        int rc = ibv_modify_qp(g->qp[i], &a, IBV_QP_STATE);
-        if (rc) {
-            fprintf(stderr, "differential: QP %d to RESET: %s\n", i, strerror(rc));
+        struct ibv_qp_init_attr qa = {.send_cq = g->cq, .recv_cq = g->cq, .qp_type = IBV_QPT_RC,
+                                      .cap = {.max_send_wr = 8, .max_recv_wr = 8,
+                                              .max_send_sge = 1, .max_recv_sge = 1}};
+        if (!(g->qp[i] = ibv_create_qp(g->pd, &qa))) {
+            fprintf(stderr, "differential: ibv_create_qp: %s\n", strerror(errno));
             return -1;
         }
-    }
-    struct ibv_wc wc[16];
-    while (ibv_poll_cq(g->cq, 16, wc) > 0) {
     }
     for (int i = 0; i < 2; i++) {
         int rc = qp_connect(g, g->qp[i], g->qp[1 - i]->qp_num);
         if (rc) {
-            struct ibv_qp_attr a;
-            struct ibv_qp_init_attr ia;
-            int st = ibv_query_qp(g->qp[i], &a, IBV_QP_STATE, &ia) ? -1 : (int)a.qp_state;
-            fprintf(stderr, "differential: QP %d from RESET to RTS: %s (now in state %d)\n", i,
-                    strerror(rc), st);
+            fprintf(stderr, "differential: QP %d from RESET to RTS: %s\n", i, strerror(rc));
             return -1;
         }
     }
     return 0;
+}
+
+/* After a failed work request: a new QP pair in place of the old one. rxe hands out a failed
+ * completion before it moves the QPs to the error state (lb_await_error_state), and a reset
+ * QP pair can still be moved to ERR by what the failure left pending; new QPs share nothing
+ * with the failed pair but the CQ, where post() skips other work requests' completions. */
+static int rig_renew(struct rig *g) {
+    for (int i = 0; i < 2; i++) {
+        if (g->qp[i] && ibv_destroy_qp(g->qp[i]))
+            fprintf(stderr, "differential: ibv_destroy_qp: %s\n", strerror(errno));
+        g->qp[i] = NULL;
+    }
+    struct ibv_wc wc[16];
+    while (ibv_poll_cq(g->cq, 16, wc) > 0) {
+    }
+    return rig_qps(g);
 }
 
 static int rig_open(struct rig *g) {
@@ -230,14 +241,7 @@ static int rig_open(struct rig *g) {
     g->cq = g->pd ? ibv_create_cq(g->ctx, 32, NULL, NULL, 0) : NULL;
     if (!g->cq)
         return -1;
-    for (int i = 0; i < 2; i++) {
-        struct ibv_qp_init_attr qa = {.send_cq = g->cq, .recv_cq = g->cq, .qp_type = IBV_QPT_RC,
-                                      .cap = {.max_send_wr = 8, .max_recv_wr = 8,
-                                              .max_send_sge = 1, .max_recv_sge = 1}};
-        if (!(g->qp[i] = ibv_create_qp(g->pd, &qa)))
-            return -1;
-    }
-    if (rig_connect(g))
+    if (rig_qps(g))
         return -1;
     g->scratch = mmap(NULL, SCRATCH, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (g->scratch == MAP_FAILED)
@@ -262,12 +266,13 @@ static void rig_close(struct rig *g) {
         ibv_close_device(g->ctx);
 }
 
-/* One work request from qp[0], waited for. 0, 1000 + the failed completion's status (the
- * QPs are reset and reconnected once in the error state), or an errno. */
+/* One work request from qp[0], waited for. 0, 1000 + the failed completion's status (a new
+ * QP pair replaces the failed one), or an errno. */
 static int post(struct rig *g, enum ibv_wr_opcode op, void *local, size_t len, uint32_t lkey,
                 uint64_t raddr, uint32_t rkey, uint64_t add_value) {
     struct ibv_sge sge = {.addr = (uintptr_t)local, .length = (uint32_t)len, .lkey = lkey};
-    struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = op,
+    static uint64_t posts;
+    struct ibv_send_wr wr = {.wr_id = ++posts, .sg_list = &sge, .num_sge = 1, .opcode = op,
                              .send_flags = IBV_SEND_SIGNALED};
     if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
         wr.wr.atomic.remote_addr = raddr;
@@ -277,10 +282,12 @@ static int post(struct rig *g, enum ibv_wr_opcode op, void *local, size_t len, u
         wr.wr.rdma.remote_addr = raddr;
         wr.wr.rdma.rkey = rkey;
     }
+    if ((!g->qp[0] || !g->qp[1]) && rig_renew(g)) /* the last renewal failed */
+        return EIO;
     struct ibv_send_wr *bad;
     int rc = ibv_post_send(g->qp[0], &wr, &bad);
     if (rc) {
-        rig_connect(g);
+        rig_renew(g);
         return rc;
     }
     struct ibv_wc wc;
@@ -290,19 +297,22 @@ static int post(struct rig *g, enum ibv_wr_opcode op, void *local, size_t len, u
         int n = ibv_poll_cq(g->cq, 1, &wc);
         if (n < 0)
             return EIO;
-        if (n == 1)
+        if (n == 1 && wc.wr_id == wr.wr_id)
             break;
+        if (n == 1)
+            fprintf(stderr, "differential: skipped a completion of another work request (%llu, "
+                            "status %d) waiting for %llu\n", (unsigned long long)wc.wr_id,
+                    (int)wc.status, (unsigned long long)wr.wr_id);
         clock_gettime(CLOCK_MONOTONIC, &t);
         if (t.tv_sec - t0.tv_sec > 30) {
-            rig_connect(g);
+            rig_renew(g);
             return ETIMEDOUT;
         }
     }
     if (wc.status == IBV_WC_SUCCESS)
         return 0;
-    lb_await_error_state(g->qp, wc.status);
-    if (rig_connect(g))
-        fprintf(stderr, "differential: cannot reconnect the QPs\n");
+    if (rig_renew(g))
+        fprintf(stderr, "differential: cannot make a new QP pair\n");
     return 1000 + (int)wc.status;
 }
 

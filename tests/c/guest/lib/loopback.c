@@ -102,13 +102,8 @@ int lb_open_shared(struct loopback *lb, const struct loopback *parent) {
     return connect_pair(lb, &gid, port.active_mtu);
 }
 
-static int connect_pair(struct loopback *lb, const union ibv_gid *gidp, enum ibv_mtu mtu) {
+static int make_qps(struct loopback *lb, const union ibv_gid *gidp, enum ibv_mtu mtu) {
     union ibv_gid gid = *gidp;
-    lb->cq = ibv_create_cq(lb->ctx, 64, NULL, NULL, 0);
-    if (!lb->cq) {
-        fprintf(stderr, "lb_open: cannot create a CQ\n");
-        return ENOMEM;
-    }
     for (int i = 0; i < 2; i++) {
         struct ibv_qp_init_attr qa = {.send_cq = lb->cq, .recv_cq = lb->cq, .qp_type = IBV_QPT_RC,
                                       .cap = {.max_send_wr = 16, .max_recv_wr = 16,
@@ -124,6 +119,18 @@ static int connect_pair(struct loopback *lb, const union ibv_gid *gidp, enum ibv
             fprintf(stderr, "lb_open: cannot connect QP %d: %s\n", i, strerror(errno));
             return EIO;
         }
+    return 0;
+}
+
+static int connect_pair(struct loopback *lb, const union ibv_gid *gid, enum ibv_mtu mtu) {
+    lb->cq = ibv_create_cq(lb->ctx, 64, NULL, NULL, 0);
+    if (!lb->cq) {
+        fprintf(stderr, "lb_open: cannot create a CQ\n");
+        return ENOMEM;
+    }
+    int rc = make_qps(lb, gid, mtu);
+    if (rc)
+        return rc;
     lb->stage = malloc(LB_STAGE_BYTES);
     lb->stage_mr = lb->stage ? ibv_reg_mr(lb->pd, lb->stage, LB_STAGE_BYTES, IBV_ACCESS_LOCAL_WRITE)
                              : NULL;
@@ -236,6 +243,24 @@ int lb_reconnect(struct loopback *lb) {
         }
     }
     return 0;
+}
+
+int lb_renew(struct loopback *lb) {
+    struct ibv_port_attr port;
+    union ibv_gid gid;
+    if (ibv_query_port(lb->ctx, 1, &port) || ibv_query_gid(lb->ctx, 1, GID_INDEX, &gid)) {
+        fprintf(stderr, "lb_renew: cannot query port 1 / gid %d\n", GID_INDEX);
+        return EIO;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (lb->qp[i] && ibv_destroy_qp(lb->qp[i]))
+            fprintf(stderr, "lb_renew: ibv_destroy_qp: %s\n", strerror(errno));
+        lb->qp[i] = NULL;
+    }
+    struct ibv_wc wc[16];
+    while (ibv_poll_cq(lb->cq, 16, wc) > 0) {
+    }
+    return make_qps(lb, &gid, port.active_mtu);
 }
 
 int lb_write(struct loopback *lb, const void *src, size_t len, uint32_t lkey, uint64_t raddr,

@@ -52,6 +52,9 @@ int lb_await_error_state(struct ibv_qp *const qp[2], enum ibv_wc_status status);
 /* Reset both QPs, empty the CQ and connect them again (RESET to RTS). Returns 0 or the failed
  * step's errno, and prints it. After a failed completion call lb_await_error_state first. */
 int lb_reconnect(struct loopback *lb);
+/* Destroy both QPs, empty the CQ and connect a new pair: nothing a failure left pending on
+ * the old pair reaches the new one. Returns 0 or an errno-style code, and prints it. */
+int lb_renew(struct loopback *lb);
 
 /* Fill buf with a pattern derived from seed, and check it. */
 void lb_fill(void *buf, size_t len, unsigned seed);
