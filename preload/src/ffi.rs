@@ -253,6 +253,7 @@ pub const VCTX_SZ_BACK: usize = 8;
 pub const DEVICE_ATTR_EX_SIZE: usize = 400;
 pub const DEVICE_ATTR_EX_ODP: usize = 240;
 pub const DEVICE_ATTR_EX_ODP_RC: usize = 248;
+pub const DEVICE_ATTR_EX_ODP_UD: usize = 256;
 /// Where `orig_attr.vendor_id` sits in `struct ibv_device_attr_ex`.
 pub const DEVICE_ATTR_EX_VENDOR_ID: usize = 96;
 /// The vendor id rxe (soft-RoCE) reports (the kernel's `RXE_VENDOR_ID`).
@@ -263,6 +264,7 @@ pub const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
 pub const IBV_ODP_SUPPORT_WRITE: u32 = 1 << 2;
 pub const IBV_ODP_SUPPORT_READ: u32 = 1 << 3;
 pub const IBV_ODP_SUPPORT_ATOMIC: u32 = 1 << 4;
+pub const IBV_ODP_SUPPORT_SRQ_RECV: u32 = 1 << 5;
 
 pub const IBV_REREG_MR_ERR_INPUT: i32 = -1;
 pub const IBV_REREG_MR_ERR_CMD: i32 = -4;
@@ -369,6 +371,8 @@ int main(void) {
     P("attr_ex.size", sizeof(struct ibv_device_attr_ex));
     P("attr_ex.odp", offsetof(struct ibv_device_attr_ex, odp_caps.general_caps));
     P("attr_ex.odp_rc", offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.rc_odp_caps));
+    P("attr_ex.odp_ud", offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.ud_odp_caps));
+    P("odp.srq_recv", IBV_ODP_SUPPORT_SRQ_RECV);
     P("attr_ex.vendor_id", offsetof(struct ibv_device_attr_ex, orig_attr.vendor_id));
     P("odp.support", IBV_ODP_SUPPORT);
     P("odp.send", IBV_ODP_SUPPORT_SEND);
@@ -504,6 +508,8 @@ int main(void) {
             ("attr_ex.size", DEVICE_ATTR_EX_SIZE),
             ("attr_ex.odp", DEVICE_ATTR_EX_ODP),
             ("attr_ex.odp_rc", DEVICE_ATTR_EX_ODP_RC),
+            ("attr_ex.odp_ud", DEVICE_ATTR_EX_ODP_UD),
+            ("odp.srq_recv", IBV_ODP_SUPPORT_SRQ_RECV as usize),
             ("attr_ex.vendor_id", DEVICE_ATTR_EX_VENDOR_ID),
             ("odp.support", IBV_ODP_SUPPORT as usize),
             ("odp.send", IBV_ODP_SUPPORT_SEND as usize),

@@ -55,7 +55,7 @@ pub const VARIABLES: &[Variable] = &[
         name: "MRCACHE_ODP",
         default: "auto",
         allowed: "auto, on, off",
-        about: "entries registered ON_DEMAND (On-Demand Paging), on a device that pages them so for RC send, receive, write and read (and atomics when asked): the kernel then follows every change of the range, seen by the monitor or not; auto = only where the monitor cannot see every unmap (a sanitizer's allocator, refused or overwritten patching, MRCACHE_MONITOR=symbols): only such entries are cached there, instead of none; on = every entry the device can register on demand, and with the monitor off or blind only those are cached; off = never (every entry pinned; where the monitor is blind caching is off). Remote registrations are cached on demand only under MRCACHE_REMOTE=revoke",
+        about: "entries registered ON_DEMAND (On-Demand Paging), on a device that pages them so for RC send, receive, write and read (and atomics when asked): the kernel then follows every change of the range, seen by the monitor or not; auto = only where the monitor cannot see every unmap (a sanitizer's allocator, refused patching, MRCACHE_MONITOR=symbols): only such entries are cached there, instead of none, on a device that also pages UD send and receive and RC's shared-receive-queue receives on demand, never rxe (whose on-demand copy misplaces data within a page on the kernels tested); on = every entry the device can register on demand, and with the monitor off or blind only those are cached; off = never (every entry pinned; where the monitor is blind caching is off). Remote registrations are cached on demand only under MRCACHE_REMOTE=revoke",
     },
     Variable {
         name: "MRCACHE_PATCH_CHECK",

@@ -83,8 +83,11 @@ impl Policy {
         self.pages_on_demand(req.context)
     }
 
-    /// Whether the device of `context` pages on demand what a local registration needs.
-    /// Under `auto` never rxe: its on-demand copy drops the offset within a page on the
+    /// Whether the device of `context` pages on demand what a local registration needs:
+    /// the RC transport's send, receive, write and read. `auto`, which the user did not ask
+    /// for, asks more, as an app may use one MR on any transport (UCX's ud and rc together)
+    /// and with shared receive queues: RC's SRQ receive and UD's send and receive too. And
+    /// under `auto` never rxe: its on-demand copy drops the offset within a page on the
     /// kernels tested (docs/design/odp.md, "Devices"); only `on` asks it.
     pub fn pages_on_demand(&self, context: usize) -> bool {
         let need = ffi::IBV_ODP_SUPPORT_SEND
@@ -92,8 +95,12 @@ impl Policy {
             | ffi::IBV_ODP_SUPPORT_WRITE
             | ffi::IBV_ODP_SUPPORT_READ;
         let device = self.device(context);
-        if self.mode == OnDemand::Auto && device.vendor == ffi::RXE_VENDOR_ID {
-            return false;
+        if self.mode == OnDemand::Auto {
+            let rc = need | ffi::IBV_ODP_SUPPORT_SRQ_RECV;
+            let ud = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
+            return device.vendor != ffi::RXE_VENDOR_ID
+                && device.rc & rc == rc
+                && device.ud & ud == ud;
         }
         device.rc & need == need
     }
@@ -130,12 +137,14 @@ impl Policy {
 struct Device {
     /// The RC transport's ODP capabilities (0: no ODP).
     rc: u32,
+    /// The UD transport's.
+    ud: u32,
     vendor: u32,
 }
 
 type QueryDeviceEx = unsafe extern "C" fn(*mut IbvContext, *const c_void, *mut u8, usize) -> i32;
 
-/// The RC transport's ODP capabilities of `ctx` (0: no ODP) and its vendor, from the provider's
+/// The RC and UD transports' ODP capabilities of `ctx` (0: no ODP) and its vendor, from the provider's
 /// `query_device_ex` op as libibverbs' inline `ibv_query_device_ex` finds it: in the
 /// `struct verbs_context` that ends with the `struct ibv_context`, when the context is an
 /// extended one and the provider's `verbs_context` reaches back to the op.
@@ -179,10 +188,14 @@ fn query_device(ctx: *mut IbvContext) -> Device {
     let word = |at: usize| (attr[at / 8] >> ((at % 8) * 8)) as u32;
     let vendor = word(ffi::DEVICE_ATTR_EX_VENDOR_ID);
     if attr[ffi::DEVICE_ATTR_EX_ODP / 8] & ffi::IBV_ODP_SUPPORT == 0 {
-        return Device { rc: 0, vendor };
+        return Device {
+            vendor,
+            ..Device::default()
+        };
     }
     Device {
         rc: word(ffi::DEVICE_ATTR_EX_ODP_RC),
+        ud: word(ffi::DEVICE_ATTR_EX_ODP_UD),
         vendor,
     }
 }

@@ -1,6 +1,6 @@
 //! The policy against fake device contexts laid out as libibverbs lays out an extended one
 //! (`struct verbs_context` ending with the `struct ibv_context`), whose `query_device_ex`
-//! op answers the RC capabilities a test gives.
+//! op answers the RC and UD capabilities a test gives.
 
 use super::*;
 use crate::ffi::{
@@ -13,6 +13,10 @@ const ALL_BUT_ATOMIC: u32 = ffi::IBV_ODP_SUPPORT_SEND
     | ffi::IBV_ODP_SUPPORT_RECV
     | ffi::IBV_ODP_SUPPORT_WRITE
     | ffi::IBV_ODP_SUPPORT_READ;
+/// What `auto` asks of RC besides: receives through a shared receive queue.
+const FULL_RC: u32 = ALL_BUT_ATOMIC | ffi::IBV_ODP_SUPPORT_SRQ_RECV;
+/// What `auto` asks of UD.
+const UD: u32 = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
 
 /// A fake extended context: the words before it, then the context itself.
 #[repr(C, align(8))]
@@ -27,11 +31,13 @@ unsafe extern "C" fn answer(
     _: usize,
 ) -> i32 {
     // SAFETY: the test's own fake: the RC capabilities and above them the vendor id are kept
-    // in the context's first word (its `device` pointer, unused here); attr is the caller's
-    // zeroed buffer.
+    // in the context's first word (its `device` pointer, unused here), the UD capabilities
+    // in its second (the first op, unused); attr is the caller's zeroed buffer.
     unsafe {
         let word = std::ptr::read(ctx as *const u64);
         let rc = word as u32;
+        let ud = std::ptr::read((ctx as *const u64).add(1)) as u32;
+        std::ptr::write_unaligned(attr.add(ffi::DEVICE_ATTR_EX_ODP_UD) as *mut u32, ud);
         std::ptr::write_unaligned(
             attr.add(DEVICE_ATTR_EX_VENDOR_ID) as *mut u32,
             (word >> 32) as u32,
@@ -45,14 +51,15 @@ unsafe extern "C" fn answer(
     0
 }
 
-/// A leaked fake context whose device pages on demand what `rc` says; `extended` false:
-/// a legacy context; `sz`: the provider's `verbs_context` size it claims.
+/// A leaked fake context whose device pages on demand what `rc` says on RC (and UD's send
+/// and receive); `extended` false: a legacy context; `sz`: the provider's `verbs_context`
+/// size it claims.
 fn context(rc: u32, extended: bool, sz: usize) -> usize {
-    context_of(0, rc, extended, sz)
+    context_of(0, rc, UD, extended, sz)
 }
 
-/// `context`, of a device whose vendor id is `vendor`.
-fn context_of(vendor: u32, rc: u32, extended: bool, sz: usize) -> usize {
+/// `context`, of a device whose vendor id is `vendor` and whose UD capabilities are `ud`.
+fn context_of(vendor: u32, rc: u32, ud: u32, extended: bool, sz: usize) -> usize {
     let fake = Box::leak(Box::new(Fake {
         bytes: [0; VCTX_QUERY_DEVICE_EX_BACK + std::mem::size_of::<IbvContext>()],
     }));
@@ -64,6 +71,7 @@ fn context_of(vendor: u32, rc: u32, extended: bool, sz: usize) -> usize {
         std::ptr::write_unaligned(base as *mut usize, op as usize);
         std::ptr::write_unaligned(ctx.sub(VCTX_SZ_BACK) as *mut usize, sz);
         std::ptr::write(ctx as *mut u64, (vendor as u64) << 32 | rc as u64);
+        std::ptr::write((ctx as *mut u64).add(1), ud as u64);
         let c = ctx as *mut IbvContext;
         (*c).abi_compat = if extended {
             usize::MAX as *mut c_void
@@ -101,7 +109,7 @@ fn off_never_registers_on_demand_nor_keeps_caching_blind() {
 #[test]
 fn auto_registers_on_demand_only_once_the_monitor_is_blind() {
     let p = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
-    let ctx = context(ALL_BUT_ATOMIC, true, full());
+    let ctx = context(FULL_RC, true, full());
     assert!(
         !p.applies(&req(ctx, LOCAL_WRITE)),
         "a seeing monitor: pinned"
@@ -134,9 +142,10 @@ fn blind_refuses_what_the_device_cannot_page_on_demand() {
         p.refuses(&req(short, LOCAL_WRITE)),
         "a verbs_context without the op"
     );
-    let no_atomic = context(ALL_BUT_ATOMIC, true, full());
+    let no_atomic = context(FULL_RC, true, full());
+    assert!(!p.refuses(&req(no_atomic, LOCAL_WRITE)));
     assert!(p.refuses(&req(no_atomic, LOCAL_WRITE | REMOTE_ATOMIC)));
-    let atomic = context(ALL_BUT_ATOMIC | IBV_ODP_SUPPORT_ATOMIC, true, full());
+    let atomic = context(FULL_RC | IBV_ODP_SUPPORT_ATOMIC, true, full());
     assert!(!p.refuses(&req(atomic, LOCAL_WRITE | REMOTE_ATOMIC)));
 }
 
@@ -163,7 +172,7 @@ fn blind_never_keeps_a_remote_key() {
 /// land (`data did not land at ...: first mismatch at offset 0`).
 #[test]
 fn auto_never_chooses_on_demand_on_rxe() {
-    let rxe = context_of(RXE_VENDOR_ID, ALL_BUT_ATOMIC, true, full());
+    let rxe = context_of(RXE_VENDOR_ID, FULL_RC, UD, true, full());
     let auto = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
     assert!(!auto.pages_on_demand(rxe), "set-up: caching off instead");
     assert!(auto.only("blind"));
@@ -171,4 +180,23 @@ fn auto_never_chooses_on_demand_on_rxe() {
     let on = Policy::new(OnDemand::On, RemoteMode::Revoke);
     assert!(on.pages_on_demand(rxe));
     assert!(on.applies(&req(rxe, LOCAL_WRITE)));
+}
+
+/// An app may use one MR on any transport of the device and through shared receive
+/// queues, and `auto` was not asked for: it leaves pinned a device whose UD send and
+/// receive or RC's SRQ receive are not paged on demand (a blind monitor then turns caching
+/// off, as without `MRCACHE_ODP`); `on` asks only what RC needs. Seen failing with `auto`
+/// asking only RC's send, receive, write and read.
+#[test]
+fn auto_leaves_pinned_a_device_that_pages_less_than_every_transport() {
+    let auto = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
+    let on = Policy::new(OnDemand::On, RemoteMode::Revoke);
+    let ud_sends_only = context_of(0, FULL_RC, ffi::IBV_ODP_SUPPORT_SEND, true, full());
+    let no_srq = context_of(0, ALL_BUT_ATOMIC, UD, true, full());
+    let every = context_of(0, FULL_RC, UD, true, full());
+    for ctx in [ud_sends_only, no_srq] {
+        assert!(!auto.pages_on_demand(ctx));
+        assert!(on.pages_on_demand(ctx));
+    }
+    assert!(auto.pages_on_demand(every));
 }
