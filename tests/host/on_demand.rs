@@ -104,3 +104,25 @@ fn on_with_a_blind_monitor_caches_on_demand_entries() {
         "{out}"
     );
 }
+
+/// Under the default `auto`, a registration the device cannot pin for want of lockable
+/// memory (ENOMEM: the memlock limit) is made on demand instead, on a device that pages every
+/// transport on demand: it pins nothing, and the monitor still sees its unmaps. Seen failing
+/// before the fallback: `memlock: mr NULL errno 12 (on demand 0)`; with `MRCACHE_ODP=off`
+/// it still fails so.
+#[test]
+fn auto_registers_on_demand_where_pinning_fails() {
+    let out = run("memlock", &[("MRCACHE_MONITOR", "patch")]);
+    assert_eq!(
+        common::line(&out, "memlock:"),
+        "memlock: mr ok errno 0 (on demand 1)"
+    );
+    let out = run(
+        "memlock",
+        &[("MRCACHE_MONITOR", "patch"), ("MRCACHE_ODP", "off")],
+    );
+    assert_eq!(
+        common::line(&out, "memlock:"),
+        "memlock: mr NULL errno 12 (on demand 0)"
+    );
+}

@@ -73,9 +73,18 @@ impl Policy {
             OnDemand::Auto => self.only.get().is_some(),
             OnDemand::On => true,
         };
-        if !wanted {
-            return false;
-        }
+        wanted && self.device_pages(req)
+    }
+
+    /// Under `auto`, a registration of `req` that could not be pinned for want of lockable
+    /// memory (ENOMEM, EAGAIN: the memlock limit): whether to make it on demand instead,
+    /// which pins nothing.
+    pub fn instead_of_pinning(&self, req: &Request) -> bool {
+        self.mode == OnDemand::Auto && self.device_pages(req)
+    }
+
+    /// Whether the device of `req` pages it on demand, as the mode asks.
+    fn device_pages(&self, req: &Request) -> bool {
         if req.access & REMOTE_ATOMIC != 0 {
             let atomic = ffi::IBV_ODP_SUPPORT_ATOMIC;
             return self.device(req.context).rc & atomic != 0 && self.pages_on_demand(req.context);

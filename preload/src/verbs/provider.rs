@@ -44,6 +44,37 @@ impl Provider {
         }
     }
 
+    /// Register `made`, the cache's form of the app's request `app`: on demand where the
+    /// policy says so; and where pinning fails for want of lockable memory (ENOMEM, EAGAIN:
+    /// the memlock limit) and `auto` finds the device able, on demand instead, which pins
+    /// nothing. A failed second try leaves the first one's errno.
+    fn register_for(&self, app: &Request, made: Request) -> Result<Mr, i32> {
+        let on_demand = Request {
+            access: made.access | ON_DEMAND,
+            ..made
+        };
+        if self.odp.applies(app) {
+            return self.register_as(&on_demand);
+        }
+        match self.register_as(&made) {
+            Err(e)
+                if matches!(e, libc::ENOMEM | libc::EAGAIN) && self.odp.instead_of_pinning(app) =>
+            {
+                (self.log)(
+                    LogLevel::Debug,
+                    format_args!(
+                        "ibv_reg_mr({:#x}, {}): pinning failed (errno {e}): registered on demand instead",
+                        app.addr, app.len
+                    ),
+                );
+                self.register_as(&on_demand)
+                    .inspect_err(|_| crate::sys::set_errno(e))
+                    .map_err(|_| e)
+            }
+            r => r,
+        }
+    }
+
     /// Register exactly `req` (its access flags as given) through the provider's op, or
     /// libibverbs' wrapper where the op is missing or optional bits need its masking.
     fn register_as(&self, req: &Request) -> Result<Mr, i32> {
@@ -140,13 +171,7 @@ impl Registrar for Provider {
     }
 
     fn register(&self, req: &Request) -> Result<Mr, i32> {
-        if self.odp.applies(req) {
-            return self.register_as(&Request {
-                access: req.access | ON_DEMAND,
-                ..*req
-            });
-        }
-        self.register_as(req)
+        self.register_for(req, *req)
     }
 
     fn deregister(&self, mr: Mr) -> Result<(), i32> {
@@ -234,15 +259,7 @@ impl Registrar for Provider {
         let writes = remote_writes | mrcache::access::LOCAL_WRITE;
         let saved = crate::sys::errno();
         // On demand as the app's request allows (its remote atomics need the device's).
-        let local = if self.odp.applies(req) {
-            Request {
-                access: local.access | ON_DEMAND,
-                ..local
-            }
-        } else {
-            local
-        };
-        match self.register_as(&local) {
+        match self.register_for(req, local) {
             // MW_BIND makes the kernel pin the pages writable: read-only memory (a
             // PROT_READ mapping, remote read only) fails with it, not with the app's
             // rights. libibverbs registers it with those instead.

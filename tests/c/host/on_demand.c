@@ -13,6 +13,9 @@
  *   on_demand evict    five rounds of a pair on the ODP device and a pair on a second device
  *                      without ODP (MRCACHE_MAX_ENTRIES=1): "evict: provider registrations on
  *                      the ODP device R of 5"
+ *   on_demand memlock  a 1 MiB registration on a device that pages every transport on demand
+ *                      and refuses to pin it (ENOMEM, as the memlock limit does):
+ *                      "memlock: mr ok|NULL errno E (on demand O)"
  * exit 0; 3: a call that must work failed. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,7 +25,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-/* The context's cmd_fd (unused here) says whether its device pages on demand. */
+/* The context's cmd_fd (unused here) says whether its device pages on demand: 0 no, 1 the
+ * RC transport, 2 every transport (and then it pins nothing: ENOMEM without ON_DEMAND). */
 static struct verbs_context vctx, other;
 static struct ibv_pd pd, other_pd;
 static int regs, odp_regs, pd_regs;
@@ -34,12 +38,20 @@ static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_inpu
         attr->odp_caps.per_transport_caps.rc_odp_caps =
             IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
     }
+    if (c->cmd_fd == 2) {
+        attr->odp_caps.per_transport_caps.rc_odp_caps |= IBV_ODP_SUPPORT_SRQ_RECV;
+        attr->odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+    }
     return 0;
 }
 
 static struct ibv_mr *reg(struct ibv_pd *p, void *addr, size_t len, uint64_t iova, int access) {
     if ((access & IBV_ACCESS_ON_DEMAND) && !p->context->cmd_fd) {
         errno = EOPNOTSUPP;
+        return NULL;
+    }
+    if (!(access & IBV_ACCESS_ON_DEMAND) && p->context->cmd_fd == 2) {
+        errno = ENOMEM;
         return NULL;
     }
     regs++;
@@ -91,6 +103,15 @@ int main(int argc, char **argv) {
             if (!m || ibv_dereg_mr(m)) return 3;
         }
         printf("blind_on: provider registrations on the ODP device %d of 5\n", pd_regs);
+        return 0;
+    }
+    if (!strcmp(mode, "memlock")) {
+        open_device(2);
+        errno = 0;
+        struct ibv_mr *n = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE);
+        printf("memlock: mr %s errno %d (on demand %d)\n", n ? "ok" : "NULL", n ? 0 : errno,
+               odp_regs);
+        if (n && ibv_dereg_mr(n)) return 3;
         return 0;
     }
     struct ibv_mr *m = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE);
