@@ -126,8 +126,11 @@ pub fn set_up() -> Runtime {
             // on demand, caching only on-demand entries would cache nothing. Under `on` the
             // user asked for them, on whichever device pages on demand.
             let context = crate::runtime::SETUP_CONTEXT.load(Relaxed);
-            let odp = config.odp == OnDemand::On
-                || context != 0 && cache.registrar().odp.pages_on_demand(context);
+            let odp = match config.odp {
+                OnDemand::On => true,
+                OnDemand::Auto => context != 0 && cache.registrar().odp.pages_on_demand(context),
+                OnDemand::Off => false,
+            };
             if !(odp && on_demand_only(cache, &why)) {
                 fail_closed(cache, &why);
             }
