@@ -64,13 +64,7 @@ fn register_in_mode(
     if mode & fast::TRACED != 0 {
         return register_traced(mode, call, pd, addr, len, iova, access);
     }
-    let reg = Reg {
-        pd,
-        addr,
-        len,
-        iova,
-        access,
-    };
+    let reg = Reg::new(pd, addr, len, iova, access);
     through::register(reg, Tell::Nothing, None).0
 }
 
@@ -120,13 +114,7 @@ fn register_lane(
         Lane::Bypass => (false, Bypassed::RemoteAccess),
     };
     note_bypass(why);
-    let reg = Reg {
-        pd,
-        addr,
-        len,
-        iova,
-        access,
-    };
+    let reg = Reg::new(pd, addr, len, iova, access);
     Some(through::register(
         reg,
         Tell::Lane(cache),
@@ -167,13 +155,7 @@ fn register_inner(
     iova: u64,
     access: u32,
 ) -> (*mut IbvMr, Outcome) {
-    let reg = Reg {
-        pd,
-        addr,
-        len,
-        iova,
-        access,
-    };
+    let reg = Reg::new(pd, addr, len, iova, access);
     let passthrough = |why: Bypassed| {
         note_bypass(why);
         let nested = why == Bypassed::Nested;

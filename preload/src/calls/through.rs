@@ -39,6 +39,18 @@ pub struct Reg {
 }
 
 impl Reg {
+    /// The registration as the hook received it.
+    #[inline(always)]
+    pub fn new(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, access: u32) -> Reg {
+        Reg {
+            pd,
+            addr,
+            len,
+            iova,
+            access,
+        }
+    }
+
     fn real(&self) -> *mut IbvMr {
         real::reg_mr_iova2(self.pd, self.addr, self.len, self.iova, self.access)
     }
