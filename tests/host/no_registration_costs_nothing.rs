@@ -194,3 +194,38 @@ fn the_library_needs_only_libc_and_the_loader() {
         "allocator functions reached both through the PLT and the GOT: {split:?}"
     );
 }
+
+/// The constructor looks no symbol up: glibc's loader, asked to log every lookup
+/// (`LD_DEBUG=symbols`), is asked for none of the functions the hooks forward to that no
+/// object's relocations name, and `dlsym`'s own lookup (`_dl_find_dso_for_object`) never
+/// runs. Each hook finds libc's function and the next definition at its first call, from the
+/// loader's list and the objects' symbol tables.
+#[test]
+fn the_constructor_looks_up_no_symbol() {
+    let out = Command::new("/bin/true")
+        .env("LD_DEBUG", "symbols")
+        .env("LD_PRELOAD", common::lib())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("symbol=free;"),
+        "LD_DEBUG=symbols logged no lookup: {log}"
+    );
+    let looked_up: Vec<(&str, usize)> = [
+        "_Fork",
+        "posix_madvise",
+        "process_madvise",
+        "remap_file_pages",
+        "_dl_find_dso_for_object",
+    ]
+    .into_iter()
+    .map(|name| (name, log.matches(&format!("symbol={name};")).count()))
+    .filter(|&(_, n)| n > 0)
+    .collect();
+    assert!(
+        looked_up.is_empty(),
+        "looked up before any hook was called (name, lookups): {looked_up:?}"
+    );
+}

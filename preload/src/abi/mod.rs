@@ -184,15 +184,13 @@ pub extern "C" fn _Fork() -> libc::pid_t {
     crate::runtime::fork::signal_safe_fork()
 }
 
-/// Constructor: find libc's pieces for the hooks (`load::install`). It never loads or looks
-/// up libibverbs (its functions are looked up at first use), allocates nothing, prints
-/// nothing and patches nothing (libc's entries are patched at the first registration:
-/// `load::patch_libc`), so a process that never registers memory runs as without us.
+/// Constructor: read `MRCACHE_MONITOR` and `MRCACHE_ENABLE` and note our hooks' first bytes
+/// (`load::install`). It never loads or looks up libibverbs (its functions are looked up at
+/// first use), allocates nothing, prints nothing and patches nothing (libc's entries are
+/// patched at the first registration: `load::patch_libc`); the hooks look up libc's
+/// functions and the next definitions at their first call (`monitor::forward`), so a process
+/// that never registers memory runs as without us.
 extern "C" fn init() {
-    crate::monitor::dlsym::resolve();
-    // _Fork may run in a signal handler, where dlsym could wait for a loader lock the
-    // interrupted thread holds: look it up now.
-    crate::sys::symbol::FORK.resolve();
     crate::monitor::load::install();
 }
 

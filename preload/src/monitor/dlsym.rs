@@ -33,13 +33,6 @@ static REAL_DLVSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static SELF_LO: AtomicUsize = AtomicUsize::new(0);
 static SELF_HI: AtomicUsize = AtomicUsize::new(0);
 
-/// Resolve libc's functions and our own span (constructor; also done lazily).
-pub fn resolve() {
-    let _ = real_dlsym();
-    let _ = real_dlvsym();
-    let _ = self_span();
-}
-
 fn real_dlsym() -> Option<DlsymFn> {
     let p = slot(&REAL_DLSYM, c"dlsym")?;
     // SAFETY: libc's dlsym has this prototype.

@@ -22,15 +22,16 @@
 //! issue the system call themselves, as libc's own functions do (libc's `mprotect` entry
 //! holds our jump to the same hook; the others are plain system call wrappers).
 //!
-//! Resolved in the constructor (libc's entries from libc's handle, the next definitions
-//! with libc's `dlsym(RTLD_NEXT)` called from here); read with one load each. No
-//! allocation, no lock: these run inside allocators. Before the constructor a call through
-//! our symbol goes to libc's entry, as one through our jump does.
+//! Each entry finds libc's function and the next definition of its name at its first call
+//! (`elf::libc_symbol`, `elf::next_after_own`: read from the loader's list and the objects'
+//! symbol tables, no lock, no allocation: these run inside allocators and signal
+//! handlers), then reads them with one load each. A process that never calls a hook looks
+//! nothing up.
 
 use crate::monitor::patch::PatchTarget;
 use crate::sys::symbol::Symbol;
 use std::cell::Cell;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 /// How a call reached the hook.
@@ -61,7 +62,8 @@ pub struct Entry<F> {
     /// None: a call whose hook issues the system call itself when there is no next
     /// interposer (`unpatched`).
     target: Option<PatchTarget>,
-    /// Another interposer's definition, found next after ours (null: none, or not yet).
+    /// Another interposer's definition, found next after ours (null: none; `UNRESOLVED`:
+    /// not looked up yet).
     next: AtomicPtr<c_void>,
 }
 
@@ -83,7 +85,7 @@ impl<F: Copy> Entry<F> {
             // SAFETY: the caller's contract.
             libc: unsafe { Symbol::next(name) },
             target: Some(target),
-            next: AtomicPtr::new(std::ptr::null_mut()),
+            next: AtomicPtr::new(UNRESOLVED),
         }
     }
 
@@ -98,7 +100,7 @@ impl<F: Copy> Entry<F> {
             // SAFETY: the caller's contract.
             libc: unsafe { Symbol::next(name) },
             target: None,
-            next: AtomicPtr::new(std::ptr::null_mut()),
+            next: AtomicPtr::new(UNRESOLVED),
         }
     }
 
@@ -127,7 +129,7 @@ impl<F: Copy> Entry<F> {
             return None;
         }
         if via == Via::Symbol && back.is_none() {
-            let next = self.next.load(Acquire);
+            let next = self.next();
             if !next.is_null() {
                 return Some(To {
                     f: Self::typed(next),
@@ -142,8 +144,7 @@ impl<F: Copy> Entry<F> {
             crate::monitor::patch::Site::Other => {
                 let mut at = self.libc.address();
                 if at.is_null() {
-                    // Before our constructor (another library's constructor calls us): from
-                    // libc's symbol table, without dlsym or allocation.
+                    // The first call: from libc's symbol table, without dlsym or allocation.
                     at = crate::sys::elf::libc_symbol(self.name());
                     self.libc.store(at);
                 }
@@ -190,23 +191,27 @@ impl<F: Copy> Entry<F> {
         self as *const Self as usize
     }
 
-    fn resolve_in(&self, libc_handle: *mut c_void) {
-        self.libc.resolve_in(libc_handle);
-    }
-
-    /// Find the next definition after ours with `dlsym`, libc's (called from here: RTLD_NEXT
-    /// starts after libmrcache.so), and keep it when it is not libc's entry.
-    fn resolve_next(&self, dlsym: DlsymFn) {
-        // SAFETY: libc's dlsym with a pseudo-handle and a NUL-terminated name.
-        let next = unsafe { dlsym(libc::RTLD_NEXT, self.name().as_ptr()) };
-        let libc = crate::sys::elf::libc_symbol(self.name());
-        if !next.is_null() && !libc.is_null() && next != libc {
-            self.next.store(next, Release);
+    /// The next definition of the name after ours when that is not libc's entry (null:
+    /// none), looked up at the first call.
+    fn next(&self) -> *mut c_void {
+        let next = self.next.load(Acquire);
+        if next != UNRESOLVED {
+            return next;
         }
+        let found = crate::sys::elf::next_after_own(self.name());
+        let libc = crate::sys::elf::libc_symbol(self.name());
+        let next = if !found.is_null() && !libc.is_null() && found != libc {
+            found
+        } else {
+            std::ptr::null_mut()
+        };
+        self.next.store(next, Release);
+        next
     }
 }
 
-type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+/// `Entry::next` before its lookup (no function is at address 1).
+const UNRESOLVED: *mut c_void = std::ptr::dangling_mut::<c_void>();
 
 thread_local! {
     /// The call a hook of this thread is forwarding: (entry | stage, first argument);
@@ -262,63 +267,23 @@ pub static PROCESS_MADVISE: Entry<ProcessMadviseFn> =
 pub static REMAP_FILE_PAGES: Entry<RemapFilePagesFn> =
     unsafe { Entry::unpatched(c"remap_file_pages") };
 
-/// Find libc's entry points (constructor, before any patch of ours).
-pub fn resolve(libc_handle: *mut c_void) {
-    MUNMAP.resolve_in(libc_handle);
-    MADVISE.resolve_in(libc_handle);
-    MREMAP.resolve_in(libc_handle);
-    MMAP.resolve_in(libc_handle);
-    MMAP64.resolve_in(libc_handle);
-    SHMAT.resolve_in(libc_handle);
-    SHMDT.resolve_in(libc_handle);
-    BRK.resolve_in(libc_handle);
-    SBRK.resolve_in(libc_handle);
-}
-
-/// Find the next definitions after ours (constructor, or earlier from `dlsym` when another
-/// library's constructor looks up a memory function: before anything else `install` does,
-/// which may stop early).
 /// The interposer found next after us for the memory function `name` (null: none). `dlsym`
 /// answers it where the loader's answer would be our own hook: without us the caller (an
 /// interposer before ours, or a lookup from the program) would get that definition.
 pub fn next_definition(name: &CStr) -> *mut c_void {
-    let nexts: [(&CStr, &AtomicPtr<c_void>); 9] = [
-        (MUNMAP.name(), &MUNMAP.next),
-        (MADVISE.name(), &MADVISE.next),
-        (MREMAP.name(), &MREMAP.next),
-        (MMAP.name(), &MMAP.next),
-        (MMAP64.name(), &MMAP64.next),
-        (SHMAT.name(), &SHMAT.next),
-        (SHMDT.name(), &SHMDT.next),
-        (BRK.name(), &BRK.next),
-        (SBRK.name(), &SBRK.next),
+    let nexts: [(&CStr, &dyn Fn() -> *mut c_void); 9] = [
+        (MUNMAP.name(), &|| MUNMAP.next()),
+        (MADVISE.name(), &|| MADVISE.next()),
+        (MREMAP.name(), &|| MREMAP.next()),
+        (MMAP.name(), &|| MMAP.next()),
+        (MMAP64.name(), &|| MMAP64.next()),
+        (SHMAT.name(), &|| SHMAT.next()),
+        (SHMDT.name(), &|| SHMDT.next()),
+        (BRK.name(), &|| BRK.next()),
+        (SBRK.name(), &|| SBRK.next()),
     ];
     nexts
         .iter()
         .find(|(n, _)| *n == name)
-        .map_or(std::ptr::null_mut(), |(_, next)| next.load(Acquire))
-}
-
-pub fn resolve_next() {
-    // libc's own dlsym, not ours (whose routing is for other callers).
-    let dlsym = crate::sys::elf::libc_symbol(c"dlsym");
-    if dlsym.is_null() {
-        return;
-    }
-    // SAFETY: libc's dlsym has this prototype.
-    let dlsym = unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(dlsym) };
-    MUNMAP.resolve_next(dlsym);
-    MADVISE.resolve_next(dlsym);
-    MREMAP.resolve_next(dlsym);
-    MMAP.resolve_next(dlsym);
-    MMAP64.resolve_next(dlsym);
-    SHMAT.resolve_next(dlsym);
-    SHMDT.resolve_next(dlsym);
-    BRK.resolve_next(dlsym);
-    SBRK.resolve_next(dlsym);
-    MPROTECT.resolve_next(dlsym);
-    PKEY_MPROTECT.resolve_next(dlsym);
-    POSIX_MADVISE.resolve_next(dlsym);
-    PROCESS_MADVISE.resolve_next(dlsym);
-    REMAP_FILE_PAGES.resolve_next(dlsym);
+        .map_or(std::ptr::null_mut(), |(_, next)| next())
 }

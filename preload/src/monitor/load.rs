@@ -4,11 +4,10 @@
 //! no allocation, nothing printed (a bad value is reported at the first registration).
 
 use crate::monitor::memory::{
-    CURBRK, GLIBC_REALLOC, REPORTING, brk, madvise, mmap, mmap64, mprotect, mremap, munmap,
-    pkey_mprotect, realloc, sbrk, shmat, shmdt,
+    REPORTING, brk, madvise, mmap, mmap64, mprotect, mremap, munmap, pkey_mprotect, realloc, sbrk,
+    shmat, shmdt,
 };
 use crate::monitor::patch::{self, PatchTarget, Target};
-use crate::sys::symbol;
 use std::ffi::c_void;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicPtr, AtomicUsize,
@@ -83,27 +82,14 @@ pub fn install() {
     if STARTED.swap(true, Relaxed) {
         return;
     }
-    crate::monitor::forward::resolve_next();
     // May run inside a sanitizer's set-up (its dlsym of a memory function): nothing here
-    // calls what it intercepts (no dlopen, dl_iterate_phdr, malloc or pthread_*).
+    // calls what it intercepts (no dlopen, dl_iterate_phdr, malloc or pthread_*). The hooks
+    // find libc's functions and the next definitions at their first call (`forward`).
     let h = crate::sys::elf::libc_handle();
     if h.is_null() {
         return;
     }
     LIBC.store(h, Relaxed);
-    crate::monitor::forward::resolve(h);
-    // The definition libc's own code uses (through its GOT): a program that reads
-    // __curbrk holds a copy of it (a copy relocation), found first; libc's original is not.
-    CURBRK.store(
-        symbol::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void,
-        Relaxed,
-    );
-    symbol::REALLOC.resolve();
-    let next = symbol::REALLOC.address();
-    GLIBC_REALLOC.store(
-        !next.is_null() && next == symbol::address(h, c"realloc"),
-        Relaxed,
-    );
     let monitor = LoadMonitor::from_env();
     if monitor == LoadMonitor::None {
         REPORTING.store(false, Relaxed);

@@ -153,8 +153,8 @@ pub extern "C" fn child() {
 /// use fork(). (glibc's fork() calls its internal _Fork directly, never this.)
 /// The `_Fork` hook's body (`abi::_Fork`).
 pub fn signal_safe_fork() -> libc::pid_t {
-    // Looked up in the constructor; here only when called before it ran (from another
-    // library's constructor).
+    // Looked up at the first call, without a lock (`elf::next_after_own`): a program that
+    // calls _Fork runs on a libc that defines it, where the walk finds it.
     let Some(real) = crate::sys::symbol::FORK.get() else {
         crate::sys::set_errno(libc::ENOSYS);
         return -1;

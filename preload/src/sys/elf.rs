@@ -81,6 +81,59 @@ fn maps() -> impl Iterator<Item = &'static LinkMap> {
     })
 }
 
+/// The definition of `name` that follows libmrcache.so in the loader's list, up to libc:
+/// what `dlsym(RTLD_NEXT, name)` called from our code answers (the objects loaded at
+/// start-up are listed in the order of the search: the program, the preloads, their
+/// dependencies). Read without the loader's lock and without a call, so it is safe inside
+/// allocators, signal handlers and a sanitizer's set-up: the hooks look their next
+/// definition up at their first call, not in the constructor. The walk stops at libc, whose
+/// neighbours stay loaded; a name libc does not define (an older libc's `_Fork`, `dlclose`
+/// or `process_madvise`), or one that follows an object without a GNU hash table, is asked
+/// of libc's `dlsym` instead. Null when none is found.
+pub fn next_after_own(name: &CStr) -> *mut c_void {
+    let (own, libc) = (Own::get().base, libc_handle() as *const LinkMap);
+    let mut after = false;
+    for m in maps() {
+        if !after {
+            after = m.l_addr == own;
+            continue;
+        }
+        // SAFETY: m is one of the loader's link_maps: its load base and mapped dynamic
+        // section.
+        match unsafe { lookup_gnu_hash(m.l_addr, m.l_ld, name) } {
+            Some(0) => {}
+            Some(at) => return at as *mut c_void,
+            // An object without a GNU hash table (linked --hash-style=sysv): libc's dlsym
+            // reads it.
+            None => break,
+        }
+        if std::ptr::eq(m, libc) {
+            break;
+        }
+    }
+    if !after || libc.is_null() {
+        return std::ptr::null_mut();
+    }
+    let dlsym = libc_symbol(c"dlsym");
+    if dlsym.is_null() {
+        return dlsym;
+    }
+    type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+    // SAFETY: libc's dlsym, of this prototype, called from here: RTLD_NEXT starts after
+    // libmrcache.so.
+    unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(dlsym)(libc::RTLD_NEXT, name.as_ptr()) }
+}
+
+/// The first definition of `name` in the loader's list, the program's first: what
+/// `dlsym(RTLD_DEFAULT, name)` answers (a variable the program holds a copy of is the
+/// program's). Read as `next_after_own`. Null when none is found.
+pub fn first_definition(name: &CStr) -> *mut c_void {
+    // SAFETY: each map is one of the loader's, its load base and mapped dynamic section.
+    maps()
+        .find_map(|m| unsafe { lookup_gnu_hash(m.l_addr, m.l_ld, name) }.filter(|&a| a != 0))
+        .map_or(std::ptr::null_mut(), |a| a as *mut c_void)
+}
+
 /// An object's file name without its directory ("" for the program).
 fn base_name(map: &LinkMap) -> &[u8] {
     if map.l_name.is_null() {

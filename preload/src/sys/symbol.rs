@@ -15,12 +15,13 @@ enum Scope {
     /// libibverbs, under this symbol version: `dlvsym(RTLD_NEXT)`, else through a
     /// `RTLD_NOLOAD` handle (libibverbs loaded `RTLD_LOCAL`).
     Verbs(&'static CStr),
-    /// The next definition after ours: `dlsym(RTLD_NEXT)`.
+    /// The next definition after ours, as `dlsym(RTLD_NEXT)` answers
+    /// (`elf::next_after_own`: no lock, no allocation).
     Next,
 }
 
 /// A real function, stored with its type `F` (an `unsafe extern "C" fn`): looked up at the
-/// first `get` (or stored by the constructor), then one atomic load.
+/// first `get` (or stored beforehand), then one atomic load.
 pub struct Symbol<F> {
     name: &'static CStr,
     scope: Scope,
@@ -57,7 +58,7 @@ impl<F: Copy> Symbol<F> {
         if p.is_null() {
             p = match self.scope {
                 Scope::Verbs(version) => lookup_verbs(self.name, version),
-                Scope::Next => address(libc::RTLD_NEXT, self.name),
+                Scope::Next => super::elf::next_after_own(self.name),
             };
             if p.is_null() {
                 return None;
@@ -83,17 +84,6 @@ impl<F: Copy> Symbol<F> {
     /// Use the function at `p`.
     pub fn store(&self, p: *mut c_void) {
         self.slot.store(p, Ordering::Release);
-    }
-
-    /// Use the definition in `handle` (the constructor: libc's own, by its handle).
-    pub fn resolve_in(&self, handle: *mut c_void) {
-        self.slot
-            .store(address(handle, self.name), Ordering::Release);
-    }
-
-    /// Look it up now (the constructor), where it is not yet.
-    pub fn resolve(&self) {
-        let _ = self.get();
     }
 }
 

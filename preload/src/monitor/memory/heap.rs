@@ -9,7 +9,7 @@ use crate::sys::{set_errno, syscall6};
 use mrcache::stats::UnmapSource;
 use mrcache::trace::Call;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize};
 
 /// What `brk(addr)` gives back when the break is at `cur`: `[addr, cur)` as (start, len), or
 /// None when it grows, stays, or only asks (`addr` 0).
@@ -39,8 +39,21 @@ pub(super) fn mmapped_chunk(ptr: usize, prev_size: usize, size: usize) -> Option
 }
 
 /// libc's `__curbrk` (the program's copy if it has one: libc keeps that), which its brk
-/// keeps; our brk must keep it too.
-pub static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// keeps; our brk must keep it too. Null until the first call that needs it (`curbrk`).
+static CURBRK: AtomicPtr<*mut c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// `__curbrk` as libc's own code uses it (through its GOT): the first definition in the
+/// loader's list, the program's copy (a copy relocation) before libc's original. Found
+/// without dlsym or allocation (a brk hook may run inside an allocator, or before any
+/// constructor of ours). Null when there is none.
+fn curbrk() -> *mut *mut c_void {
+    let mut p = CURBRK.load(Relaxed);
+    if p.is_null() {
+        p = crate::sys::elf::first_definition(c"__curbrk") as *mut *mut c_void;
+        CURBRK.store(p, Relaxed);
+    }
+    p
+}
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
@@ -56,13 +69,7 @@ pub(super) extern "C" fn brk_from_libc(addr: *mut c_void) -> c_int {
 /// points at its hook (a brk system call of its own, unseen by us).
 pub(super) fn move_break(via: Via, addr: *mut c_void) -> c_int {
     let t = t0();
-    let mut curbrk = CURBRK.load(Relaxed);
-    if curbrk.is_null() {
-        // Called before our constructor (another library's initialisation): find libc's
-        // __curbrk now, or libc's sbrk and malloc would go on from a stale break.
-        curbrk = symbol::address(libc::RTLD_DEFAULT, c"__curbrk") as *mut *mut c_void;
-        CURBRK.store(curbrk, Relaxed);
-    }
+    let curbrk = curbrk();
     let cur = if curbrk.is_null() {
         0
     } else {
@@ -142,8 +149,8 @@ pub(super) fn current_break(
     e: &forward::Entry<forward::SbrkFn>,
     to: forward::To<forward::SbrkFn>,
 ) -> usize {
-    let curbrk = CURBRK.load(Relaxed);
-    // SAFETY: CURBRK is null or libc's exported __curbrk variable.
+    let curbrk = curbrk();
+    // SAFETY: curbrk is null or libc's exported __curbrk variable.
     match unsafe { curbrk.as_ref() } {
         Some(&b) if !b.is_null() => b as usize,
         // SAFETY: sbrk(0) only reads the break.
@@ -154,7 +161,7 @@ pub(super) fn current_break(
 /// glibc's sbrk: move the break by `incr` through `brk` and return the old one.
 pub(super) fn own_sbrk(incr: isize) -> *mut c_void {
     const FAILED: *mut c_void = usize::MAX as *mut c_void;
-    let curbrk = CURBRK.load(Relaxed);
+    let curbrk = curbrk();
     if curbrk.is_null() {
         set_errno(libc::ENOMEM);
         return FAILED;
@@ -297,8 +304,20 @@ pub(super) fn shmdt_via(via: Via, addr: *const c_void) -> c_int {
     r
 }
 
-/// The realloc underneath is glibc's, whose chunk headers we may read.
-pub static GLIBC_REALLOC: AtomicBool = AtomicBool::new(false);
+/// Whether the realloc underneath is glibc's, whose chunk headers we may read: looked up at
+/// the first call that needs it (0 not yet, 1 no, 2 yes).
+static GLIBC_REALLOC: AtomicU8 = AtomicU8::new(0);
+
+fn glibc_realloc(next: *mut c_void) -> bool {
+    match GLIBC_REALLOC.load(Relaxed) {
+        0 => {
+            let glibc = next == crate::sys::elf::libc_symbol(c"realloc");
+            GLIBC_REALLOC.store(1 + glibc as u8, Relaxed);
+            glibc
+        }
+        known => known == 2,
+    }
+}
 
 /// glibc's realloc of an mmapped chunk moves it with its internal `__mremap`, which no
 /// symbol hook and no patched entry point sees: report the old chunk first.
@@ -309,7 +328,7 @@ pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    if !ptr.is_null() && GLIBC_REALLOC.load(Relaxed) && QUEUE.is_active() {
+    if !ptr.is_null() && QUEUE.is_active() && glibc_realloc(real as *mut c_void) {
         // SAFETY: ptr is a live glibc allocation (the caller passes it to realloc): its
         // chunk header is the two words before it.
         let (prev, size_field) =
