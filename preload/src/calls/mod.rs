@@ -12,6 +12,7 @@ use crate::runtime::{
 use crate::trace;
 use crate::verbs::provider::Provider;
 use crate::verbs::real;
+use mrcache::access::Bypass;
 use mrcache::cache::{AcquireError, Cache, Detached, Lane, Released, Request};
 use mrcache::config::{LogLevel, Monitor};
 use mrcache::stats::Bypassed;
@@ -156,11 +157,6 @@ fn register_inner(
     access: u32,
 ) -> (*mut IbvMr, Outcome) {
     let reg = Reg::new(pd, addr, len, iova, access);
-    let passthrough = |why: Bypassed| {
-        note_bypass(why);
-        let nested = why == Bypassed::Nested;
-        through::register(reg, Tell::Passed { nested }, None)
-    };
     // A remote call's round is timed whole, from here to the return (what the app pays
     // for a hit: the hook's checks, the shadow copy, the window bind and its completion):
     // an admission figure (`Cache::note_remote_hit`), on one call in about
@@ -172,117 +168,161 @@ fn register_inner(
     // Before the checks: a disarm after this keeps the fast path shut (see `fast`).
     let seen = crate::runtime::fast::seen();
     let Some(_guard) = Guard::enter() else {
-        return passthrough(Bypassed::Nested);
+        return passed(reg, Bypassed::Nested);
     };
     shielded(
-        || {
-            if crate::runtime::get().is_none() && !pd.is_null() {
-                // SAFETY: pd is the app's non-null PD.
-                let context = unsafe { (*pd).context } as usize;
-                let _ =
-                    crate::runtime::SETUP_CONTEXT.compare_exchange(0, context, Relaxed, Relaxed);
+        || match ready(pd) {
+            Ok((patch, cache, context)) => {
+                let at = Full {
+                    cache,
+                    patch,
+                    seen,
+                    t_hook,
+                };
+                at.serve(reg, context)
             }
-            let Some(rt) = runtime() else {
-                return passthrough(Bypassed::SettingUp); // another thread is setting the library up
-            };
-            if rt.cache.is_none() {
-                return passthrough(Bypassed::Disabled);
-            }
-            let Some(cache) = cache() else {
-                return passthrough(Bypassed::SettingUp); // another thread is replacing a fork child's cache
-            };
-            if forking() {
-                return passthrough(Bypassed::SettingUp); // a _Fork() is in progress on another thread
-            }
-            flush_after_fork(cache);
-            crate::runtime::drain::cycle_here();
-            if rt.monitor == Monitor::Patch {
-                crate::runtime::closed::check_patches_watched(cache);
-            }
-            if pd.is_null() {
-                return passthrough(Bypassed::NullPd); // libibverbs' own behaviour for a NULL pd
-            }
-            // SAFETY: pd is the app's non-null PD.
-            let context = unsafe { (*pd).context } as usize;
-            if crate::runtime::parents_context(context as *mut IbvContext) {
-                return passthrough(Bypassed::ParentsContext);
-            }
-            let req = Request {
-                pd: pd as usize,
-                context,
-                addr: addr as usize,
-                len,
-                iova,
-                access,
-            };
-            // A remote round the class needs figures of (its first ones, a confirmation,
-            // a trial's hits): timed whole from here, like the sampled ones above.
-            let t_hook = t_hook.or_else(|| {
-                (access & mrcache::access::REMOTE != 0 && cache.wants_hit_sample(&req))
-                    .then(std::time::Instant::now)
-            });
-            let result = cache.acquire(&req);
-            // After the registration: a new thread's start-up unmaps (arena set-up) would
-            // otherwise race this very registration and leave it uncached.
-            ensure_drain_thread();
-            trace::ensure_writer();
-            match result {
-                Ok((handle, o)) => {
-                    // A miss just cached an entry: the sites are read whatever the watch
-                    // word says (an overwrite no watched call announced, /proc/self/mem or
-                    // a raw mprotect, leaves it clean): caught here,
-                    // `stop_caching` takes the entry out of the index. Pass-throughs cache
-                    // nothing and skip it; hits keep the watched check.
-                    if o == mrcache::cache::Outcome::Miss && rt.monitor == Monitor::Patch {
-                        crate::runtime::closed::check_patches(cache);
-                    }
-                    crate::runtime::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
-                    let o = match o {
-                        mrcache::cache::Outcome::Hit => Outcome::Hit,
-                        mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
-                        mrcache::cache::Outcome::Miss => Outcome::Miss,
-                        mrcache::cache::Outcome::Uncached => Outcome::Uncached,
-                    };
-                    if let Some(t) = t_hook
-                        && matches!(o, Outcome::Hit | Outcome::HitContaining)
-                    {
-                        cache.note_remote_hit(&req, t.elapsed().as_nanos() as u64);
-                    }
-                    (handle as *mut IbvMr, o)
-                }
-                Err(AcquireError::Bypass(b)) => {
-                    // A remote call passed to libibverbs (under `bypass`; under `revoke`
-                    // one no window could be had for) passed every check above as a cached
-                    // call would: open the gate, so that the lane may take the next ones
-                    // (`Lane::Bypass`, under `bypass` only; a program whose every call is
-                    // remote would otherwise never open it, and pay this path, its shield
-                    // and its sampled clock reads on every call).
-                    if b == mrcache::access::Bypass::Remote {
-                        crate::runtime::fast::arm(seen, cache, rt.monitor == Monitor::Patch);
-                    }
-                    // Passed through by admission: libibverbs' registration is a sample of
-                    // what a miss of its class costs.
-                    // Sampled (`Cache::wants_passthrough_sample`); a probe always.
-                    let timed = match b {
-                        mrcache::access::Bypass::Probe => true,
-                        mrcache::access::Bypass::NotWorthCaching
-                        | mrcache::access::Bypass::Scan => cache.wants_passthrough_sample(&req),
-                        _ => false,
-                    };
-                    note_bypass(Bypassed::from(b));
-                    // Out of pinnable memory, as the miss path: the cache's idle entries
-                    // given back, libibverbs once more (a probe's range is still pinned by
-                    // its cached entry; libibverbs alone would have pinned it once).
-                    through::register(reg, Tell::Admitted(cache), timed.then_some(&req))
-                }
-                Err(AcquireError::Failed(e)) => {
-                    real::set_errno(e);
-                    (std::ptr::null_mut(), Outcome::Failed)
-                }
-            }
+            Err(why) => passed(reg, why),
         },
-        || passthrough(Bypassed::Panic),
+        || passed(reg, Bypassed::Panic),
     )
+}
+
+/// A registration of the full path passed to libibverbs before the cache was asked, for
+/// `why`.
+fn passed(reg: Reg, why: Bypassed) -> (*mut IbvMr, Outcome) {
+    note_bypass(why);
+    let nested = why == Bypassed::Nested;
+    through::register(reg, Tell::Passed { nested }, None)
+}
+
+/// The checks of the full path before the cache is asked: the library set up with a cache,
+/// no fork in progress, the fork child's flush and the patch check done, a PD of this
+/// process. Ok: whether the patch monitor runs, the cache, the PD's context. Err: why the
+/// registration passes through.
+fn ready(pd: *mut IbvPd) -> Result<(bool, &'static Cache<Provider>, usize), Bypassed> {
+    if crate::runtime::get().is_none() && !pd.is_null() {
+        // SAFETY: pd is the app's non-null PD.
+        let context = unsafe { (*pd).context } as usize;
+        let _ = crate::runtime::SETUP_CONTEXT.compare_exchange(0, context, Relaxed, Relaxed);
+    }
+    // Another thread is setting the library up.
+    let rt = runtime().ok_or(Bypassed::SettingUp)?;
+    if rt.cache.is_none() {
+        return Err(Bypassed::Disabled);
+    }
+    // Another thread is replacing a fork child's cache, or a _Fork() is in progress on
+    // another thread.
+    let cache = cache().ok_or(Bypassed::SettingUp)?;
+    if forking() {
+        return Err(Bypassed::SettingUp);
+    }
+    flush_after_fork(cache);
+    crate::runtime::drain::cycle_here();
+    let patch = rt.monitor == Monitor::Patch;
+    if patch {
+        crate::runtime::closed::check_patches_watched(cache);
+    }
+    if pd.is_null() {
+        return Err(Bypassed::NullPd); // libibverbs' own behaviour for a NULL pd
+    }
+    // SAFETY: pd is the app's non-null PD.
+    let context = unsafe { (*pd).context } as usize;
+    if crate::runtime::parents_context(context as *mut IbvContext) {
+        return Err(Bypassed::ParentsContext);
+    }
+    Ok((patch, cache, context))
+}
+
+/// A registration of the full path that passed `ready`.
+struct Full {
+    cache: &'static Cache<Provider>,
+    /// The patch monitor runs.
+    patch: bool,
+    /// The fast path's word before the checks (`fast::seen`).
+    seen: u64,
+    /// When a sampled remote call entered the hook.
+    t_hook: Option<std::time::Instant>,
+}
+
+impl Full {
+    /// Ask the cache (`Cache::acquire`) and act on its answer.
+    fn serve(&self, reg: Reg, context: usize) -> (*mut IbvMr, Outcome) {
+        let cache = self.cache;
+        let req = Request {
+            pd: reg.pd as usize,
+            context,
+            addr: reg.addr as usize,
+            len: reg.len,
+            iova: reg.iova,
+            access: reg.access,
+        };
+        // A remote round the class needs figures of (its first ones, a confirmation, a
+        // trial's hits): timed whole from here, like the sampled ones.
+        let t_hook = self.t_hook.or_else(|| {
+            (req.access & mrcache::access::REMOTE != 0 && cache.wants_hit_sample(&req))
+                .then(std::time::Instant::now)
+        });
+        let result = cache.acquire(&req);
+        // After the registration: a new thread's start-up unmaps (arena set-up) would
+        // otherwise race this very registration and leave it uncached.
+        ensure_drain_thread();
+        trace::ensure_writer();
+        match result {
+            Ok((handle, o)) => {
+                // A miss just cached an entry: the sites are read whatever the watch word
+                // says (an overwrite no watched call announced, /proc/self/mem or a raw
+                // mprotect, leaves it clean): caught here, `stop_caching` takes the entry
+                // out of the index. Pass-throughs cache nothing and skip it; hits keep the
+                // watched check.
+                if o == mrcache::cache::Outcome::Miss && self.patch {
+                    crate::runtime::closed::check_patches(cache);
+                }
+                crate::runtime::fast::arm(self.seen, cache, self.patch);
+                let o = match o {
+                    mrcache::cache::Outcome::Hit => Outcome::Hit,
+                    mrcache::cache::Outcome::HitContaining => Outcome::HitContaining,
+                    mrcache::cache::Outcome::Miss => Outcome::Miss,
+                    mrcache::cache::Outcome::Uncached => Outcome::Uncached,
+                };
+                if let Some(t) = t_hook
+                    && matches!(o, Outcome::Hit | Outcome::HitContaining)
+                {
+                    cache.note_remote_hit(&req, t.elapsed().as_nanos() as u64);
+                }
+                (handle as *mut IbvMr, o)
+            }
+            Err(AcquireError::Bypass(b)) => self.passed_by_cache(reg, &req, b),
+            Err(AcquireError::Failed(e)) => {
+                real::set_errno(e);
+                (std::ptr::null_mut(), Outcome::Failed)
+            }
+        }
+    }
+
+    /// The cache passed the registration through for `b`.
+    fn passed_by_cache(&self, reg: Reg, req: &Request, b: Bypass) -> (*mut IbvMr, Outcome) {
+        let cache = self.cache;
+        // A remote call passed to libibverbs (under `bypass`; under `revoke` one no window
+        // could be had for) passed every check above as a cached call would: open the
+        // gate, so that the lane may take the next ones (`Lane::Bypass`, under `bypass`
+        // only; a program whose every call is remote would otherwise never open it, and
+        // pay this path, its shield and its sampled clock reads on every call).
+        if b == Bypass::Remote {
+            crate::runtime::fast::arm(self.seen, cache, self.patch);
+        }
+        // Passed through by admission: libibverbs' registration is a sample of what a miss
+        // of its class costs. Sampled (`Cache::wants_passthrough_sample`); a probe always.
+        let timed = match b {
+            Bypass::Probe => true,
+            Bypass::NotWorthCaching | Bypass::Scan => cache.wants_passthrough_sample(req),
+            _ => false,
+        };
+        note_bypass(Bypassed::from(b));
+        // Out of pinnable memory, as the miss path: the cache's idle entries given back,
+        // libibverbs once more (a probe's range is still pinned by its cached entry;
+        // libibverbs alone would have pinned it once).
+        through::register(reg, Tell::Admitted(cache), timed.then_some(req))
+    }
 }
 
 /// `extern "C"` and apart, as `register`: the hook jumps here, one frame for the fast
