@@ -357,6 +357,11 @@ impl Slot {
         true
     }
 
+    /// The clock bit: released since the eviction hand last passed.
+    pub(crate) fn used(&self) -> bool {
+        self.state.load(Acquire) & USED != 0
+    }
+
     pub(crate) fn load(&self) -> u64 {
         self.state.load(Acquire)
     }
