@@ -42,9 +42,10 @@ const GEN: u64 = 1 << 27;
 pub(crate) const LAST_GENERATION: u64 = (1 << 23) - 1;
 const GENS: u64 = LAST_GENERATION * GEN;
 /// Lock-free hits counted in the slot itself (the claim's own compare-and-swap counts
-/// them, no shared counter is written): the top 14 bits, so that the claim that finds the
-/// field full carries out of the word, which empties it, and its caller adds
-/// `HITS_FLUSHED` to the cache's counter (one add and its carry, no compare).
+/// them, no shared counter is written), a statistic nothing decides on: the top 14 bits,
+/// so that the claim that finds the field full carries out of the word, which empties it,
+/// and its caller adds `HITS_FLUSHED` to the cache's counter (one add and its carry, no
+/// compare).
 const HIT: u64 = 1 << 50;
 const HITS: u64 = !0 << 50;
 pub(crate) const HITS_FLUSHED: u64 = 1 << 14;
@@ -355,6 +356,11 @@ impl Slot {
             return false;
         }
         true
+    }
+
+    /// The clock bit: released since the eviction hand last passed.
+    pub(crate) fn used(&self) -> bool {
+        self.state.load(Acquire) & USED != 0
     }
 
     pub(crate) fn load(&self) -> u64 {

@@ -194,13 +194,11 @@ pub(crate) struct State {
     /// Where the eviction clock hand stands.
     hand: usize,
     /// `MRCACHE_ADMIT=auto`: how often each key was seen lately (misses and locked hits,
-    /// and the lock-free hits the slots count, added as the clock hand passes).
+    /// and a use of each cached entry the clock hand finds released since it last passed).
     pub(crate) sketch: Option<crate::admission::Sketch>,
     /// MRs on their way to deregistration (as `in_flight`): their length and whether they
     /// were revocable, for the admission figures.
     landing: WordMap<usize, (usize, bool)>,
-    /// Per slot id: its lock-free hit count when the hand last passed (or at insert).
-    seen_hits: Vec<u16>,
     /// Per slot id: the previous and next entry of its admission class (`ClassKey`), a
     /// doubly linked list per class (`NO_ID` ends it), so a class's flip to pass-through
     /// visits that class's entries only (`evict_idle_class`).
@@ -465,14 +463,6 @@ impl State {
             return false;
         };
         slot.reset(&req, mr, grant.is_some());
-        if self.sketch.is_some() {
-            let now = (slots::hits(slot.load()) & 0x3fff) as u16;
-            let i = id as usize;
-            if self.seen_hits.len() <= i {
-                self.seen_hits.resize(i + 1, 0);
-            }
-            self.seen_hits[i] = now;
-        }
         if self.free_ids.pop().is_none() {
             self.next_id += 1;
         }

@@ -87,21 +87,14 @@ impl State {
         sk.see(key_hash(req), 1);
     }
 
-    /// The hand passes slot `id`: add the lock-free hits it counted since the last pass
-    /// (or its insert) to its key's frequency.
+    /// The hand passes slot `id`: an entry released since the hand last passed (its clock
+    /// bit, which a last release sets) counts one use of its key.
     pub(super) fn note_uses(&mut self, f: &Fast, id: u32) {
         let Some(slot) = f.slots.get(id) else { return };
-        let now = (slots::hits(slot.load()) & 0x3fff) as u16;
-        let i = id as usize;
-        if self.seen_hits.len() <= i {
-            self.seen_hits.resize(i + 1, now);
-        }
-        let delta = now.wrapping_sub(self.seen_hits[i]) & 0x3fff;
-        self.seen_hits[i] = now;
-        if delta > 0
+        if slot.used()
             && let Some(sk) = &mut self.sketch
         {
-            sk.see(key_hash(&slot.request()), delta as u64);
+            sk.see(key_hash(&slot.request()), 1);
         }
     }
 
