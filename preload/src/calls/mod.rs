@@ -199,6 +199,7 @@ fn passed(reg: Reg, why: Bypassed) -> (*mut IbvMr, Outcome) {
 /// no fork in progress, the fork child's flush and the patch check done, a PD of this
 /// process. Ok: whether the patch monitor runs, the cache, the PD's context. Err: why the
 /// registration passes through.
+#[inline(always)]
 fn ready(pd: *mut IbvPd) -> Result<(bool, &'static Cache<Provider>, usize), Bypassed> {
     if crate::runtime::get().is_none() && !pd.is_null() {
         // SAFETY: pd is the app's non-null PD.
@@ -246,6 +247,7 @@ struct Full {
 
 impl Full {
     /// Ask the cache (`Cache::acquire`) and act on its answer.
+    #[inline(always)]
     fn serve(&self, reg: Reg, context: usize) -> (*mut IbvMr, Outcome) {
         let cache = self.cache;
         let req = Request {
