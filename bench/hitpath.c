@@ -7,7 +7,12 @@
  * (or sequential) order; each figure is the median over 201 batches of 1,000
  * registration+deregistration pairs, in ns per pair, after every buffer was registered once.
  *
- *   hitpath [-t THREADS] [-o random|seq] [-s] [-i] [-r ROUNDS] N...      (ci/bench runs it)
+ *   hitpath [-t THREADS] [-o random|seq] [-a ACCESS] [-s] [-i] [-r ROUNDS] N...  (ci/bench runs it)
+ * -a: the registrations' access, `local` (default: local write), `remote` (remote read and
+ * write too: passed through under MRCACHE_REMOTE=bypass) or `zero-based` (ZERO_BASED, which
+ * the cache passes to libibverbs on its full path). A pass-through needs libibverbs' own
+ * ibv_reg_mr_iova2 and ibv_dereg_mr, which cannot handle the fake context: preload
+ * tests/c/host/verbs_shim.c after libmrcache.so (ci/bench-hitpath callgrind-paths does).
  * -s: the threads share one set of buffers (contention on the same entries); else each has
  * its own. -r: measure UCX then mrcache ROUNDS times, alternating, and print the medians
  * (default 1). -i: in each measurement, a UCX batch and an mrcache batch in turn (their
@@ -245,12 +250,19 @@ int main(int argc, char **argv) {
             continue;
         }
         if (i + 1 >= argc) break;
-        if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "-a")) {
+            if (!strcmp(argv[i + 1], "remote"))
+                access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+            else if (!strcmp(argv[i + 1], "zero-based"))
+                access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED;
+            else if (strcmp(argv[i + 1], "local"))
+                i = argc; /* usage */
+        } else if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-o")) random = strcmp(argv[i + 1], "seq") != 0;
         else if (!strcmp(argv[i], "-r")) rounds = atoi(argv[i + 1]);
     }
     if (threads < 1 || threads > 16 || rounds < 1 || rounds > 99 || i >= argc) {
-        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] [-s] [-i] [-r ROUNDS(1-99)] N...\n");
+        fprintf(stderr, "usage: hitpath [-t THREADS(1-16)] [-o random|seq] [-a local|remote|zero-based] [-s] [-i] [-r ROUNDS(1-99)] N...\n");
         return 2;
     }
     fake_ctx.ops._compat_reg_mr = (void *(*)(void))fake_reg;
