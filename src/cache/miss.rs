@@ -213,7 +213,18 @@ impl<R: Registrar> Cache<R> {
         if revocable && result == Err(UNSUPPORTED) {
             return Err(self.bypass_remote());
         }
-        let mr = result.map_err(AcquireError::Failed)?;
+        let mr = match result {
+            Ok(mr) => mr,
+            // Refused only now that the registrar tried (a device that would not register
+            // on demand what its capabilities promised): passed through, as a refusal asked
+            // before admission would have been.
+            Err(e) => {
+                return Err(self
+                    .registrar
+                    .refuses(req)
+                    .map_or(AcquireError::Failed(e), AcquireError::Bypass));
+            }
+        };
         self.forget_passed(mr.ptr);
         self.figures(kind, req.len, |f| f.reg.add(reg_ns as f64));
         let grant = if revocable {

@@ -126,3 +126,30 @@ fn auto_registers_on_demand_where_pinning_fails() {
         "memlock: mr NULL errno 12 (on demand 0)"
     );
 }
+
+/// A device whose capabilities say it pages on demand but which refuses an on-demand
+/// registration (EINVAL, as a kernel with ODP turned off does) never fails the app's
+/// registration: under `MRCACHE_ODP=on` with the patch monitor the entry is pinned instead
+/// and cached (one provider registration for five pairs); with only on-demand entries cached
+/// (`MRCACHE_MONITOR=none`) each registration passes through to libibverbs, pinned and
+/// uncached (five). Seen failing before the fallback: `refused: mr NULL errno 22, provider
+/// registrations 0 of 5 (on demand 0)` in both.
+#[test]
+fn a_device_that_refuses_on_demand_gets_pinned_registrations() {
+    let out = run(
+        "refused",
+        &[("MRCACHE_MONITOR", "patch"), ("MRCACHE_ODP", "on")],
+    );
+    assert_eq!(
+        common::line(&out, "refused:"),
+        "refused: mr ok errno 0, provider registrations 1 of 5 (on demand 0)"
+    );
+    let out = run(
+        "refused",
+        &[("MRCACHE_MONITOR", "none"), ("MRCACHE_ODP", "on")],
+    );
+    assert_eq!(
+        common::line(&out, "refused:"),
+        "refused: mr ok errno 0, provider registrations 5 of 5 (on demand 0)"
+    );
+}

@@ -123,6 +123,15 @@ impl Policy {
         (req.access & REMOTE != 0 && self.remote != RemoteMode::Revoke) || !self.applies(req)
     }
 
+    /// The device of `context` would not make a registration on demand that its capabilities
+    /// say it pages so (a kernel with ODP turned off, or a range ODP cannot follow): it is
+    /// treated as a device without ODP from now on.
+    pub fn refused(&self, context: usize) {
+        let mut caps = self.caps.lock().unwrap_or_else(|e| e.into_inner());
+        caps.retain(|(ctx, _)| *ctx != context);
+        caps.push((context, Device::default()));
+    }
+
     /// `ibv_close_device` of `context`: its capabilities are asked again if a context opens
     /// at that address (the allocator may put another device's there).
     pub fn forget(&self, context: usize) {

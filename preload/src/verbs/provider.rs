@@ -48,13 +48,35 @@ impl Provider {
     /// policy says so; and where pinning fails for want of lockable memory (ENOMEM, EAGAIN:
     /// the memlock limit) and `auto` finds the device able, on demand instead, which pins
     /// nothing. A failed second try leaves the first one's errno.
+    ///
+    /// A device that refuses an on-demand registration its capabilities promised is treated
+    /// as one without ODP from then on: the entry is pinned instead where the monitor sees
+    /// every unmap, and where it does not (only on-demand entries cached) the error goes
+    /// back with the policy now refusing the request, so the cache passes it through to
+    /// libibverbs (`Cache::acquire`). The app's registration never fails for the policy.
     fn register_for(&self, app: &Request, made: Request) -> Result<Mr, i32> {
         let on_demand = Request {
             access: made.access | ON_DEMAND,
             ..made
         };
         if self.odp.applies(app) {
-            return self.register_as(&on_demand);
+            let e = match self.register_as(&on_demand) {
+                Err(e) => e,
+                ok => return ok,
+            };
+            self.odp.refused(app.context);
+            (self.log)(
+                LogLevel::Info,
+                format_args!(
+                    "ibv_reg_mr({:#x}, {}): the device refused to register on demand (errno {e}), which it reports it can: its registrations are pinned from now on",
+                    app.addr, app.len
+                ),
+            );
+            if self.odp.only_why().is_some() {
+                crate::sys::set_errno(e);
+                return Err(e);
+            }
+            return self.register_as(&made);
         }
         match self.register_as(&made) {
             Err(e)

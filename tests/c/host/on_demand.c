@@ -16,6 +16,10 @@
  *   on_demand memlock  a 1 MiB registration on a device that pages every transport on demand
  *                      and refuses to pin it (ENOMEM, as the memlock limit does):
  *                      "memlock: mr ok|NULL errno E (on demand O)"
+ *   on_demand refused  five 1 MiB pairs on a device whose capabilities say it pages the RC
+ *                      transport on demand but whose reg op refuses ON_DEMAND (EINVAL, as a
+ *                      kernel with ODP turned off does): "refused: mr ok|NULL errno E,
+ *                      provider registrations R of 5 (on demand O)"
  * exit 0; 3: a call that must work failed. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -26,7 +30,8 @@
 #include <sys/mman.h>
 
 /* The context's cmd_fd (unused here) says whether its device pages on demand: 0 no, 1 the
- * RC transport, 2 every transport (and then it pins nothing: ENOMEM without ON_DEMAND). */
+ * RC transport, 2 every transport (and then it pins nothing: ENOMEM without ON_DEMAND), 3 the
+ * RC transport by its capabilities, but its reg op refuses ON_DEMAND (EINVAL). */
 static struct verbs_context vctx, other;
 static struct ibv_pd pd, other_pd;
 static int regs, odp_regs, pd_regs;
@@ -48,6 +53,10 @@ static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_inpu
 static struct ibv_mr *reg(struct ibv_pd *p, void *addr, size_t len, uint64_t iova, int access) {
     if ((access & IBV_ACCESS_ON_DEMAND) && !p->context->cmd_fd) {
         errno = EOPNOTSUPP;
+        return NULL;
+    }
+    if ((access & IBV_ACCESS_ON_DEMAND) && p->context->cmd_fd == 3) {
+        errno = EINVAL;
         return NULL;
     }
     if (!(access & IBV_ACCESS_ON_DEMAND) && p->context->cmd_fd == 2) {
@@ -103,6 +112,22 @@ int main(int argc, char **argv) {
             if (!m || ibv_dereg_mr(m)) return 3;
         }
         printf("blind_on: provider registrations on the ODP device %d of 5\n", pd_regs);
+        return 0;
+    }
+    if (!strcmp(mode, "refused")) {
+        open_device(3);
+        int failed = 0, e = 0;
+        for (int i = 0; i < 5; i++) {
+            errno = 0;
+            struct ibv_mr *n = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE);
+            if (!n) {
+                failed++, e = errno;
+                continue;
+            }
+            if (ibv_dereg_mr(n)) return 3;
+        }
+        printf("refused: mr %s errno %d, provider registrations %d of 5 (on demand %d)\n",
+               failed ? "NULL" : "ok", e, regs, odp_regs);
         return 0;
     }
     if (!strcmp(mode, "memlock")) {
