@@ -48,7 +48,7 @@ pub struct Config {
     pub fork: ForkMode,
     /// The most verbose level `MRCACHE_LOG` enables.
     pub log: LogLevel,
-    /// `MRCACHE_LOG` as given (an `EnvFilter`; see `log::parse_filter`).
+    /// `MRCACHE_LOG` as given (a `Targets` filter; see `log::parse_filter`).
     pub log_filter: String,
     /// `MRCACHE_LOG_FORMAT`.
     pub log_format: LogFormat,

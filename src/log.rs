@@ -1,5 +1,6 @@
 //! The library's log and trace output through `tracing`: `MRCACHE_LOG` is a
-//! `tracing-subscriber` `EnvFilter` (a level, or directives such as `info,mrcache=trace`),
+//! `tracing-subscriber` `Targets` filter (a level, or `target=level` directives such as
+//! `info,mrcache=trace`),
 //! and its fmt layer writes the lines: as text, exactly the line (`mrcache[pid]: ...`), or
 //! with `MRCACHE_LOG_FORMAT=json` one JSON object per line with the call's fields, for tools.
 //! Hooks never come here: they push fixed records into the trace ring, and the writer thread
@@ -11,9 +12,10 @@
 use crate::trace::{Record, format};
 use std::io::Write;
 use tracing::{Dispatch, Level};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::prelude::*;
-use tracing_subscriber::{EnvFilter, Registry, fmt};
+use tracing_subscriber::{Registry, fmt};
 
 /// `MRCACHE_LOG`: how much the library says on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -65,16 +67,18 @@ impl LogFormat {
     }
 }
 
-/// `MRCACHE_LOG` as an `EnvFilter`, and the most verbose level it enables for the
+/// `MRCACHE_LOG` as a `Targets` filter, and the most verbose level it enables for the
 /// library's own events (targets `mrcache...`). A plain level (`trace`, `0` for off) is
 /// accepted as before; in a list, each directive must name a level (a bare word would be a
-/// target name to `EnvFilter`, and a misspelt level would then silently log nothing).
-pub fn parse_filter(v: &str) -> Option<(EnvFilter, LogLevel)> {
+/// target name, and a misspelt level would then silently log nothing). `Targets` rather
+/// than `EnvFilter`, whose span and field filters no line of the library needs: its regular
+/// expressions are most of the library's code, and every process loads them.
+pub fn parse_filter(v: &str) -> Option<(Targets, LogLevel)> {
     let text = match LogLevel::parse(v.trim()) {
         Some(l) => level_name(l).to_string(),
         None => {
-            // EnvFilter keeps spaces: " mrcache=trace" would be refused and "info " read
-            // as a target name, so each directive goes to it trimmed.
+            // Spaces are kept: " mrcache=trace" would name the target " mrcache" and
+            // "info " fail, so each directive goes to the parser trimmed.
             let directives: Vec<&str> = v
                 .split(',')
                 .map(str::trim)
@@ -86,18 +90,21 @@ pub fn parse_filter(v: &str) -> Option<(EnvFilter, LogLevel)> {
             directives.join(",")
         }
     };
-    let level = mrcache_level(EnvFilter::builder().parse(&text).ok()?);
-    Some((EnvFilter::builder().parse(&text).ok()?, level))
+    let filter: Targets = text.parse().ok()?;
+    Some((filter.clone(), mrcache_level(filter)))
 }
 
-/// Whether a directive is a level, or `target[span{fields}]=LEVEL` with a level after the
-/// `=` (an empty one, `mrcache=`, would mean trace to `EnvFilter`).
+/// Whether a directive is a level, or `target=LEVEL` with a level after the `=` (an empty
+/// one, `mrcache=`, would mean trace) and no span or field filter (`[...]`), which `Targets`
+/// would read as part of the target's name.
 fn names_a_level(directive: &str) -> bool {
-    let after_fields = directive.rfind(']').map_or(0, |i| i + 1);
-    match directive[after_fields..].rfind('=') {
+    if directive.contains(['[', ']', '{', '}']) {
+        return false;
+    }
+    match directive.rfind('=') {
         Some(i) => {
-            let level = &directive[after_fields + i + 1..];
-            i + after_fields > 0
+            let level = &directive[i + 1..];
+            i > 0
                 && !level.is_empty()
                 && level.parse::<tracing::level_filters::LevelFilter>().is_ok()
         }
@@ -118,7 +125,7 @@ fn level_name(l: LogLevel) -> &'static str {
 
 /// The most verbose level `filter` lets through for the library's targets: `mrcache` (its
 /// own lines) and `mrcache::call` (one per traced call).
-fn mrcache_level(filter: EnvFilter) -> LogLevel {
+fn mrcache_level(filter: Targets) -> LogLevel {
     let d = Dispatch::new(Registry::default().with(filter));
     tracing::dispatcher::with_default(&d, || {
         if tracing::enabled!(target: "mrcache", Level::TRACE)
@@ -185,7 +192,7 @@ pub struct Logger {
 
 impl Logger {
     /// A logger for events `filter` passes, formatted as `format`, each line given to `sink`.
-    pub fn new(filter: EnvFilter, format: LogFormat, sink: fn(&str)) -> Logger {
+    pub fn new(filter: Targets, format: LogFormat, sink: fn(&str)) -> Logger {
         let layer = fmt::layer().with_writer(Lines(sink)).with_ansi(false);
         let dispatch = match format {
             LogFormat::Text => Dispatch::new(
@@ -263,10 +270,10 @@ mod tests {
         for bad in ["debug=", "mrcache=", "mrcache[{a=1}]", "=info"] {
             assert!(parse_filter(bad).is_none(), "{bad}");
         }
-        assert_eq!(
-            parse_filter("mrcache[{a=1}]=debug").map(|f| f.1),
-            Some(LogLevel::Off)
-        );
+        // Span and field filters are not taken: the value is refused, not half applied.
+        for spans in ["mrcache[{a=1}]=debug", "mrcache::call[span]=trace"] {
+            assert!(parse_filter(spans).is_none(), "{spans}");
+        }
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "MRCACHE_LOG",
         default: "off",
-        allowed: "off, error, warn, info, debug, trace, or tracing-subscriber EnvFilter directives, comma-separated (spaces around each ignored), each with a level (info, mrcache::call=trace; mrcache= with no level is refused)",
+        allowed: "off, error, warn, info, debug, trace, or target=level directives, comma-separated (spaces around each ignored), each with a level (info, mrcache::call=trace; mrcache= with no level, and span or field filters, are refused)",
         about: "info: decisions the library makes (fork handling, the self-test); trace: also one line per interposed call (call, arguments, result, hit/miss/bypass/invalidate, duration)",
     },
     Variable {
