@@ -22,6 +22,7 @@ mod interposer_chains;
 mod memlock_budget;
 mod mprotect_drops_entries;
 mod nested_dereg;
+mod next_definition;
 mod no_hit_after_jump_changed;
 mod no_registration_costs_nothing;
 mod on_demand;

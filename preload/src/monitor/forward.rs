@@ -287,3 +287,26 @@ pub fn next_definition(name: &CStr) -> *mut c_void {
         .find(|(n, _)| *n == name)
         .map_or(std::ptr::null_mut(), |(_, next)| next())
 }
+
+/// Look up every entry's next definition now (the constructor, where the lookups are
+/// libc's `dlsym`: `elf::walks_answer`).
+pub fn resolve_all() {
+    for next in [
+        MUNMAP.next(),
+        MADVISE.next(),
+        MREMAP.next(),
+        MMAP.next(),
+        MMAP64.next(),
+        SHMAT.next(),
+        SHMDT.next(),
+        BRK.next(),
+        SBRK.next(),
+        MPROTECT.next(),
+        PKEY_MPROTECT.next(),
+        POSIX_MADVISE.next(),
+        PROCESS_MADVISE.next(),
+        REMAP_FILE_PAGES.next(),
+    ] {
+        let _ = next;
+    }
+}

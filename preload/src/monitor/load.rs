@@ -90,6 +90,14 @@ pub fn install() {
         return;
     }
     LIBC.store(h, Relaxed);
+    if !crate::sys::elf::walks_answer() {
+        // Not preloaded (loaded with dlopen after libc, or dlmopen'ed): the hooks' lookups
+        // are libc's dlsym, which must not run in a hook: made now, in the constructor.
+        crate::monitor::forward::resolve_all();
+        let _ = crate::sys::symbol::REALLOC.get();
+        let _ = crate::sys::symbol::FORK.get();
+        let _ = crate::sys::symbol::DLCLOSE.get();
+    }
     let monitor = LoadMonitor::from_env();
     if monitor == LoadMonitor::None {
         REPORTING.store(false, Relaxed);
