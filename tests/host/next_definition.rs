@@ -51,9 +51,13 @@ fn program(out: &str) -> PathBuf {
 }
 
 fn run(prog: &Path, arg: &str, preload: &[&Path]) -> String {
+    run_args(prog, &[arg], preload)
+}
+
+fn run_args(prog: &Path, args: &[&str], preload: &[&Path]) -> String {
     let list: Vec<_> = preload.iter().map(|p| p.to_str().unwrap()).collect();
     let out = Command::new(prog)
-        .arg(arg)
+        .args(args)
         .env("LD_PRELOAD", list.join(":"))
         .output()
         .unwrap();
@@ -104,6 +108,43 @@ fn a_hidden_version_is_not_the_next_definition() {
     assert_eq!(
         common::line(&out, "unmap:"),
         "unmap: 10 of 10 gone, munmap returned 0",
+        "{out}"
+    );
+}
+
+/// Loaded with `dlopen` after libc, the library's `munmap` goes to libc's, not to a
+/// plugin's own `munmap` loaded `RTLD_LOCAL` after it: the walk covers only the objects
+/// loaded at start-up, and a library that libc does not follow asks `dlsym` in its
+/// constructor. Seen failing when the walk ran to the end of the list: `dlopened: munmap
+/// returned -1, page STILL MAPPED`.
+#[test]
+fn a_dlopened_library_forwards_within_its_scope() {
+    let prog = program("next_definition_dlopened");
+    let plugin = library("libnext_definition_private.so", &["-DPRIVATE_MUNMAP"]);
+    let lib = lib();
+    let out = run_args(
+        &prog,
+        &["dlopened", lib.to_str().unwrap(), plugin.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(
+        common::line(&out, "dlopened:"),
+        "dlopened: munmap returned 0, page gone",
+        "{out}"
+    );
+}
+
+/// `dlmopen`ed into a namespace of its own (not in the base namespace's list), the
+/// library's `realloc` and `_Fork` still reach libc's. Seen failing when only the walk
+/// answered: `namespace: realloc NULL, _Fork failed`.
+#[test]
+fn a_library_in_a_namespace_of_its_own_finds_libc() {
+    let prog = program("next_definition_namespace");
+    let lib = lib();
+    let out = run_args(&prog, &["namespace", lib.to_str().unwrap()], &[]);
+    assert_eq!(
+        common::line(&out, "namespace:"),
+        "namespace: realloc ok, _Fork ok",
         "{out}"
     );
 }

@@ -5,12 +5,22 @@
  *                             which sits between libmrcache.so and libc in the search.
  *   next_definition unmap     ten pages mapped and unmapped: "unmap: N of 10 gone, munmap
  *                             returned R" (R: the first return value that was not 0, else 0)
- * exit 0 (the line says what happened). */
+ *   next_definition dlopened LIB PLUGIN   LIB (libmrcache.so) loaded with dlopen after libc,
+ *                             then PLUGIN, RTLD_LOCAL, whose munmap is its own; a page
+ *                             unmapped through LIB's munmap: "dlopened: munmap returned R,
+ *                             page gone|STILL MAPPED"
+ *   next_definition namespace LIB   LIB dlmopen'ed into a namespace of its own; its realloc
+ *                             and _Fork called through its handle: "namespace: realloc
+ *                             ok|NULL, _Fork ok|failed"
+ * exit 0 (the line says what happened); 3: a call that must work failed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 int next_definition_sysv_marker(void);
 
@@ -22,6 +32,30 @@ int main(int argc, char **argv) {
         void *p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED || munmap(p, 4096)) return 3;
         printf("dlerror: %s\n", dlerror() ? "kept" : "(null)");
+        return 0;
+    }
+    if (!strcmp(mode, "dlopened") && argc > 3) {
+        void *m = dlopen(argv[2], RTLD_NOW | RTLD_GLOBAL);
+        if (!m || !dlopen(argv[3], RTLD_NOW | RTLD_LOCAL)) return 3;
+        int (*um)(void *, size_t) = (int (*)(void *, size_t))dlsym(m, "munmap");
+        void *p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (!um || p == MAP_FAILED) return 3;
+        int r = um(p, 4096);
+        unsigned char v;
+        printf("dlopened: munmap returned %d, page %s\n", r, mincore(p, 4096, &v) ? "gone" : "STILL MAPPED");
+        return 0;
+    }
+    if (!strcmp(mode, "namespace") && argc > 2) {
+        void *m = dlmopen(LM_ID_NEWLM, argv[2], RTLD_NOW);
+        if (!m) return 3;
+        void *(*re)(void *, size_t) = (void *(*)(void *, size_t))dlsym(m, "realloc");
+        pid_t (*fk)(void) = (pid_t (*)(void))dlsym(m, "_Fork");
+        if (!re || !fk) return 3;
+        void *p = re(NULL, 100);
+        pid_t c = fk();
+        if (c == 0) _exit(0);
+        if (c > 0) waitpid(c, NULL, 0);
+        printf("namespace: realloc %s, _Fork %s\n", p ? "ok" : "NULL", c > 0 ? "ok" : "failed");
         return 0;
     }
     int gone = 0, bad = 0;

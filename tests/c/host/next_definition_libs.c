@@ -4,6 +4,8 @@
  *                   CPU-dispatching library makes it): it counts calls and forwards them
  *   COMPAT_MUNMAP   a munmap kept only as a hidden version (munmap@COMPAT_1), which no
  *                   unversioned lookup may bind: it fails every call with EPERM
+ *   PRIVATE_MUNMAP  a plugin's own munmap, for its own callers (loaded RTLD_LOCAL): it fails
+ *                   every call with EPERM
  * The counter prints "ifunc munmap: N calls" at exit. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -30,6 +32,14 @@ static munmap_fn resolve_munmap(void) { return counting_munmap; }
 int munmap(void *a, size_t n) __attribute__((ifunc("resolve_munmap")));
 
 __attribute__((destructor)) static void report(void) { fprintf(stderr, "ifunc munmap: %ld calls\n", calls); }
+#endif
+
+#ifdef PRIVATE_MUNMAP
+int munmap(void *a, size_t n) {
+    (void)a, (void)n;
+    errno = EPERM;
+    return -1;
+}
 #endif
 
 #ifdef COMPAT_MUNMAP
