@@ -32,9 +32,11 @@ fn library(out: &str, flags: &[&str]) -> PathBuf {
     )
 }
 
+/// The program `out`, linked against a library of its own with only a SysV hash table
+/// (one per program: the tests build in parallel).
 fn program(out: &str) -> PathBuf {
     let sysv = library(
-        "libnext_definition_sysv.so",
+        &format!("lib{out}_sysv.so"),
         &["-DSYSV_PLAIN", "-Wl,--hash-style=sysv"],
     );
     let d = dir();
