@@ -30,6 +30,7 @@ install: check-prefix build
 	  $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
 	install -m 755 $(RELEASE)/mrcache $(DESTDIR)$(PREFIX)/bin/mrcache
 	install -m 755 $(RELEASE)/libmrcache.so $(DESTDIR)$(PREFIX)/lib/libmrcache.so
+	install -m 755 $(RELEASE)/libmrcache_engine.so $(DESTDIR)$(PREFIX)/lib/libmrcache_engine.so
 	install -m 644 $(GEN)/man1/*.1 $(SHARE)/man/man1/
 	install -m 644 $(GEN)/man7/*.7 $(SHARE)/man/man7/
 	install -m 644 $(GEN)/completions/mrcache.bash $(SHARE)/bash-completion/completions/mrcache
@@ -40,7 +41,8 @@ install: check-prefix build
 	  dist/modulefile.tcl.in > $(SHARE)/modulefiles/mrcache/$(VERSION)
 
 uninstall: check-prefix
-	rm -f $(DESTDIR)$(PREFIX)/bin/mrcache $(DESTDIR)$(PREFIX)/lib/libmrcache.so
+	rm -f $(DESTDIR)$(PREFIX)/bin/mrcache $(DESTDIR)$(PREFIX)/lib/libmrcache.so \
+	  $(DESTDIR)$(PREFIX)/lib/libmrcache_engine.so
 	rm -f $(SHARE)/man/man1/mrcache.1 $(SHARE)/man/man1/mrcache-*.1 $(SHARE)/man/man7/mrcache-config.7
 	rm -f $(SHARE)/bash-completion/completions/mrcache $(SHARE)/zsh/site-functions/_mrcache \
 	  $(SHARE)/fish/vendor_completions.d/mrcache.fish

@@ -1,18 +1,90 @@
 fn main() {
-    // Export the verbs hooks under libibverbs' own symbol versions, so that a reference to
-    // an older ABI (ibv_reg_mr@IBVERBS_1.0) never binds to the modern hook.
-    // aarch64's oldest glibc symbol version is GLIBC_2.17 (x86-64's GLIBC_2.2.5).
-    let name = match std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
-        Ok("aarch64") => "libmrcache-aarch64.map",
-        _ => "libmrcache.map",
-    };
-    let map = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap()).join(name);
-    println!("cargo:rerun-if-changed={}", map.display());
-    println!(
-        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
-        map.display()
-    );
+    front();
     static_unwinder();
+}
+
+/// Build libmrcache.so, the front (`front/lib.rs`): a `no_std` cdylib with `panic=abort`,
+/// which a workspace built with `panic=unwind` cannot hold as a crate, so it is compiled
+/// here with the same rustc, for the same target, and put beside libmrcache_engine.so in the
+/// target's profile directory. Its verbs entry points are exported under libibverbs' own
+/// symbol versions, so that a reference to an older ABI (ibv_reg_mr@IBVERBS_1.0) never binds
+/// to the modern hook; aarch64's oldest glibc symbol version is GLIBC_2.17 (x86-64's
+/// GLIBC_2.2.5).
+fn front() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let dir = std::path::PathBuf::from(var("CARGO_MANIFEST_DIR"));
+    let map = dir.join(match var("CARGO_CFG_TARGET_ARCH").as_str() {
+        "aarch64" => "libmrcache-aarch64.map",
+        _ => "libmrcache.map",
+    });
+    let src = dir.join("front/lib.rs");
+    for f in [
+        map.clone(),
+        src.clone(),
+        dir.join("src/sys/front_abi.rs"),
+        dir.join("src/sys/link_map.rs"),
+    ] {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    let out = std::path::PathBuf::from(var("OUT_DIR"));
+    let lib = out.join("libmrcache.so");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let mut cmd = std::process::Command::new(rustc);
+    cmd.args([
+        "--edition",
+        "2024",
+        "--crate-type",
+        "cdylib",
+        "--crate-name",
+        "mrcache",
+    ])
+    .args(["--target", &var("TARGET")])
+    .args([
+        "-C",
+        "panic=abort",
+        "-C",
+        "opt-level=2",
+        "-C",
+        "debuginfo=1",
+    ])
+    .args(["-D", "warnings"])
+    .arg("-C")
+    .arg(format!("link-arg=-Wl,--version-script={}", map.display()))
+    .args(["-C", "link-arg=-Wl,--no-as-needed,-lc"])
+    .env("MRCACHE_VERSION", var("CARGO_PKG_VERSION"))
+    .arg("-o")
+    .arg(&lib)
+    .arg(&src);
+    if let Ok(linker) = std::env::var("RUSTC_LINKER") {
+        cmd.arg("-C").arg(format!("linker={linker}"));
+    }
+    // The build's own flags (a cross build's linker arguments), as cargo passes them.
+    for flag in var("CARGO_ENCODED_RUSTFLAGS")
+        .split('\x1f')
+        .filter(|f| !f.is_empty())
+    {
+        cmd.arg(flag);
+    }
+    let done = cmd
+        .output()
+        .expect("preload/build.rs: cannot run rustc for the front");
+    if !done.status.success() {
+        panic!(
+            "preload/build.rs: the front (front/lib.rs) did not build:\n{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    // OUT_DIR is <target dir>/[<triple>/]<profile>/build/<package>-<hash>/out: the front
+    // goes three levels up, beside the engine cargo builds.
+    let profile_dir = out
+        .ancestors()
+        .nth(3)
+        .expect("OUT_DIR has no profile directory");
+    let dest = profile_dir.join("libmrcache.so");
+    // A fresh file (never written in place: a running test may have it mapped).
+    let tmp = profile_dir.join(".libmrcache.so.new");
+    std::fs::copy(&lib, &tmp).expect("preload/build.rs: cannot copy the front");
+    std::fs::rename(&tmp, &dest).expect("preload/build.rs: cannot place the front");
 }
 
 /// Link the unwinder statically: a preloaded libgcc_s.so.1 costs a process that never uses

@@ -25,6 +25,11 @@ pub fn lib() -> PathBuf {
     built("libmrcache.so")
 }
 
+/// libmrcache_engine.so, which the front loads from beside itself.
+pub fn engine() -> PathBuf {
+    built("libmrcache_engine.so")
+}
+
 /// The `mrcache` launcher.
 pub fn launcher() -> PathBuf {
     built("mrcache")

@@ -103,6 +103,11 @@ fn a_process_that_never_registers_keeps_libc_unpatched_with_no_thread_or_atfork_
         "libc's code was changed: {out}"
     );
     assert_eq!(common::line(&out, "threads:"), "threads: 1");
+    assert_eq!(
+        common::line(&out, "engine:"),
+        "engine: 0",
+        "libmrcache_engine.so was loaded: {out}"
+    );
     assert_eq!(common::line(&out, "atfork:"), "atfork: 0");
 }
 
@@ -115,47 +120,129 @@ fn the_first_registration_patches_libc_and_registers_the_atfork_handlers() {
         !common::line(&out, "libc code:").ends_with(" 0 differ"),
         "libc was not patched: {out}"
     );
+    assert_ne!(
+        common::line(&out, "engine:"),
+        "engine: 0",
+        "libmrcache_engine.so was not loaded: {out}"
+    );
     assert_eq!(common::line(&out, "atfork:"), "atfork: 1");
 }
 
-/// The library the loader maps into every process needs only libc and the loader: no
-/// unwinder library (libgcc_s.so.1 costs a process that never uses verbs about 0.15 ms of
-/// start-up, its constructor's `cpuid` included; build.rs links the same unwinder
-/// statically), and no unwinder symbol escapes into the process's scope, where it would
-/// bind a C++ program's exceptions to our copy.
-#[test]
-fn the_library_needs_only_libc_and_the_loader() {
+/// `readelf` of `lib` with `args`.
+fn readelf(lib: &Path, args: &[&str]) -> String {
     let out = Command::new("readelf")
-        .args(["-dW", "--dyn-syms"])
-        .arg(common::lib())
+        .args(args)
+        .arg(lib)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", common::text(&out));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let needed: Vec<&str> = text
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The NEEDED entries of `lib`.
+fn needed(lib: &Path) -> Vec<String> {
+    readelf(lib, &["-dW"])
         .lines()
         .filter(|l| l.contains("(NEEDED)"))
-        .filter_map(|l| l.split('[').nth(1)?.split(']').next())
-        .collect();
-    assert!(
-        !needed.is_empty(),
-        "no NEEDED entry read from readelf:\n{text}"
-    );
+        .filter_map(|l| Some(l.split('[').nth(1)?.split(']').next()?.to_string()))
+        .collect()
+}
+
+/// The front the loader maps into every process exports exactly the entry points mrcache
+/// interposes (and `mrcache_version`), needs only libc and the loader, and holds nothing
+/// else a process would pay for: no unwinder, no allocator, no runtime.
+#[test]
+fn the_front_exports_the_entry_points_and_needs_only_libc() {
+    let front = common::lib();
+    let needed = needed(&front);
+    assert!(!needed.is_empty(), "no NEEDED entry read from readelf");
     for lib in &needed {
         assert!(
             lib.starts_with("libc.so") || lib.starts_with("ld-linux"),
             "libmrcache.so needs {lib} (all: {needed:?}): the loader maps it into every process"
         );
     }
-    let exported: Vec<&str> = text
+    let mut exported: Vec<String> = readelf(&front, &["--dyn-syms", "-W"])
         .lines()
         .filter(|l| l.contains(" GLOBAL ") && !l.contains(" UND "))
         .filter_map(|l| l.split_whitespace().nth(7))
-        .filter(|name| name.starts_with("_Unwind") || name.starts_with("__gcc_personality"))
+        .map(|name| name.split('@').next().unwrap_or(name).to_string())
         .collect();
+    exported.sort_unstable();
+    exported.dedup();
+    let mut want = vec![
+        "_Fork",
+        "brk",
+        "dlclose",
+        "dlsym",
+        "dlvsym",
+        "ibv_close_device",
+        "ibv_dealloc_pd",
+        "ibv_dereg_mr",
+        "ibv_fork_init",
+        "ibv_reg_dmabuf_mr",
+        "ibv_reg_mr",
+        "ibv_reg_mr_iova",
+        "ibv_reg_mr_iova2",
+        "ibv_rereg_mr",
+        "madvise",
+        "mmap",
+        "mmap64",
+        "mprotect",
+        "mrcache_patch_watch_clean",
+        "mrcache_selftest_report",
+        "mrcache_version",
+        "mremap",
+        "munmap",
+        "pkey_mprotect",
+        "posix_madvise",
+        "process_madvise",
+        "realloc",
+        "remap_file_pages",
+        "sbrk",
+        "shmat",
+        "shmdt",
+    ];
+    want.sort_unstable();
+    assert_eq!(exported, want, "the front's exported symbols");
+    let size = std::fs::metadata(&front).unwrap().len();
+    let loaded: u64 = readelf(&front, &["-lW"])
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LOAD"))
+        .filter_map(|l| {
+            u64::from_str_radix(l.split_whitespace().nth(5)?.trim_start_matches("0x"), 16).ok()
+        })
+        .sum();
     assert!(
-        exported.is_empty(),
-        "unwinder symbols exported: {exported:?}"
+        loaded < 64 * 1024,
+        "the front maps {loaded} bytes from its file of {size}: it is meant to be a few pages"
+    );
+}
+
+/// The engine the front loads at the first verbs call needs only libc and the loader (no
+/// unwinder library: build.rs links the unwinder statically), exports only its attach
+/// function (no hook, no unwinder symbol binds anything of the process to it), and reaches
+/// each allocator function one way only.
+#[test]
+fn the_engine_needs_only_libc_and_exports_only_its_attach_function() {
+    let engine = common::engine();
+    let needed = needed(&engine);
+    assert!(!needed.is_empty(), "no NEEDED entry read from readelf");
+    for lib in &needed {
+        assert!(
+            lib.starts_with("libc.so") || lib.starts_with("ld-linux"),
+            "libmrcache_engine.so needs {lib} (all: {needed:?})"
+        );
+    }
+    let exported: Vec<String> = readelf(&engine, &["--dyn-syms", "-W"])
+        .lines()
+        .filter(|l| l.contains(" GLOBAL ") && !l.contains(" UND "))
+        .filter_map(|l| l.split_whitespace().nth(7).map(str::to_string))
+        .collect();
+    assert_eq!(
+        exported,
+        ["mrcache_engine_attach"],
+        "the engine's exported symbols"
     );
     // Each of libc's allocator functions is reached one way only, through a PLT slot
     // (JUMP_SLOT) or through a GOT entry (GLOB_DAT): a patcher that rewrites every object's
@@ -163,12 +250,7 @@ fn the_library_needs_only_libc_and_the_loader() {
     // allocator calls and not others (tests/host/coexist_with_other_hooks.rs shows the crash that follows).
     // Rust calls them through the GOT on x86-64 and through the PLT on aarch64; the static
     // unwinder's copy calls glibc's `__libc_malloc` and `__libc_free` instead.
-    let out = Command::new("readelf")
-        .args(["-rW"])
-        .arg(common::lib())
-        .output()
-        .unwrap();
-    let relocs = String::from_utf8_lossy(&out.stdout);
+    let relocs = readelf(&engine, &["-rW"]);
     let kinds = |name: &str| -> Vec<&str> {
         let mut k: Vec<&str> = relocs
             .lines()

@@ -1,4 +1,4 @@
-//! The `dlsym` and `dlvsym` entry points: a few instructions of assembly that ask
+//! The engine's `dlsym` and `dlvsym` entry points (the front's jump to them): a few instructions of assembly that ask
 //! `monitor::dlsym` what to do (handing it the verbs hooks we export) and either return its
 //! answer or jump to libc's function with the caller's return address still on the stack.
 
@@ -27,19 +27,29 @@ extern "C" fn route_dlvsym(
     dlsym::route_dlvsym(handle, name, version, caller, out, &super::HOOKED)
 }
 
-// The exported entry points. On entry the caller's return address is at [rsp]; the
+unsafe extern "C" {
+    fn mrcache_engine_dlsym();
+    fn mrcache_engine_dlvsym();
+}
+
+/// The `dlsym` and `dlvsym` entry points, for the front's slots.
+pub fn entries() -> (usize, usize) {
+    (
+        mrcache_engine_dlsym as *const () as usize,
+        mrcache_engine_dlvsym as *const () as usize,
+    )
+}
+
+// The entry points (the front's `dlsym`/`dlvsym` jump here). On entry the caller's return address is at [rsp]; the
 // arguments are saved around the call to route_* and restored for the jump, so libc's
 // function sees exactly the caller's call. Stack: entry rsp = 8 mod 16; pushes and the
 // out slot keep the call to route_* 16-byte aligned.
 #[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
-    ".globl dlsym",
-    ".globl mrcache_dlsym_2_2_5",
-    ".symver mrcache_dlsym_2_2_5, dlsym@GLIBC_2.2.5",
-    ".type dlsym, @function",
-    ".type mrcache_dlsym_2_2_5, @function",
-    "dlsym:",
-    "mrcache_dlsym_2_2_5:",
+    ".globl mrcache_engine_dlsym",
+    ".hidden mrcache_engine_dlsym",
+    ".type mrcache_engine_dlsym, @function",
+    "mrcache_engine_dlsym:",
     "push rdi",
     "push rsi",
     "sub rsp, 24",
@@ -56,15 +66,12 @@ std::arch::global_asm!(
     "jmp r11",
     "2:",
     "ret",
-    ".size dlsym, . - dlsym",
+    ".size mrcache_engine_dlsym, . - mrcache_engine_dlsym",
     "",
-    ".globl dlvsym",
-    ".globl mrcache_dlvsym_2_2_5",
-    ".symver mrcache_dlvsym_2_2_5, dlvsym@GLIBC_2.2.5",
-    ".type dlvsym, @function",
-    ".type mrcache_dlvsym_2_2_5, @function",
-    "dlvsym:",
-    "mrcache_dlvsym_2_2_5:",
+    ".globl mrcache_engine_dlvsym",
+    ".hidden mrcache_engine_dlvsym",
+    ".type mrcache_engine_dlvsym, @function",
+    "mrcache_engine_dlvsym:",
     "push rdi",
     "push rsi",
     "push rdx",
@@ -83,7 +90,7 @@ std::arch::global_asm!(
     "jmp r11",
     "2:",
     "ret",
-    ".size dlvsym, . - dlvsym",
+    ".size mrcache_engine_dlvsym, . - mrcache_engine_dlvsym",
     route_dlsym = sym route_dlsym,
     route_dlvsym = sym route_dlvsym,
 );

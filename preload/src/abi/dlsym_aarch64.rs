@@ -1,18 +1,14 @@
-//! The exported `dlsym`/`dlvsym` entry points on aarch64 (the x86-64 ones are in
+//! The engine's `dlsym`/`dlvsym` entry points on aarch64 (the x86-64 ones are in
 //! `abi/dlsym.rs`). The caller's return address is in x30 on entry; the arguments are saved
 //! around the call to `route_*` and restored for the tail branch, so libc's function sees
 //! exactly the caller's call. Frame: x29/x30, the saved arguments, the out slot (48 or 64
 //! bytes, sp stays 16-aligned). The tail branch is `br x16` (IP0, free to clobber between
-//! functions): glibc's BTI-built `dlsym` starts with `bti c`, which accepts it. The old
-//! version of both symbols is GLIBC_2.17 here (libmrcache-aarch64.map), GLIBC_2.34 the default.
+//! functions): glibc's BTI-built `dlsym` starts with `bti c`, which accepts it.
 std::arch::global_asm!(
-    ".globl dlsym",
-    ".globl mrcache_dlsym_2_17",
-    ".symver mrcache_dlsym_2_17, dlsym@GLIBC_2.17",
-    ".type dlsym, %function",
-    ".type mrcache_dlsym_2_17, %function",
-    "dlsym:",
-    "mrcache_dlsym_2_17:",
+    ".globl mrcache_engine_dlsym",
+    ".hidden mrcache_engine_dlsym",
+    ".type mrcache_engine_dlsym, %function",
+    "mrcache_engine_dlsym:",
     "stp x29, x30, [sp, #-48]!",
     "mov x29, sp",
     "stp x0, x1, [sp, #16]",
@@ -28,15 +24,12 @@ std::arch::global_asm!(
     "2:",
     "ldp x29, x30, [sp], #48",
     "ret",
-    ".size dlsym, . - dlsym",
+    ".size mrcache_engine_dlsym, . - mrcache_engine_dlsym",
     "",
-    ".globl dlvsym",
-    ".globl mrcache_dlvsym_2_17",
-    ".symver mrcache_dlvsym_2_17, dlvsym@GLIBC_2.17",
-    ".type dlvsym, %function",
-    ".type mrcache_dlvsym_2_17, %function",
-    "dlvsym:",
-    "mrcache_dlvsym_2_17:",
+    ".globl mrcache_engine_dlvsym",
+    ".hidden mrcache_engine_dlvsym",
+    ".type mrcache_engine_dlvsym, %function",
+    "mrcache_engine_dlvsym:",
     "stp x29, x30, [sp, #-64]!",
     "mov x29, sp",
     "stp x0, x1, [sp, #16]",
@@ -54,7 +47,7 @@ std::arch::global_asm!(
     "2:",
     "ldp x29, x30, [sp], #64",
     "ret",
-    ".size dlvsym, . - dlvsym",
+    ".size mrcache_engine_dlvsym, . - mrcache_engine_dlvsym",
     route_dlsym = sym super::route_dlsym,
     route_dlvsym = sym super::route_dlvsym,
 );

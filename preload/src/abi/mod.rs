@@ -1,40 +1,24 @@
-//! The entry points: every symbol libmrcache.so exports for the verbs calls it replaces,
-//! each a line into `calls` (what the hook does); `dlsym`/`dlvsym` (in `dlsym.rs`);
-//! `dlclose` and `_Fork`; the `mrcache info` exports and the constructor. The hooks are exported under libibverbs'
-//! own symbol versions (`libmrcache.map`), defined here with `global_asm!` so that rustc's
-//! version script (which exports everything unversioned) does not claim them. (The memory
-//! hooks -- munmap, madvise, mmap, brk, ... -- are exported by `monitor::memory`, whose
-//! patching and watch need their own addresses.)
+//! The entry points the front's slots lead to: the verbs hooks, each a line into `calls`
+//! (what the hook does); `dlsym`/`dlvsym` (in `dlsym.rs`); `dlclose` and `_Fork`; the
+//! `mrcache info` exports; and `mrcache_engine_attach`, the engine's one export, which fills
+//! the slots (the front exports the symbols, under libibverbs' and glibc's versions).
 //!
 //! Layer: the top. May use every layer below (docs/design/overview.md).
 
 mod dlsym;
 
 use crate::ffi::{IbvContext, IbvMr, IbvPd};
+use crate::sys::front_abi::{self, FrontInfo, SLOTS};
 use mrcache::trace::Call;
 use std::ffi::{CStr, c_int, c_uint, c_void};
-
-/// Exported so that tools (and tests) can tell the library is loaded: `dlsym(RTLD_DEFAULT,
-/// "mrcache_version")` returns a NUL-terminated version string.
-#[unsafe(no_mangle)]
-pub static mrcache_version: [u8; mrcache::VERSION.len() + 1] = {
-    let mut out = [0u8; mrcache::VERSION.len() + 1];
-    let v = mrcache::VERSION.as_bytes();
-    let mut i = 0;
-    while i < v.len() {
-        out[i] = v[i];
-        i += 1;
-    }
-    out
-};
+use std::sync::atomic::Ordering::Release;
 
 /// For `mrcache info`: run the unmap self-test in this process and write its result (text,
 /// one path a line) into `buf`; returns the bytes written.
 ///
 /// # Safety
 /// `buf` must be writable for `len` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mrcache_selftest_report(buf: *mut u8, len: usize) -> usize {
+unsafe extern "C" fn selftest_report(buf: *mut u8, len: usize) -> usize {
     let text = std::panic::catch_unwind(crate::runtime::init::selftest_report).unwrap_or_default();
     let n = text.len().min(len);
     // SAFETY: the caller passes a writable buffer of len bytes.
@@ -42,29 +26,7 @@ pub unsafe extern "C" fn mrcache_selftest_report(buf: *mut u8, len: usize) -> us
     n
 }
 
-/// Export `$name` (a C symbol) as an alias of the Rust function `$f`.
-macro_rules! export {
-    ($name:literal = $f:path) => {
-        std::arch::global_asm!(
-            concat!(".globl ", $name),
-            concat!(".type ", $name, ", @function"),
-            concat!(".set ", $name, ", {f}"),
-            f = sym $f,
-        );
-    };
-}
-
-export!("ibv_reg_mr" = reg_mr);
-export!("ibv_reg_mr_iova" = reg_mr_iova);
-export!("ibv_reg_mr_iova2" = reg_mr_iova2);
-export!("ibv_dereg_mr" = dereg_mr);
-export!("ibv_rereg_mr" = rereg_mr);
-export!("ibv_reg_dmabuf_mr" = reg_dmabuf_mr);
-export!("ibv_dealloc_pd" = dealloc_pd);
-export!("ibv_close_device" = close_device);
-export!("ibv_fork_init" = fork_init);
-
-/// The hooks above as `dlsym`/`dlvsym` hand them out in place of libibverbs' functions.
+/// The verbs hooks, as `dlsym`/`dlvsym` hand them out in place of libibverbs' functions.
 pub(crate) static HOOKED: [crate::monitor::dlsym::Hooked; 9] = [
     hooked(c"ibv_reg_mr", c"IBVERBS_1.1", || {
         reg_mr as *const () as usize
@@ -172,28 +134,78 @@ extern "C" fn fork_init() -> c_int {
 
 /// `dlclose`: the loader unmaps the object with its own munmap, which no memory hook sees
 /// (`monitor::dl`).
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     crate::monitor::dl::dlclose(handle)
 }
 
 /// `_Fork()`: skips the atfork handlers; async-signal-safe (`runtime::fork`).
-#[cfg_attr(not(test), unsafe(no_mangle))]
-#[allow(non_snake_case)] // glibc's name
-pub extern "C" fn _Fork() -> libc::pid_t {
+extern "C" fn underscore_fork() -> libc::pid_t {
     crate::runtime::fork::signal_safe_fork()
 }
 
-/// Constructor: read `MRCACHE_MONITOR` and `MRCACHE_ENABLE` and note our hooks' first bytes
-/// (`load::install`). It never loads or looks up libibverbs (its functions are looked up at
-/// first use), allocates nothing, prints nothing and patches nothing (libc's entries are
-/// patched at the first registration: `load::patch_libc`); the hooks look up libc's
-/// functions and the next definitions at their first call (`monitor::forward`), so a process
-/// that never registers memory runs as without us.
-extern "C" fn init() {
-    crate::monitor::load::install();
+/// The engine's entry point for the front's slot named `name`.
+fn entry(name: &[u8]) -> Option<usize> {
+    use crate::monitor::memory as m;
+    let at = match name {
+        b"munmap" => m::munmap as *const () as usize,
+        b"madvise" => m::madvise as *const () as usize,
+        b"mremap" => m::mremap as *const () as usize,
+        b"mmap" => m::mmap as *const () as usize,
+        b"mmap64" => m::mmap64 as *const () as usize,
+        b"brk" => m::brk as *const () as usize,
+        b"sbrk" => m::sbrk as *const () as usize,
+        b"shmat" => m::shmat as *const () as usize,
+        b"shmdt" => m::shmdt as *const () as usize,
+        b"realloc" => m::realloc as *const () as usize,
+        b"mprotect" => m::mprotect as *const () as usize,
+        b"pkey_mprotect" => m::pkey_mprotect as *const () as usize,
+        b"posix_madvise" => m::posix_madvise as *const () as usize,
+        b"process_madvise" => m::process_madvise as *const () as usize,
+        b"remap_file_pages" => m::remap_file_pages as *const () as usize,
+        b"dlclose" => dlclose as *const () as usize,
+        b"_Fork" => underscore_fork as *const () as usize,
+        b"mrcache_selftest_report" => selftest_report as *const () as usize,
+        b"mrcache_patch_watch_clean" => {
+            crate::monitor::patch::mrcache_patch_watch_clean as *const () as usize
+        }
+        b"dlsym" => dlsym::entries().0,
+        b"dlvsym" => dlsym::entries().1,
+        _ => {
+            return HOOKED
+                .iter()
+                .find(|h| h.name.to_bytes() == name)
+                .map(|h| (h.hook)());
+        }
+    };
+    Some(at)
 }
 
-#[used]
-#[unsafe(link_section = ".init_array")]
-static INIT: extern "C" fn() = init;
+/// The engine's one export: the front (`front_abi::FrontInfo`) attaches it at the first
+/// verbs call. Sets the monitor up as the library's constructor did (`load::install`:
+/// getenv only, nothing printed or allocated, libc patched here only where it must be
+/// patched with one thread), then fills every slot with the engine's entry point. Returns
+/// 1, or 0 (nothing filled) for a front of another build.
+///
+/// # Safety
+/// `info` must point to the front's `FrontInfo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mrcache_engine_attach(info: *const FrontInfo) -> c_int {
+    // SAFETY: the caller's promise.
+    let Some(info) = (unsafe { info.as_ref() }) else {
+        return 0;
+    };
+    let entries: Option<Vec<usize>> = (0..SLOTS)
+        .map(|i| entry(front_abi::slot(i).0.to_bytes()))
+        .collect();
+    let Some(entries) = entries else { return 0 };
+    if !crate::sys::front::attach(info) {
+        return 0;
+    }
+    crate::monitor::load::install();
+    // SAFETY: the front's SLOTS slots.
+    let slots = unsafe { std::slice::from_raw_parts(info.slots, SLOTS) };
+    for (slot, at) in slots.iter().zip(entries) {
+        slot.store(at, Release);
+    }
+    1
+}

@@ -245,7 +245,8 @@ fn substitute(found: *mut c_void, hooked: &Hooked) -> *mut c_void {
         ours == found
     };
     if same {
-        (hooked.hook)() as *mut c_void
+        // The front's entry point (the same one the program's own calls reach).
+        own_symbol(hooked.name).unwrap_or_else(|| (hooked.hook)()) as *mut c_void
     } else {
         found
     }

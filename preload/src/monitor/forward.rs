@@ -29,6 +29,8 @@
 //! nothing up.
 
 use crate::monitor::patch::PatchTarget;
+use crate::sys::front::ThreadCell;
+use crate::sys::front_abi::TLS_FORWARDING;
 use crate::sys::symbol::Symbol;
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
@@ -214,10 +216,11 @@ impl<F: Copy> Entry<F> {
 const UNRESOLVED: *mut c_void = std::ptr::dangling_mut::<c_void>();
 
 thread_local! {
-    /// The call a hook of this thread is forwarding: (entry | stage, first argument);
-    /// (0, 0): none.
-    static FORWARDING: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+    static FORWARDING_STD: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
+/// The call a hook of this thread is forwarding: (entry | stage, first argument); (0, 0):
+/// none. In the front's static TLS (hooks run inside allocators).
+static FORWARDING: ThreadCell<(usize, usize)> = ThreadCell::new(TLS_FORWARDING, &FORWARDING_STD);
 
 pub type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
 pub type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;

@@ -14,9 +14,11 @@
 //! hooked as well, signal-safely (see `signal_safe_fork`).
 
 use crate::runtime;
+use crate::sys::front::ThreadCell;
+use crate::sys::front_abi::TLS_FORK_HELD;
 use crate::verbs::real;
 use mrcache::config::ForkMode;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
@@ -43,9 +45,39 @@ pub fn decide(mode: ForkMode) -> Decision {
 }
 
 thread_local! {
-    /// The ranges marked DONTFORK, from prepare to parent/child (the same thread runs all
-    /// three handlers; forks on other threads have their own). Some: a fork began here.
-    static HELD: RefCell<Option<Vec<(usize, usize)>>> = const { RefCell::new(None) };
+    static HELD_STD: Cell<usize> = const { Cell::new(0) };
+}
+/// The ranges marked DONTFORK, from prepare to parent/child (the same thread runs all three
+/// handlers; forks on other threads have their own): 0, none (no fork began here); `EMPTY`,
+/// none marked; else a `Box<Vec>` of them. One word in the front's static TLS, written with
+/// one store: a fork in a signal handler may interrupt prepare, and may have interrupted
+/// the allocator.
+static HELD: ThreadCell<usize> = ThreadCell::new(TLS_FORK_HELD, &HELD_STD);
+const EMPTY: usize = 1;
+
+/// Whether a fork began on this thread (prepare ran).
+fn held() -> bool {
+    HELD.try_with(|h| h.get() != 0).unwrap_or(true)
+}
+
+/// Keep `ranges` for parent/child (no allocation when there are none).
+fn hold(ranges: Vec<(usize, usize)>) {
+    let word = if ranges.capacity() == 0 {
+        EMPTY
+    } else {
+        Box::into_raw(Box::new(ranges)) as usize
+    };
+    let _ = HELD.try_with(|h| h.set(word));
+}
+
+/// The ranges prepare kept (None: prepare did not run on this thread).
+fn take_held() -> Option<Vec<(usize, usize)>> {
+    match HELD.try_with(|h| h.replace(0)).ok()? {
+        0 => None,
+        EMPTY => Some(Vec::new()),
+        // SAFETY: a pointer `hold` made with Box::into_raw, taken once (replaced by 0).
+        boxed => Some(*unsafe { Box::from_raw(boxed as *mut Vec<(usize, usize)>) }),
+    }
 }
 
 pub(crate) fn for_ranges(
@@ -82,10 +114,7 @@ pub(crate) fn for_ranges(
 pub extern "C" fn prepare() {
     // Run twice for one fork (handlers registered twice by any path): once is enough.
     // (Not borrowed: a fork in a signal handler may interrupt this very store.)
-    if HELD
-        .try_with(|h| h.try_borrow().map_or(true, |h| h.is_some()))
-        .unwrap_or(true)
-    {
+    if held() {
         return;
     }
     if runtime::get().is_none() {
@@ -102,7 +131,7 @@ pub extern "C" fn prepare() {
         // way (no log line: that allocates, and the interrupted frame may be in the
         // allocator).
         runtime::COUNTERS.add(mrcache::stats::Counter::Forks, 1);
-        let _ = HELD.try_with(|h| h.try_borrow_mut().map(|mut h| *h = Some(Vec::new())));
+        hold(Vec::new());
         return;
     };
     let mut ranges = Vec::new();
@@ -121,25 +150,18 @@ pub extern "C" fn prepare() {
         for_ranges(&real::DONTFORK_RANGE, &ranges);
         runtime::note_fork(flushed, ranges.len());
     }
-    let _ = HELD.try_with(|h| h.try_borrow_mut().map(|mut h| *h = Some(ranges)));
+    hold(ranges);
 }
 
 pub extern "C" fn parent() {
-    if let Some(ranges) = HELD
-        .try_with(|h| h.try_borrow_mut().ok()?.take())
-        .ok()
-        .flatten()
-    {
+    if let Some(ranges) = take_held() {
         for_ranges(&real::DOFORK_RANGE, &ranges);
         runtime::after_fork_parent();
     }
 }
 
 pub extern "C" fn child() {
-    let ranges = HELD
-        .try_with(|h| h.try_borrow_mut().ok()?.take())
-        .ok()
-        .flatten();
+    let ranges = take_held();
     runtime::fork_child_ranges(ranges.unwrap_or_default());
     runtime::fork_child();
 }

@@ -1,6 +1,8 @@
 //! The re-entrancy guard and the panic shield every verbs hook runs inside.
 
 use crate::runtime::cache;
+use crate::sys::front::ThreadCell;
+use crate::sys::front_abi::TLS_DEPTH;
 use crate::verbs::provider::Provider;
 use mrcache::cache::Cache;
 use std::cell::Cell;
@@ -8,10 +10,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 thread_local! {
-    /// Depth of verbs hooks on this thread: a registration the provider makes while we are
-    /// inside one of ours is passed through, never processed twice.
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static DEPTH_STD: Cell<u32> = const { Cell::new(0) };
 }
+/// Depth of verbs hooks on this thread: a registration the provider makes while we are
+/// inside one of ours is passed through, never processed twice. In the front's static TLS
+/// (a fork in a signal handler reads it).
+static DEPTH: ThreadCell<u32> = ThreadCell::new(TLS_DEPTH, &DEPTH_STD);
 
 /// Guards held now, on all threads. A thread always reads its own increments, so zero
 /// means this thread holds none: the fast path then skips the thread-local lookup (which

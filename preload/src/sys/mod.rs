@@ -1,13 +1,20 @@
 //! The bottom layer: raw system calls, errno and the page size (this file; hooks issue
 //! their system calls here, never through a libc wrapper that could be patched or hooked
 //! again), the loader's tables (`elf`), a sanitizer's runtime in the process (`sanitizer`),
-//! looking a symbol up (`symbol`), our own threads (`thread`) and whether pins are charged
+//! looking a symbol up (`symbol`), the front that attached the engine (`front`, `front_abi`) and the
+//! loader's list read without a call (`link_map`, shared with the front), our own threads (`thread`) and whether pins are charged
 //! against `RLIMIT_MEMLOCK` (`memlock`).
 //!
 //! Layer: the bottom (with `ffi`); uses nothing else of the crate (docs/design/overview.md,
 //! "The layers of libmrcache.so").
 
 pub mod elf;
+pub mod front;
+// Shared with the front (`preload/front`), which uses what the engine does not.
+#[allow(dead_code)]
+pub mod front_abi;
+#[allow(dead_code)]
+pub mod link_map;
 pub mod memlock;
 pub mod sanitizer;
 pub mod symbol;

@@ -110,8 +110,20 @@ pub unsafe fn function<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
 }
 
 fn lookup_verbs(name: &CStr, version: &CStr) -> *mut c_void {
-    // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT is a valid pseudo-handle.
-    let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), version.as_ptr()) };
+    // libc's dlvsym called from the front: RTLD_NEXT starts after it (after us, before the
+    // front attached us).
+    let dlvsym = super::elf::libc_symbol(c"dlvsym");
+    let p = match super::front::call(
+        dlvsym as usize,
+        usize::MAX,
+        name.as_ptr() as usize,
+        version.as_ptr() as usize,
+    ) {
+        Some(p) if !dlvsym.is_null() => p as *mut c_void,
+        // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT is a valid
+        // pseudo-handle.
+        _ => unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), version.as_ptr()) },
+    };
     if !p.is_null() {
         return p;
     }

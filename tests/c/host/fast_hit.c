@@ -139,7 +139,12 @@ int main(int argc, char **argv) {
     ctx.ops._compat_dereg_mr = (void *(*)(void))fake_dereg;
     pd.context = &ctx;
     if (!strcmp(argv[1], "watch_writable")) {
-        /* Before the first registration, past every hook: syscall() is not hooked. */
+        /* libc patched (as `mrcache info` does: its self-test), then before the first
+         * registration, past every hook (syscall() is not hooked), munmap's page made
+         * writable. */
+        static char report[4096];
+        size_t (*selftest)(char *, size_t) = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "mrcache_selftest_report");
+        if (!selftest || !selftest(report, sizeof report)) return 3;
         uintptr_t to;
         unsigned char *jump = our_jump(&to);
         if (jump && syscall(SYS_mprotect, page_of(jump), 2 * page_size(), PROT_READ | PROT_WRITE | PROT_EXEC)) return 3;

@@ -6,9 +6,9 @@
  *   untouched_libc register  the same, then one registration through the fake provider
  *                            behind libmrcache.so and verbs_shim.c (the positive control:
  *                            libc is patched, the atfork handlers are registered)
- * Prints "libc code: B bytes compared, D differ", "threads: N" and "atfork: N" (the count of
- * __register_atfork calls made after atfork_count.c's shim, preloaded first; "atfork: no
- * counter" without it). Exit 0 unless something failed to run (3). */
+ * Prints "libc code: B bytes compared, D differ", "threads: N", "engine: N" (the mappings of
+ * libmrcache_engine.so in /proc/self/maps) and "atfork: N" (the count of __register_atfork
+ * calls made after atfork_count.c's shim, preloaded first; "atfork: no counter" without it). Exit 0 unless something failed to run (3). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
@@ -86,6 +86,18 @@ static int threads(void) {
     return n;
 }
 
+/* Lines of /proc/self/maps naming libmrcache_engine.so (-1: unreadable). */
+static int engine_mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, "/libmrcache_engine.so") != NULL;
+    fclose(f);
+    return n;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "idle";
     if (memory_calls()) return 3;
@@ -104,6 +116,7 @@ int main(int argc, char **argv) {
     if (libc_code(&compared, &differ)) return 3;
     printf("libc code: %ld bytes compared, %ld differ\n", compared, differ);
     printf("threads: %d\n", threads());
+    printf("engine: %d\n", engine_mappings());
     int (*count)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "atfork_registrations");
     if (count)
         printf("atfork: %d\n", count());

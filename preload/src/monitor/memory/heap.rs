@@ -55,7 +55,6 @@ fn curbrk() -> *mut *mut c_void {
     p
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn brk(addr: *mut c_void) -> c_int {
     move_break(Via::Symbol, addr)
 }
@@ -107,7 +106,6 @@ pub(super) fn move_break(via: Via, addr: *mut c_void) -> c_int {
     r
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn sbrk(incr: isize) -> *mut c_void {
     sbrk_via(Via::Symbol, incr)
 }
@@ -202,7 +200,6 @@ pub(super) fn shm_size(id: c_int) -> usize {
     }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
     shmat_via(Via::Symbol, id, addr, flags)
 }
@@ -256,7 +253,6 @@ pub(super) fn shmat_via(via: Via, id: c_int, addr: *const c_void, flags: c_int) 
     p
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn shmdt(addr: *const c_void) -> c_int {
     shmdt_via(Via::Symbol, addr)
 }
@@ -321,7 +317,6 @@ fn glibc_realloc(next: *mut c_void) -> bool {
 
 /// glibc's realloc of an mmapped chunk moves it with its internal `__mremap`, which no
 /// symbol hook and no patched entry point sees: report the old chunk first.
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     // The next realloc in the search order (the allocator's).
     let Some(real) = symbol::REALLOC.get() else {

@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering::Relaxed;
 /// `patch::try_clean` (docs/design/monitor.md, "The patch check"). A call through our symbol
 /// goes on to the next interposer, if there is one; otherwise they issue the system call
 /// themselves (`forward::Entry::unpatched`).
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     protect(Via::Symbol, addr, len, prot)
 }
@@ -50,7 +49,6 @@ fn protect(via: Via, addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     })
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
     let e = &forward::PKEY_MPROTECT;
     protecting(e, addr as usize, len, prot, || {
@@ -118,7 +116,6 @@ fn protecting<F: Copy>(
 /// covers that. glibc's `remap_file_pages` is a plain system call wrapper that nothing in
 /// glibc calls, so the symbol hook sees every call made through libc; it goes on to the next
 /// interposer, if there is one, else issues the system call itself.
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn remap_file_pages(
     start: *mut c_void,
     size: usize,
@@ -148,7 +145,6 @@ pub extern "C" fn remap_file_pages(
 
 /// mremap is variadic in C; on x86-64 a five-argument definition receives the optional
 /// new address in the right register.
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mremap(
     old: *mut c_void,
     old_len: usize,
@@ -215,7 +211,6 @@ pub(super) fn mremap_via(
     r
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mmap(
     addr: *mut c_void,
     len: usize,

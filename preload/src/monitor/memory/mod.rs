@@ -103,10 +103,12 @@ fn invalidating<T>(addr: usize, len: usize, f: impl FnOnce() -> T) -> T {
 }
 
 thread_local! {
-    /// Hooks between their report and their end on this thread. Const-initialised, no
-    /// destructor: safe in any hook, at any point of a thread's life.
-    static OPEN_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static OPEN_HERE_STD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
+/// Hooks between their report and their end on this thread. In the front's static TLS: safe
+/// in any hook (inside an allocator too), at any point of a thread's life.
+static OPEN_HERE: crate::sys::front::ThreadCell<u64> =
+    crate::sys::front::ThreadCell::new(crate::sys::front_abi::TLS_OPEN_HERE, &OPEN_HERE_STD);
 
 /// A hook reports `[start, end)` as going away (before the system call). Returns whether it
 /// touches the code the patch check watches (`patch::watch_begin`), for `report_end`.
@@ -130,7 +132,6 @@ pub fn open_here() -> u64 {
     OPEN_HERE.try_with(|n| n.get()).unwrap_or(0)
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     munmap_via(Via::Symbol, addr, len)
 }
@@ -172,7 +173,6 @@ fn zaps(advice: c_int) -> bool {
     )
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     madvise_via(Via::Symbol, addr, len, advice)
 }
@@ -214,7 +214,6 @@ fn madvise_via(via: Via, addr: *mut c_void, len: usize, advice: c_int) -> c_int 
     r
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // POSIX_MADV_DONTNEED is a no-op in glibc; only the Linux advice values zap pages.
     let zap = advice != libc::POSIX_MADV_DONTNEED && zaps(advice);
@@ -247,7 +246,6 @@ pub extern "C" fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) ->
 /// zapping one drops the pages like madvise. Which process a pidfd names is not cheap to
 /// tell, so every range of a zapping call is reported (over-invalidating is safe). Goes on to
 /// the next interposer, if there is one, else issues the system call itself.
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn process_madvise(
     pidfd: c_int,
     iov: *const libc::iovec,
@@ -291,7 +289,6 @@ pub extern "C" fn process_madvise(
 }
 
 /// `mmap64` is the same function as `mmap` on 64-bit.
-#[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn mmap64(
     addr: *mut c_void,
     len: usize,

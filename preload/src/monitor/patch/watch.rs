@@ -108,7 +108,6 @@ pub static MPROTECT: [Prologue; 1] = [Prologue {
 pub static MPROTECT: [Prologue; 0] = [];
 
 /// For tests and diagnostics: whether hits skip the site check now.
-#[unsafe(no_mangle)]
 pub extern "C" fn mrcache_patch_watch_clean() -> std::ffi::c_int {
     watch_clean() as std::ffi::c_int
 }

@@ -76,7 +76,8 @@ class Mrcache(CargoPackage):
         # `cargo install` installs binaries only: the preload library, the manual pages and
         # the shell completions (written by the launcher) are installed here.
         mkdirp(self.prefix.lib)
-        install(join_path(self.stage.source_path, "target", "release", "libmrcache.so"), self.prefix.lib)
+        for lib in ("libmrcache.so", "libmrcache_engine.so"):
+            install(join_path(self.stage.source_path, "target", "release", lib), self.prefix.lib)
         gen = join_path(self.stage.path, "generated")
         Executable(self.prefix.bin.mrcache)("__generate", gen)
         share = self.prefix.share
