@@ -402,9 +402,13 @@ static STATE: AtomicU8 = AtomicU8::new(NONE);
 static LOADER: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
 
 /// Load and attach the engine, once; whether it is attached. A thread that finds another
-/// loading it waits; the loading thread itself (a lookup made while the engine starts) and
-/// a fork child of a process that was loading it go on without it.
+/// loading it waits, at most `WAIT_NS` (the loader may be waiting for a lock that thread
+/// holds: a verbs call in a constructor run by its `dlopen`); the loading thread itself (a
+/// lookup made while the engine starts) and a fork child of a process that was loading it go
+/// on without it. Without the engine a call goes to libibverbs, uncached.
 fn attach() -> bool {
+    const WAIT_NS: u64 = 2_000_000_000;
+    let mut since = 0;
     loop {
         match STATE.load(Acquire) {
             ATTACHED => return true,
@@ -412,6 +416,12 @@ fn attach() -> bool {
             LOADING => {
                 let (pid, tid) = (syscall(nr::GETPID, 0, 0, 0), syscall(nr::GETTID, 0, 0, 0));
                 if LOADER[0].load(Acquire) as i64 != pid || LOADER[1].load(Acquire) as i64 == tid {
+                    return false;
+                }
+                let now = monotonic_ns();
+                if since == 0 {
+                    since = now;
+                } else if now.wrapping_sub(since) > WAIT_NS {
                     return false;
                 }
                 syscall(nr::SCHED_YIELD, 0, 0, 0);
@@ -430,13 +440,26 @@ fn attach() -> bool {
     }
 }
 
+/// CLOCK_MONOTONIC in nanoseconds (libc's clock_gettime, served by the vDSO).
+fn monotonic_ns() -> u64 {
+    static AT: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    type ClockFn = unsafe extern "C" fn(c_int, *mut [i64; 2]) -> c_int;
+    let Some(f) = libc::<ClockFn>(&AT, c"clock_gettime") else {
+        return 0;
+    };
+    let mut ts = [0i64; 2];
+    // SAFETY: clock_gettime writes a struct timespec (two longs).
+    unsafe { f(1, &mut ts) };
+    (ts[0] as u64).wrapping_mul(1_000_000_000).wrapping_add(ts[1] as u64)
+}
+
 /// dlopen the engine from beside the front and attach it. On failure one line says why and
 /// every verbs call goes to libibverbs uncached.
 fn load_engine() -> bool {
     const RTLD_NOW: c_int = 2;
     let me = own();
     let mut path = [0u8; 4096];
-    let Some(n) = engine_path(me.base, &mut path) else {
+    let Some(n) = engine_path(&mut path) else {
         say(&[b"mrcache: cannot find the front in the loader's list; verbs calls go to libibverbs uncached"]);
         return false;
     };
@@ -496,9 +519,11 @@ fn load_engine() -> bool {
     true
 }
 
-/// The engine's path, beside the front's, NUL-terminated in `out`: its length.
-fn engine_path(base: usize, out: &mut [u8]) -> Option<usize> {
-    let map = link_map::map_at(base)?;
+/// The engine's path, beside the front's, NUL-terminated in `out`: its length. The front's
+/// link map comes from `dladdr1` on its own code: in the base namespace's list or in one
+/// `dlmopen` made.
+fn engine_path(out: &mut [u8]) -> Option<usize> {
+    let map = own_map()?;
     if map.l_name.is_null() {
         return None;
     }
@@ -714,20 +739,39 @@ fn memory_answer(handle: *mut c_void, name: &CStr, caller: usize) -> Option<*mut
     Some(if next == 0 { ours } else { next } as *mut c_void)
 }
 
+/// The link map of the object holding `addr` (`dladdr1`, which takes the loader's lock).
+fn map_of(addr: usize) -> Option<&'static link_map::LinkMap> {
+    static AT: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    type Dladdr1Fn =
+        unsafe extern "C" fn(*const c_void, *mut [usize; 4], *mut *mut c_void, c_int) -> c_int;
+    const RTLD_DL_LINKMAP: c_int = 2;
+    let dladdr1 = libc::<Dladdr1Fn>(&AT, c"dladdr1").or_else(|| {
+        // glibc before 2.34: dladdr1 is libdl's.
+        let p = link_map::first_definition(c"dladdr1");
+        // SAFETY: dladdr1's prototype.
+        (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, Dladdr1Fn>(p) })
+    })?;
+    let (mut info, mut map) = ([0usize; 4], core::ptr::null_mut());
+    // SAFETY: dladdr1 only reads the loader's tables and writes info and map.
+    if unsafe { dladdr1(addr as *const c_void, &mut info, &mut map, RTLD_DL_LINKMAP) } == 0 {
+        return None;
+    }
+    // SAFETY: a link map the loader keeps while the object is loaded (the caller's code, or
+    // ours, is running).
+    unsafe { (map as *const link_map::LinkMap).as_ref() }
+}
+
+/// The front's own link map.
+fn own_map() -> Option<&'static link_map::LinkMap> {
+    map_of(own_map as *const () as usize)
+}
+
 /// Whether `dlsym(RTLD_NEXT, name)` from `caller` finds the front's definition: the caller's
 /// object is in the loader's list before the front, and no object between them defines it.
 fn front_comes_next(caller: usize, name: &CStr, front: usize) -> bool {
-    static AT: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
-    type Dladdr1Fn = unsafe extern "C" fn(*const c_void, *mut [usize; 4], *mut *mut c_void, c_int) -> c_int;
-    const RTLD_DL_LINKMAP: c_int = 2;
-    let Some(dladdr1) = libc::<Dladdr1Fn>(&AT, c"dladdr1") else {
+    let Some(map) = map_of(caller) else {
         return false;
     };
-    let (mut info, mut map) = ([0usize; 4], core::ptr::null_mut());
-    // SAFETY: dladdr1 only reads the loader's tables and writes info and map.
-    if unsafe { dladdr1(caller as *const c_void, &mut info, &mut map, RTLD_DL_LINKMAP) } == 0 {
-        return false;
-    }
     let mut m = map as *const link_map::LinkMap;
     // SAFETY: m is the caller's link_map; the objects after it up to the front were loaded
     // at start-up (the front is preloaded) and stay.

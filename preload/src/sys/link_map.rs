@@ -149,11 +149,6 @@ pub fn defines(map: &LinkMap, name: &CStr) -> bool {
     unsafe { lookup(map.l_addr, map.l_ld, name, AS_DLSYM) }.is_some_and(|a| a != 0)
 }
 
-/// The link map of the object loaded at `base`, if it is in the base namespace's list.
-pub fn map_at(base: usize) -> Option<&'static LinkMap> {
-    maps().find(|m| m.l_addr == base)
-}
-
 /// An object's file name without its directory ("" for the program).
 pub fn base_name(map: &LinkMap) -> &[u8] {
     if map.l_name.is_null() {
