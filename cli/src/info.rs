@@ -46,7 +46,19 @@ pub fn info(lib: Option<PathBuf>) -> Result<ExitCode, String> {
     println!("mrcache {}", mrcache::VERSION);
     let lib = find_library(lib);
     match &lib {
-        Ok(p) => println!("library: {}", p.display()),
+        Ok(p) => {
+            println!("library: {}", p.display());
+            // The front loads the engine from its own directory at the first verbs call.
+            let engine = p.with_file_name("libmrcache_engine.so");
+            if engine.is_file() {
+                println!("engine: {}", engine.display());
+            } else {
+                println!(
+                    "engine: not found ({}): verbs calls would go to libibverbs uncached",
+                    engine.display()
+                );
+            }
+        }
         Err(e) => println!("library: not found ({e})"),
     }
 

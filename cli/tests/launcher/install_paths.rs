@@ -109,3 +109,33 @@ fn a_bad_candidate_is_skipped_with_the_reason() {
         "{err}"
     );
 }
+
+/// `mrcache info` names the engine beside the library, or says it is missing (the front then
+/// sends verbs calls to libibverbs uncached): a copy of libmrcache.so alone is a broken
+/// install.
+#[test]
+fn info_names_the_engine_or_says_it_is_missing() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("install-engine");
+    layout(&root, "lib");
+    let info = || {
+        let out = Command::new(root.join("bin/mrcache"))
+            .arg("info")
+            .env_remove("MRCACHE_LIB")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("engine:"))
+            .unwrap_or_else(|| panic!("no engine line: {out:?}"))
+            .to_string()
+    };
+    assert!(
+        info().starts_with("engine: not found ("),
+        "the library alone: {}",
+        info()
+    );
+    let engine = Path::new(env!("CARGO_BIN_EXE_mrcache")).with_file_name("libmrcache_engine.so");
+    std::fs::copy(&engine, root.join("lib/libmrcache_engine.so")).unwrap();
+    let want = std::fs::canonicalize(root.join("lib/libmrcache_engine.so")).unwrap();
+    assert_eq!(info(), format!("engine: {}", want.display()));
+}
