@@ -22,7 +22,7 @@ mod front_abi;
 mod link_map;
 
 use core::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use front_abi::{DLSYM, DLVSYM, FrontInfo, Kind, SLOTS, slot};
 
 /// Where each entry point goes: 0 until it is resolved (the next definition) or the engine
@@ -195,7 +195,6 @@ mod nr {
     pub const WRITE: i64 = 1;
     pub const SCHED_YIELD: i64 = 24;
     pub const GETPID: i64 = 39;
-    pub const GETTID: i64 = 186;
     pub const MEMBARRIER: i64 = 324;
 }
 #[cfg(target_arch = "aarch64")]
@@ -203,7 +202,6 @@ mod nr {
     pub const WRITE: i64 = 64;
     pub const SCHED_YIELD: i64 = 124;
     pub const GETPID: i64 = 172;
-    pub const GETTID: i64 = 178;
     pub const MEMBARRIER: i64 = 283;
 }
 
@@ -245,8 +243,16 @@ fn target(i: usize) -> usize {
     match slot(i).1 {
         Kind::Forward => forward(i),
         Kind::Verbs | Kind::Engine => {
-            attach();
+            let attached = attach();
             match SLOT[i].load(Acquire) {
+                0 if !attached && STATE.load(Acquire) & 3 == FAILED => {
+                    // For good: later calls go straight there.
+                    let at = unattached(i);
+                    match SLOT[i].compare_exchange(0, at, AcqRel, Acquire) {
+                        Ok(_) => at,
+                        Err(now) => now,
+                    }
+                }
                 0 => unattached(i),
                 at => at,
             }
@@ -299,14 +305,17 @@ fn unattached(i: usize) -> usize {
         }
         Kind::Verbs => {
             let own = own().base;
-            let at = if link_map::walks_answer(own) {
+            let mut at = if link_map::walks_answer(own) {
                 link_map::next_after(own, name) as usize
             } else {
                 dlsym_next(name)
             };
+            if at == 0 {
+                at = libibverbs_loaded_locally(name, i);
+            }
             match (at, name.to_bytes().starts_with(b"ibv_reg_")) {
                 (0, true) => fails_null as *const () as usize,
-                (0, false) => fails as *const () as usize,
+                (0, false) => returns_enosys as *const () as usize,
                 (at, _) => at,
             }
         }
@@ -330,6 +339,36 @@ extern "C" fn returns_zero() -> usize {
     0
 }
 
+/// A verbs call that returns an error number (libibverbs returns them positive).
+extern "C" fn returns_enosys() -> c_int {
+    38 // ENOSYS
+}
+
+/// libibverbs' `name` at the version the front exports (slot `i`), where libibverbs was
+/// loaded by a plugin with `RTLD_LOCAL` (NCCL's, an MPI's): through a `RTLD_NOLOAD` handle.
+fn libibverbs_loaded_locally(name: &CStr, i: usize) -> usize {
+    const RTLD_LAZY: c_int = 1;
+    const RTLD_NOLOAD: c_int = 4;
+    static DLOPEN: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    static DLVSYM: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
+    type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
+    let (Some(dlopen), Some(dlvsym)) = (
+        libc::<DlopenFn>(&DLOPEN, c"dlopen"),
+        libc::<DlvsymFn>(&DLVSYM, c"dlvsym"),
+    ) else {
+        return 0;
+    };
+    // SAFETY: RTLD_NOLOAD only returns a handle to an already loaded object (or NULL); the
+    // reference it adds is kept (libibverbs stays while its functions are in the slots).
+    let h = unsafe { dlopen(c"libibverbs.so.1".as_ptr(), RTLD_NOLOAD | RTLD_LAZY) };
+    if h.is_null() {
+        return 0;
+    }
+    // SAFETY: a live handle, NUL-terminated name and version.
+    unsafe { dlvsym(h, name.as_ptr(), front_abi::verbs_version(i).as_ptr()) as usize }
+}
+
 /// Call `f(a, b, c)` from here: `dlsym(RTLD_NEXT)` reads its caller's address, and from
 /// the front's code it starts after the front. Never a tail call (`black_box`).
 ///
@@ -345,10 +384,12 @@ unsafe extern "C" fn call_from_front(f: usize, a: usize, b: usize, c: usize) -> 
 
 // ---- the engine's per-thread words ----
 
-// `TLS_WORDS` words of every thread's static TLS block (the front is loaded at start-up, so
-// its TLS is allocated with each thread, never by `malloc` at a first access as a dlopened
-// object's is), and the function that returns this thread's: the initial-exec model, one
-// load from the GOT.
+// `TLS_WORDS` words of every thread's TLS, and the function that returns this thread's.
+// The front is loaded at start-up, so its block is part of the static TLS allocated with
+// each thread, never by `malloc` at a first access as a dlopened object's is. Accessed
+// through a TLS descriptor: for a block in the static TLS the loader's resolver returns its
+// offset (no call into libc, no lock), and a front loaded with `dlopen` after the static
+// TLS's spare room is used up still loads (its block is then dynamic).
 #[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".section .tbss,\"awT\",@nobits",
@@ -361,11 +402,15 @@ core::arch::global_asm!(
     ".hidden mrcache_front_tls",
     ".type mrcache_front_tls, @function",
     "mrcache_front_tls:",
-    "mov rax, qword ptr fs:[0]",
-    "add rax, qword ptr [rip + mrcache_front_tls_block@GOTTPOFF]",
+    "subq $8, %rsp",
+    "leaq mrcache_front_tls_block@TLSDESC(%rip), %rax",
+    "call *mrcache_front_tls_block@TLSCALL(%rax)",
+    "addq $8, %rsp",
+    "addq %fs:0, %rax",
     "ret",
     ".size mrcache_front_tls, . - mrcache_front_tls",
     size = const front_abi::TLS_WORDS * 8,
+    options(att_syntax),
 );
 #[cfg(target_arch = "aarch64")]
 core::arch::global_asm!(
@@ -379,10 +424,16 @@ core::arch::global_asm!(
     ".hidden mrcache_front_tls",
     ".type mrcache_front_tls, %function",
     "mrcache_front_tls:",
-    "mrs x0, tpidr_el0",
-    "adrp x1, :gottprel:mrcache_front_tls_block",
-    "ldr x1, [x1, #:gottprel_lo12:mrcache_front_tls_block]",
+    "stp x29, x30, [sp, -16]!",
+    "mov x29, sp",
+    "adrp x0, :tlsdesc:mrcache_front_tls_block",
+    "ldr x1, [x0, :tlsdesc_lo12:mrcache_front_tls_block]",
+    "add x0, x0, :tlsdesc_lo12:mrcache_front_tls_block",
+    ".tlsdesccall mrcache_front_tls_block",
+    "blr x1",
+    "mrs x1, tpidr_el0",
     "add x0, x0, x1",
+    "ldp x29, x30, [sp], 16",
     "ret",
     ".size mrcache_front_tls, . - mrcache_front_tls",
     size = const front_abi::TLS_WORDS * 8,
@@ -393,47 +444,95 @@ unsafe extern "C" {
 
 // ---- attaching the engine ----
 
-const NONE: u8 = 0;
-const LOADING: u8 = 1;
-const ATTACHED: u8 = 2;
-const FAILED: u8 = 3;
-static STATE: AtomicU8 = AtomicU8::new(NONE);
-/// The process and thread loading the engine.
-static LOADER: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
+/// The attach state and the process it belongs to, in one word: `pid << 2 | state`.
+const NONE: u64 = 0;
+const ATTACHING: u64 = 1;
+const ATTACHED: u64 = 2;
+const FAILED: u64 = 3;
+static STATE: AtomicU64 = AtomicU64::new(NONE);
 
-/// Load and attach the engine, once; whether it is attached. A thread that finds another
-/// loading it waits, at most `WAIT_NS` (the loader may be waiting for a lock that thread
-/// holds: a verbs call in a constructor run by its `dlopen`); the loading thread itself (a
-/// lookup made while the engine starts) and a fork child of a process that was loading it go
-/// on without it. Without the engine a call goes to libibverbs, uncached.
+/// This thread is opening or attaching the engine (a word of the front's static TLS).
+fn in_attach() -> *mut usize {
+    // SAFETY: this thread's TLS_WORDS words; TLS_FRONT_IN_ATTACH is the front's own.
+    unsafe { mrcache_front_tls().add(front_abi::TLS_FRONT_IN_ATTACH) }
+}
+
+/// Run `f` marked as inside `attach` on this thread.
+fn marked<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: this thread's word, read and written by this thread only.
+    unsafe { *in_attach() = 1 };
+    let r = f();
+    // SAFETY: as above.
+    unsafe { *in_attach() = 0 };
+    r
+}
+
+/// Load and attach the engine, once; whether it is attached. Every thread that needs the
+/// engine `dlopen`s it itself: the loader serialises those calls, and one made while this
+/// thread holds the loader's lock (a verbs call in a constructor that a `dlopen` runs)
+/// loads it there, where waiting for another thread's `dlopen` would wait for ever. Only
+/// the engine's attach function is called once; a thread that finds another in it waits for
+/// that call (which takes no lock of the loader's where the front is preloaded), at most
+/// `WAIT_NS`. This thread inside `attach` (a lookup made while the engine starts, a signal
+/// handler) and a fork child of a process caught attaching go on without it: the call goes
+/// to libibverbs, uncached.
 fn attach() -> bool {
     const WAIT_NS: u64 = 2_000_000_000;
+    match STATE.load(Acquire) & 3 {
+        ATTACHED => return true,
+        FAILED => return false,
+        _ => {}
+    }
+    // SAFETY: this thread's word.
+    if unsafe { *in_attach() } != 0 {
+        return false;
+    }
+    let pid = syscall(nr::GETPID, 0, 0, 0) as u64;
+    let f = match marked(open_engine) {
+        Ok(f) => f,
+        Err(why) => {
+            // The same file for every thread: said once, failed for all.
+            let mut now = STATE.load(Acquire);
+            while now & 3 == NONE {
+                match STATE.compare_exchange(now, pid << 2 | FAILED, AcqRel, Acquire) {
+                    Ok(_) => {
+                        say(&[b"mrcache: ", why, b"; verbs calls go to libibverbs uncached"]);
+                        return false;
+                    }
+                    Err(n) => now = n,
+                }
+            }
+            return now & 3 == ATTACHED;
+        }
+    };
     let mut since = 0;
     loop {
-        match STATE.load(Acquire) {
+        let now = STATE.load(Acquire);
+        match now & 3 {
             ATTACHED => return true,
             FAILED => return false,
-            LOADING => {
-                let (pid, tid) = (syscall(nr::GETPID, 0, 0, 0), syscall(nr::GETTID, 0, 0, 0));
-                if LOADER[0].load(Acquire) as i64 != pid || LOADER[1].load(Acquire) as i64 == tid {
-                    return false;
-                }
-                let now = monotonic_ns();
+            ATTACHING if now >> 2 != pid => return false,
+            ATTACHING => {
+                let t = monotonic_ns();
                 if since == 0 {
-                    since = now;
-                } else if now.wrapping_sub(since) > WAIT_NS {
+                    since = t;
+                } else if t.wrapping_sub(since) > WAIT_NS {
                     return false;
                 }
                 syscall(nr::SCHED_YIELD, 0, 0, 0);
             }
             _ => {
-                if STATE.compare_exchange(NONE, LOADING, AcqRel, Acquire).is_err() {
+                if STATE
+                    .compare_exchange(now, pid << 2 | ATTACHING, AcqRel, Acquire)
+                    .is_err()
+                {
                     continue;
                 }
-                LOADER[0].store(syscall(nr::GETPID, 0, 0, 0) as i32, Release);
-                LOADER[1].store(syscall(nr::GETTID, 0, 0, 0) as i32, Release);
-                let ok = load_engine();
-                STATE.store(if ok { ATTACHED } else { FAILED }, Release);
+                let ok = marked(|| call_attach(f));
+                STATE.store(pid << 2 | if ok { ATTACHED } else { FAILED }, Release);
+                if !ok {
+                    say(&[b"mrcache: the engine beside libmrcache.so is from another build; verbs calls go to libibverbs uncached"]);
+                }
                 return ok;
             }
         }
@@ -453,16 +552,11 @@ fn monotonic_ns() -> u64 {
     (ts[0] as u64).wrapping_mul(1_000_000_000).wrapping_add(ts[1] as u64)
 }
 
-/// dlopen the engine from beside the front and attach it. On failure one line says why and
-/// every verbs call goes to libibverbs uncached.
-fn load_engine() -> bool {
+/// `dlopen` the engine from beside the front: its attach function, or why not.
+fn open_engine() -> Result<usize, &'static [u8]> {
     const RTLD_NOW: c_int = 2;
-    let me = own();
     let mut path = [0u8; 4096];
-    let Some(n) = engine_path(&mut path) else {
-        say(&[b"mrcache: cannot find the front in the loader's list; verbs calls go to libibverbs uncached"]);
-        return false;
-    };
+    let path = engine_path(&mut path).ok_or(&b"cannot tell the directory of libmrcache.so"[..])?;
     static DLOPEN: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
     type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
     let dlopen = libc::<DlopenFn>(&DLOPEN, c"dlopen").or_else(|| {
@@ -472,33 +566,34 @@ fn load_engine() -> bool {
         (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, DlopenFn>(p) })
     });
     let (Some(dlopen), Some(dlsym)) = (dlopen, libc_dlsym()) else {
-        say(&[b"mrcache: no dlopen in the process; verbs calls go to libibverbs uncached"]);
-        return false;
+        return Err(b"no dlopen in the process");
     };
     // SAFETY: dlopen with a NUL-terminated path (RTLD_LOCAL: the engine's symbols stay out
-    // of the process's scope).
+    // of the process's scope). Each thread's open adds a reference; none is dropped.
     let h = unsafe { dlopen(path.as_ptr() as *const c_char, RTLD_NOW) };
     if h.is_null() {
         static DLERROR: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
-        let why = libc::<unsafe extern "C" fn() -> *const c_char>(&DLERROR, c"dlerror")
+        return Err(libc::<unsafe extern "C" fn() -> *const c_char>(&DLERROR, c"dlerror")
             // SAFETY: dlerror returns null or a NUL-terminated message.
             .map(|f| unsafe { f() })
             .filter(|p| !p.is_null())
-            // SAFETY: as above.
-            .map_or(&b"?"[..], |p| unsafe { CStr::from_ptr(p) }.to_bytes());
-        say(&[
-            b"mrcache: cannot load the engine: ",
-            why,
-            b"; verbs calls go to libibverbs uncached",
-        ]);
-        return false;
+            // SAFETY: as above; the message stays until this thread's next dl* call.
+            .map_or(&b"cannot load libmrcache_engine.so"[..], |p| unsafe {
+                CStr::from_ptr(p)
+            }
+            .to_bytes()));
     }
     // SAFETY: libc's dlsym with the engine's handle and a NUL-terminated name.
     let f = unsafe { dlsym(h, front_abi::ATTACH.as_ptr()) };
     if f.is_null() {
-        say(&[b"mrcache: ", &path[..n], b" is not mrcache's engine; verbs calls go to libibverbs uncached"]);
-        return false;
+        return Err(b"libmrcache_engine.so beside libmrcache.so is not mrcache's engine");
     }
+    Ok(f as usize)
+}
+
+/// Call the engine's attach function `f`: whether it attached.
+fn call_attach(f: usize) -> bool {
+    let me = own();
     let info = FrontInfo {
         abi: front_abi::ABI,
         base: me.base,
@@ -512,23 +607,87 @@ fn load_engine() -> bool {
     };
     type AttachFn = unsafe extern "C" fn(*const FrontInfo) -> c_int;
     // SAFETY: the engine's attach function, of this prototype (front_abi::ATTACH).
-    if unsafe { core::mem::transmute::<*mut c_void, AttachFn>(f)(&info) } != 1 {
-        say(&[b"mrcache: ", &path[..n], b" is from another build of mrcache; verbs calls go to libibverbs uncached"]);
-        return false;
-    }
-    true
+    unsafe { core::mem::transmute::<usize, AttachFn>(f)(&info) == 1 }
 }
 
-/// The engine's path, beside the front's, NUL-terminated in `out`: its length. The front's
-/// link map comes from `dladdr1` on its own code: in the base namespace's list or in one
-/// `dlmopen` made.
-fn engine_path(out: &mut [u8]) -> Option<usize> {
-    let map = own_map()?;
+/// The front's path as the constructor found it, made absolute (a relative `LD_PRELOAD`
+/// entry, or one found through a relative `LD_LIBRARY_PATH`, is relative to the directory
+/// the program started in, which it may leave before its first verbs call). Empty: use the
+/// loader's name.
+static START_PATH: [AtomicU8; 4096] = [const { AtomicU8::new(0) }; 4096];
+
+/// Note the front's path if the loader's name for it is relative (constructor).
+fn note_start_path() {
+    let Some(map) = link_map::maps().find(|m| m.l_addr == own().base) else {
+        return;
+    };
     if map.l_name.is_null() {
-        return None;
+        return;
     }
     // SAFETY: l_name is the loader's NUL-terminated path of the object.
-    let path = unsafe { CStr::from_ptr(map.l_name) }.to_bytes();
+    let name = unsafe { CStr::from_ptr(map.l_name) }.to_bytes();
+    if name.is_empty() || name[0] == b'/' {
+        return;
+    }
+    static GETCWD: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    type GetcwdFn = unsafe extern "C" fn(*mut u8, usize) -> *mut u8;
+    let Some(getcwd) = libc::<GetcwdFn>(&GETCWD, c"getcwd") else {
+        return;
+    };
+    let mut buf = [0u8; 4096];
+    // SAFETY: getcwd writes at most buf.len() bytes, NUL-terminated, into buf (no malloc).
+    if unsafe { getcwd(buf.as_mut_ptr(), buf.len()) }.is_null() {
+        return;
+    }
+    let cwd = buf.iter().position(|&b| b == 0).unwrap_or(0);
+    if cwd + 1 + name.len() + 1 > START_PATH.len() {
+        return;
+    }
+    for (k, &b) in buf[..cwd].iter().chain(b"/").chain(name).enumerate() {
+        START_PATH[k].store(b, Relaxed);
+    }
+}
+
+/// The engine's path, NUL-terminated in `out`: beside the front's own file (symbolic links
+/// resolved, so a link to libmrcache.so finds the engine beside the file it names).
+fn engine_path(out: &mut [u8; 4096]) -> Option<&[u8]> {
+    let mut given = [0u8; 4096];
+    let n = if START_PATH[0].load(Relaxed) != 0 {
+        let mut n = 0;
+        while n < given.len() - 1 {
+            let b = START_PATH[n].load(Relaxed);
+            if b == 0 {
+                break;
+            }
+            given[n] = b;
+            n += 1;
+        }
+        n
+    } else {
+        let map = own_map()?;
+        if map.l_name.is_null() {
+            return None;
+        }
+        // SAFETY: l_name is the loader's NUL-terminated path of the object.
+        let name = unsafe { CStr::from_ptr(map.l_name) }.to_bytes();
+        if name.len() + 1 > given.len() {
+            return None;
+        }
+        given[..name.len()].copy_from_slice(name);
+        name.len()
+    };
+    static REALPATH: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    type RealpathFn = unsafe extern "C" fn(*const u8, *mut u8) -> *mut u8;
+    let mut real = [0u8; 4096];
+    let path: &[u8] = match libc::<RealpathFn>(&REALPATH, c"realpath") {
+        // SAFETY: realpath reads a NUL-terminated path and writes at most PATH_MAX (4096)
+        // bytes into real.
+        Some(f) if !unsafe { f(given.as_ptr(), real.as_mut_ptr()) }.is_null() => {
+            let k = real.iter().position(|&b| b == 0).unwrap_or(0);
+            &real[..k]
+        }
+        _ => &given[..n],
+    };
     let dir = match path.iter().rposition(|&b| b == b'/') {
         Some(k) => &path[..=k],
         None => &b"./"[..],
@@ -540,7 +699,7 @@ fn engine_path(out: &mut [u8]) -> Option<usize> {
     out[..dir.len()].copy_from_slice(dir);
     out[dir.len()..n].copy_from_slice(front_abi::ENGINE_FILE);
     out[n] = 0;
-    Some(n)
+    Some(&out[..n])
 }
 
 // ---- the constructor ----
@@ -557,6 +716,7 @@ static CONSTRUCTED: AtomicBool = AtomicBool::new(false);
 /// patching with caching on: patching happens at the engine's start.
 extern "C" fn init() {
     CONSTRUCTED.store(true, Release);
+    note_start_path();
     let own = own().base;
     if !link_map::walks_answer(own) {
         for i in (0..SLOTS).filter(|&i| slot(i).1 == Kind::Forward) {

@@ -13,6 +13,7 @@ mod device_memory_not_cached;
 mod dlsym;
 mod drain_thread_start;
 mod early_and_refused_hooks;
+mod engine_attach;
 mod fast_path;
 mod fork_during_patch;
 mod fork_in_malloc;

@@ -209,3 +209,32 @@ pub unsafe extern "C" fn mrcache_engine_attach(info: *const FrontInfo) -> c_int 
     }
     1
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every slot of the front has an entry point here, and each verbs slot's version is
+    /// the one the engine's `dlsym` answers for: a slot added on one side only would leave
+    /// the front calling through an empty slot, or attach refusing every front.
+    #[test]
+    fn every_slot_of_the_front_has_an_entry_point() {
+        for i in 0..SLOTS {
+            let (name, kind) = front_abi::slot(i);
+            assert!(
+                entry(name.to_bytes()).is_some(),
+                "no entry point for {name:?}"
+            );
+            if kind == front_abi::Kind::Verbs {
+                let hooked = HOOKED.iter().find(|h| h.name == name).unwrap();
+                assert_eq!(hooked.version, front_abi::verbs_version(i), "{name:?}");
+            }
+        }
+        assert_eq!(
+            HOOKED.len(),
+            (0..SLOTS)
+                .filter(|&i| front_abi::slot(i).1 == front_abi::Kind::Verbs)
+                .count()
+        );
+    }
+}

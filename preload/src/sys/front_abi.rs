@@ -19,6 +19,8 @@ pub const TLS_FORWARDING: usize = 0;
 pub const TLS_OPEN_HERE: usize = 2;
 pub const TLS_DEPTH: usize = 3;
 pub const TLS_FORK_HELD: usize = 4;
+/// The front's own: this thread is opening or attaching the engine.
+pub const TLS_FRONT_IN_ATTACH: usize = 7;
 
 /// The engine's file, beside the front's.
 pub const ENGINE_FILE: &[u8] = b"libmrcache_engine.so";
@@ -81,6 +83,16 @@ pub const fn slot(i: usize) -> (&'static CStr, Kind) {
         27 => (c"mrcache_patch_watch_clean", Engine),
         DLSYM => (c"dlsym", Lookup),
         _ => (c"dlvsym", Lookup),
+    }
+}
+
+/// The libibverbs symbol version a verbs slot's entry point is exported under.
+pub const fn verbs_version(i: usize) -> &'static CStr {
+    match i {
+        18 => c"IBVERBS_1.7",
+        19 => c"IBVERBS_1.8",
+        22 => c"IBVERBS_1.12",
+        _ => c"IBVERBS_1.1",
     }
 }
 
