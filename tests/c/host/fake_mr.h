@@ -1,5 +1,5 @@
 /* Provider ops that register nothing: a calloc'd MR (room after it for a test's own
- * bookkeeping) and its free. Shared by pass_clock.c and fake_device.c. Include after the
+ * bookkeeping) and its free. Shared by pass_clock.c, fake_device.c and engine_attach.c. Include after the
  * system headers. */
 #ifndef MRCACHE_FAKE_MR_H
 #define MRCACHE_FAKE_MR_H
