@@ -22,7 +22,7 @@ mod front_abi;
 mod link_map;
 
 use core::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use front_abi::{DLSYM, DLVSYM, FrontInfo, Kind, SLOTS, slot};
 
 /// Where each entry point goes: 0 until it is resolved (the next definition) or the engine
@@ -217,19 +217,21 @@ fn say(parts: &[&[u8]]) {
     syscall(nr::WRITE, 2, line.as_ptr() as usize, n);
 }
 
-/// Whether the environment variable `name` is one of `values` (None: unset).
-fn env_is(name: &CStr, values: &[&[u8]]) -> Option<bool> {
+/// The environment variable `name` (libc's getenv), if set.
+fn env(name: &CStr) -> Option<&'static [u8]> {
     static AT: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
     type GetenvFn = unsafe extern "C" fn(*const c_char) -> *const c_char;
     let getenv = libc::<GetenvFn>(&AT, c"getenv")?;
     // SAFETY: libc's getenv with a NUL-terminated name.
     let v = unsafe { getenv(name.as_ptr()) };
-    if v.is_null() {
-        return None;
-    }
-    // SAFETY: getenv returns a NUL-terminated string.
-    let v = unsafe { CStr::from_ptr(v) }.to_bytes();
-    Some(values.contains(&v))
+    // SAFETY: getenv returns null or a NUL-terminated string of the environment, which the
+    // front reads before the program can change it (constructor) or only compares.
+    (!v.is_null()).then(|| unsafe { CStr::from_ptr(v) }.to_bytes())
+}
+
+/// Whether the environment variable `name` is one of `values` (None: unset).
+fn env_is(name: &CStr, values: &[&[u8]]) -> Option<bool> {
+    env(name).map(|v| values.contains(&v))
 }
 
 // ---- the slots ----
@@ -476,6 +478,7 @@ fn marked<R>(f: impl FnOnce() -> R) -> R {
 /// `WAIT_NS`. This thread inside `attach` (a lookup made while the engine starts, a signal
 /// handler) and a fork child of a process caught attaching go on without it: the call goes
 /// to libibverbs, uncached.
+#[inline(never)]
 fn attach() -> bool {
     const WAIT_NS: u64 = 2_000_000_000;
     match STATE.load(Acquire) & 3 {
@@ -553,6 +556,7 @@ fn monotonic_ns() -> u64 {
 }
 
 /// `dlopen` the engine from beside the front: its attach function, or why not.
+#[inline(never)]
 fn open_engine() -> Result<usize, &'static [u8]> {
     const RTLD_NOW: c_int = 2;
     let mut path = [0u8; 4096];
@@ -610,84 +614,39 @@ fn call_attach(f: usize) -> bool {
     unsafe { core::mem::transmute::<usize, AttachFn>(f)(&info) == 1 }
 }
 
-/// The front's path as the constructor found it, made absolute (a relative `LD_PRELOAD`
-/// entry, or one found through a relative `LD_LIBRARY_PATH`, is relative to the directory
-/// the program started in, which it may leave before its first verbs call). Empty: use the
-/// loader's name.
-static START_PATH: [AtomicU8; 4096] = [const { AtomicU8::new(0) }; 4096];
-
-/// Note the front's path if the loader's name for it is relative (constructor).
-fn note_start_path() {
-    let Some(map) = link_map::maps().find(|m| m.l_addr == own().base) else {
-        return;
-    };
-    if map.l_name.is_null() {
-        return;
-    }
-    // SAFETY: l_name is the loader's NUL-terminated path of the object.
-    let name = unsafe { CStr::from_ptr(map.l_name) }.to_bytes();
-    if name.is_empty() || name[0] == b'/' {
-        return;
-    }
-    static GETCWD: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
-    type GetcwdFn = unsafe extern "C" fn(*mut u8, usize) -> *mut u8;
-    let Some(getcwd) = libc::<GetcwdFn>(&GETCWD, c"getcwd") else {
-        return;
-    };
-    let mut buf = [0u8; 4096];
-    // SAFETY: getcwd writes at most buf.len() bytes, NUL-terminated, into buf (no malloc).
-    if unsafe { getcwd(buf.as_mut_ptr(), buf.len()) }.is_null() {
-        return;
-    }
-    let cwd = buf.iter().position(|&b| b == 0).unwrap_or(0);
-    if cwd + 1 + name.len() + 1 > START_PATH.len() {
-        return;
-    }
-    for (k, &b) in buf[..cwd].iter().chain(b"/").chain(name).enumerate() {
-        START_PATH[k].store(b, Relaxed);
-    }
-}
-
-/// The engine's path, NUL-terminated in `out`: beside the front's own file (symbolic links
-/// resolved, so a link to libmrcache.so finds the engine beside the file it names).
-fn engine_path(out: &mut [u8; 4096]) -> Option<&[u8]> {
-    let mut given = [0u8; 4096];
-    let n = if START_PATH[0].load(Relaxed) != 0 {
-        let mut n = 0;
-        while n < given.len() - 1 {
-            let b = START_PATH[n].load(Relaxed);
-            if b == 0 {
-                break;
+/// The engine's path, NUL-terminated in `out`: beside the file the front was mapped from,
+/// as the kernel names it (`/proc/self/map_files`: absolute, symbolic links resolved, right
+/// even after the program left the directory a relative `LD_PRELOAD` path was relative to),
+/// else beside the loader's name for the front, symbolic links resolved.
+fn engine_path(out: &mut [u8; PATH_MAX]) -> Option<&[u8]> {
+    let mut file = [0u8; PATH_MAX];
+    let n = match mapped_file(&mut file) {
+        Some(n) => n,
+        None => {
+            let map = own_map()?;
+            if map.l_name.is_null() {
+                return None;
             }
-            given[n] = b;
-            n += 1;
+            // SAFETY: l_name is the loader's NUL-terminated path of the object.
+            let name = unsafe { CStr::from_ptr(map.l_name) };
+            static REALPATH: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+            type RealpathFn = unsafe extern "C" fn(*const c_char, *mut u8) -> *mut u8;
+            match libc::<RealpathFn>(&REALPATH, c"realpath") {
+                // SAFETY: realpath reads a NUL-terminated path and writes at most PATH_MAX
+                // bytes into file.
+                Some(f) if !unsafe { f(name.as_ptr(), file.as_mut_ptr()) }.is_null() => {
+                    file.iter().position(|&b| b == 0).unwrap_or(0)
+                }
+                _ => {
+                    let name = name.to_bytes();
+                    let k = name.len().min(PATH_MAX - 1);
+                    file[..k].copy_from_slice(&name[..k]);
+                    k
+                }
+            }
         }
-        n
-    } else {
-        let map = own_map()?;
-        if map.l_name.is_null() {
-            return None;
-        }
-        // SAFETY: l_name is the loader's NUL-terminated path of the object.
-        let name = unsafe { CStr::from_ptr(map.l_name) }.to_bytes();
-        if name.len() + 1 > given.len() {
-            return None;
-        }
-        given[..name.len()].copy_from_slice(name);
-        name.len()
     };
-    static REALPATH: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
-    type RealpathFn = unsafe extern "C" fn(*const u8, *mut u8) -> *mut u8;
-    let mut real = [0u8; 4096];
-    let path: &[u8] = match libc::<RealpathFn>(&REALPATH, c"realpath") {
-        // SAFETY: realpath reads a NUL-terminated path and writes at most PATH_MAX (4096)
-        // bytes into real.
-        Some(f) if !unsafe { f(given.as_ptr(), real.as_mut_ptr()) }.is_null() => {
-            let k = real.iter().position(|&b| b == 0).unwrap_or(0);
-            &real[..k]
-        }
-        _ => &given[..n],
-    };
+    let path = &file[..n];
     let dir = match path.iter().rposition(|&b| b == b'/') {
         Some(k) => &path[..=k],
         None => &b"./"[..],
@@ -700,6 +659,50 @@ fn engine_path(out: &mut [u8; 4096]) -> Option<&[u8]> {
     out[dir.len()..n].copy_from_slice(front_abi::ENGINE_FILE);
     out[n] = 0;
     Some(&out[..n])
+}
+
+const PATH_MAX: usize = 4096;
+
+/// The path of the file the front's first segment is mapped from, read from
+/// `/proc/self/map_files/START-END` into `out` (its length; None where that cannot be read).
+fn mapped_file(out: &mut [u8; PATH_MAX]) -> Option<usize> {
+    let ehdr = &raw const __ehdr_start;
+    // SAFETY: our own ELF header and program headers, mapped in our first segment.
+    let phdrs = unsafe {
+        let e = &*ehdr;
+        core::slice::from_raw_parts(
+            (ehdr as usize + e.e_phoff as usize) as *const Phdr,
+            e.e_phnum as usize,
+        )
+    };
+    let first = phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_offset == 0)?;
+    let page = 4096usize;
+    let start = ehdr as usize & !(page - 1);
+    let end = (ehdr as usize + first.p_filesz as usize + page - 1) & !(page - 1);
+    let mut link = [0u8; 64];
+    let mut n = 0;
+    let mut put = |bytes: &[u8]| {
+        for &b in bytes {
+            link[n] = b;
+            n += 1;
+        }
+    };
+    put(b"/proc/self/map_files/");
+    let hex = |v: usize, put: &mut dyn FnMut(&[u8])| {
+        let digits = (usize::BITS - v.leading_zeros()).div_ceil(4).max(1);
+        for k in (0..digits).rev() {
+            put(&[b"0123456789abcdef"[(v >> (4 * k)) & 0xf]]);
+        }
+    };
+    hex(start, &mut put);
+    put(b"-");
+    hex(end, &mut put);
+    static READLINK: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    type ReadlinkFn = unsafe extern "C" fn(*const u8, *mut u8, usize) -> isize;
+    let readlink = libc::<ReadlinkFn>(&READLINK, c"readlink")?;
+    // SAFETY: a NUL-terminated path (link is zeroed past n) and a buffer of PATH_MAX bytes.
+    let k = unsafe { readlink(link.as_ptr(), out.as_mut_ptr(), PATH_MAX - 1) };
+    (k > 0 && out[0] == b'/').then_some(k as usize)
 }
 
 // ---- the constructor ----
@@ -716,7 +719,6 @@ static CONSTRUCTED: AtomicBool = AtomicBool::new(false);
 /// patching with caching on: patching happens at the engine's start.
 extern "C" fn init() {
     CONSTRUCTED.store(true, Release);
-    note_start_path();
     let own = own().base;
     if !link_map::walks_answer(own) {
         for i in (0..SLOTS).filter(|&i| slot(i).1 == Kind::Forward) {
