@@ -480,7 +480,6 @@ fn marked<R>(f: impl FnOnce() -> R) -> R {
 /// to libibverbs, uncached.
 #[inline(never)]
 fn attach() -> bool {
-    const WAIT_NS: u64 = 2_000_000_000;
     match STATE.load(Acquire) & 3 {
         ATTACHED => return true,
         FAILED => return false,
@@ -491,24 +490,17 @@ fn attach() -> bool {
         return false;
     }
     let pid = syscall(nr::GETPID, 0, 0, 0) as u64;
+    // A fork child of a process caught in the attach call: without the engine for good (the
+    // fallbacks are then kept in the slots, no dlopen per call).
+    let now = STATE.load(Acquire);
+    if now & 3 == ATTACHING && now >> 2 != pid {
+        let _ = STATE.compare_exchange(now, pid << 2 | FAILED, AcqRel, Acquire);
+        return STATE.load(Acquire) & 3 == ATTACHED;
+    }
     let f = match marked(open_engine) {
         Ok(f) => f,
-        Err(why) => {
-            // The same file for every thread: said once, failed for all.
-            let mut now = STATE.load(Acquire);
-            while now & 3 == NONE {
-                match STATE.compare_exchange(now, pid << 2 | FAILED, AcqRel, Acquire) {
-                    Ok(_) => {
-                        say(&[b"mrcache: ", why, b"; verbs calls go to libibverbs uncached"]);
-                        return false;
-                    }
-                    Err(n) => now = n,
-                }
-            }
-            return now & 3 == ATTACHED;
-        }
+        Err(why) => return fail_once(pid, why),
     };
-    let mut since = 0;
     loop {
         let now = STATE.load(Acquire);
         match now & 3 {
@@ -516,15 +508,18 @@ fn attach() -> bool {
             FAILED => return false,
             ATTACHING if now >> 2 != pid => return false,
             ATTACHING => {
-                let t = monotonic_ns();
-                if since == 0 {
-                    since = t;
-                } else if t.wrapping_sub(since) > WAIT_NS {
+                if waited_too_long() {
                     return false;
                 }
                 syscall(nr::SCHED_YIELD, 0, 0, 0);
             }
             _ => {
+                if !tls_is_static() {
+                    return fail_once(
+                        pid,
+                        b"libmrcache.so was loaded with dlopen and its thread-local words are not in the static TLS (a hook inside malloc would allocate them)",
+                    );
+                }
                 if STATE
                     .compare_exchange(now, pid << 2 | ATTACHING, AcqRel, Acquire)
                     .is_err()
@@ -540,6 +535,76 @@ fn attach() -> bool {
             }
         }
     }
+}
+
+/// Mark the engine failed for the process (unless another thread attached it), saying why
+/// once: whether it is attached.
+fn fail_once(pid: u64, why: &[u8]) -> bool {
+    let mut now = STATE.load(Acquire);
+    while now & 3 == NONE {
+        match STATE.compare_exchange(now, pid << 2 | FAILED, AcqRel, Acquire) {
+            Ok(_) => {
+                say(&[b"mrcache: ", why, b"; verbs calls go to libibverbs uncached"]);
+                return false;
+            }
+            Err(n) => now = n,
+        }
+    }
+    now & 3 == ATTACHED
+}
+
+/// Whether waiting for another thread's attach call has lasted 2 s: one deadline for the
+/// process, set by the first waiter, so that after it no call waits again (a call that gave
+/// up goes to libibverbs, which may call back into the front).
+fn waited_too_long() -> bool {
+    const WAIT_NS: u64 = 2_000_000_000;
+    static DEADLINE: AtomicU64 = AtomicU64::new(0);
+    let now = monotonic_ns();
+    let deadline = match DEADLINE.compare_exchange(0, now + WAIT_NS, AcqRel, Acquire) {
+        Ok(_) => now + WAIT_NS,
+        Err(set) => set,
+    };
+    now > deadline
+}
+
+/// Whether this thread's TLS words are in the static TLS (always so for a front loaded at
+/// start-up): a front loaded later with `dlopen` may get a block glibc allocates with
+/// `malloc` at a thread's first access, which a hook inside malloc cannot wait for. The
+/// static TLS lies below the thread pointer on x86-64 and above it on aarch64, within the
+/// size glibc reports (`_dl_get_tls_static_info`; without it, assumed static).
+fn tls_is_static() -> bool {
+    let f = link_map::first_definition(c"_dl_get_tls_static_info");
+    if f.is_null() {
+        return true;
+    }
+    let (mut size, mut align) = (0usize, 0usize);
+    type InfoFn = unsafe extern "C" fn(*mut usize, *mut usize);
+    // SAFETY: ld.so's function of this prototype; it writes two size_t.
+    unsafe { core::mem::transmute::<*mut c_void, InfoFn>(f)(&mut size, &mut align) };
+    // SAFETY: this thread's words (allocated now if dynamic: attach runs outside hooks).
+    let words = unsafe { mrcache_front_tls() } as usize;
+    let tp = thread_pointer();
+    if cfg!(target_arch = "x86_64") {
+        words < tp && tp - words <= size
+    } else {
+        words >= tp && words - tp < size
+    }
+}
+
+/// The thread pointer (x86-64: %fs base, read from its self-pointer; aarch64: TPIDR_EL0).
+fn thread_pointer() -> usize {
+    let tp: usize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: %fs:0 holds the thread control block's own address (the x86-64 TLS ABI).
+    unsafe {
+        core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: reading TPIDR_EL0 has no effect.
+    unsafe {
+        core::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags))
+    };
+    tp
 }
 
 /// CLOCK_MONOTONIC in nanoseconds (libc's clock_gettime, served by the vDSO).
@@ -619,8 +684,9 @@ fn call_attach(f: usize) -> bool {
 /// even after the program left the directory a relative `LD_PRELOAD` path was relative to),
 /// else beside the loader's name for the front, symbolic links resolved.
 fn engine_path(out: &mut [u8; PATH_MAX]) -> Option<&[u8]> {
-    let mut file = [0u8; PATH_MAX];
-    let n = match mapped_file(&mut file) {
+    // The front's file's path first, in `out` itself (one page of stack: the first verbs
+    // call may come on a thread with a small stack).
+    let n = match mapped_file(out) {
         Some(n) => n,
         None => {
             let map = own_map()?;
@@ -633,30 +699,33 @@ fn engine_path(out: &mut [u8; PATH_MAX]) -> Option<&[u8]> {
             type RealpathFn = unsafe extern "C" fn(*const c_char, *mut u8) -> *mut u8;
             match libc::<RealpathFn>(&REALPATH, c"realpath") {
                 // SAFETY: realpath reads a NUL-terminated path and writes at most PATH_MAX
-                // bytes into file.
-                Some(f) if !unsafe { f(name.as_ptr(), file.as_mut_ptr()) }.is_null() => {
-                    file.iter().position(|&b| b == 0).unwrap_or(0)
+                // bytes into out.
+                Some(f) if !unsafe { f(name.as_ptr(), out.as_mut_ptr()) }.is_null() => {
+                    out.iter().position(|&b| b == 0).unwrap_or(0)
                 }
                 _ => {
                     let name = name.to_bytes();
                     let k = name.len().min(PATH_MAX - 1);
-                    file[..k].copy_from_slice(&name[..k]);
+                    out[..k].copy_from_slice(&name[..k]);
                     k
                 }
             }
         }
     };
-    let path = &file[..n];
-    let dir = match path.iter().rposition(|&b| b == b'/') {
-        Some(k) => &path[..=k],
-        None => &b"./"[..],
+    // The file name replaced by the engine's.
+    let dir = match out[..n].iter().rposition(|&b| b == b'/') {
+        Some(k) => k + 1,
+        None => {
+            out[0] = b'.';
+            out[1] = b'/';
+            2
+        }
     };
-    let n = dir.len() + front_abi::ENGINE_FILE.len();
+    let n = dir + front_abi::ENGINE_FILE.len();
     if n + 1 > out.len() {
         return None;
     }
-    out[..dir.len()].copy_from_slice(dir);
-    out[dir.len()..n].copy_from_slice(front_abi::ENGINE_FILE);
+    out[dir..n].copy_from_slice(front_abi::ENGINE_FILE);
     out[n] = 0;
     Some(&out[..n])
 }

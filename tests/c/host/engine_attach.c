@@ -10,7 +10,10 @@
  *   engine_attach chdir DIR  chdir(DIR) before the first registration, then a pair
  *   engine_attach pair       a pair
  *   engine_attach tls LIB FRONT  dlopen LIB (a large initial-exec TLS block, using up the
- *                            static TLS's spare room), then dlopen FRONT: "loaded" or why not
+ *                            static TLS's spare room), then dlopen FRONT: "loaded" or why
+ *                            not; then the front's mrcache_selftest_report (which attaches
+ *                            the engine) and four threads whose 64 MiB mallocs call mmap
+ *                            inside malloc ("loaded, [not ]attached, threads done")
  * Exit 0 unless something failed to run (3). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -39,6 +42,17 @@ const char *attach_pair(struct ibv_pd *p, char *b) {
     if (!m2) return "failed";
     const char *r = m2 == m1 ? "cached" : "uncached";
     return ibv_dereg_mr(m2) ? "failed" : r;
+}
+
+/* A thread whose first act is a malloc that mmaps (inside malloc, under its arena lock). */
+static void *big_malloc(void *unused) {
+    (void)unused;
+    for (int i = 0; i < 8; i++) {
+        char *p = malloc(64 << 20);
+        if (p) p[0] = 1;
+        free(p);
+    }
+    return NULL;
 }
 
 static void *opened;
@@ -80,7 +94,21 @@ int main(int argc, char **argv) {
             return 3;
         }
         void *h = dlopen(argv[3], RTLD_NOW);
-        printf("engine_attach: %s\n", h ? "loaded" : dlerror());
+        if (!h) {
+            printf("engine_attach: %s\n", dlerror());
+            return 0;
+        }
+        /* The front attaches the engine for mrcache info's report (which the engine writes;
+         * without the engine it is empty). */
+        size_t (*report)(char *, size_t) = (size_t (*)(char *, size_t))dlsym(h, "mrcache_selftest_report");
+        static char text[8192];
+        if (!report) return 3;
+        const char *attached = report(text, sizeof text) ? "attached" : "not attached";
+        pthread_t t[4];
+        for (int i = 0; i < 4; i++)
+            if (pthread_create(&t[i], NULL, big_malloc, NULL)) return 3;
+        for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+        printf("engine_attach: loaded, %s, threads done\n", attached);
         return 0;
     }
     return 3;
