@@ -121,7 +121,8 @@ struct Own {
     hi: usize,
 }
 
-fn own() -> Own {
+/// The front's ELF header's address and its program headers.
+fn own_phdrs() -> (usize, &'static [Phdr]) {
     let ehdr = &raw const __ehdr_start;
     // SAFETY: our own ELF header and program headers, mapped in our first segment.
     let phdrs = unsafe {
@@ -131,11 +132,16 @@ fn own() -> Own {
             e.e_phnum as usize,
         )
     };
+    (ehdr as usize, phdrs)
+}
+
+fn own() -> Own {
+    let (ehdr, phdrs) = own_phdrs();
     // The header is where the segment that maps file offset 0 was put.
     let base = phdrs
         .iter()
         .find(|p| p.p_type == PT_LOAD && p.p_offset == 0)
-        .map_or(0, |p| (ehdr as usize).wrapping_sub(p.p_vaddr as usize));
+        .map_or(0, |p| ehdr.wrapping_sub(p.p_vaddr as usize));
     let (mut lo, mut hi) = (usize::MAX, 0usize);
     for ph in phdrs.iter().filter(|p| p.p_type == PT_LOAD) {
         let start = base.wrapping_add(ph.p_vaddr as usize);
@@ -735,19 +741,19 @@ const PATH_MAX: usize = 4096;
 /// The path of the file the front's first segment is mapped from, read from
 /// `/proc/self/map_files/START-END` into `out` (its length; None where that cannot be read).
 fn mapped_file(out: &mut [u8; PATH_MAX]) -> Option<usize> {
-    let ehdr = &raw const __ehdr_start;
-    // SAFETY: our own ELF header and program headers, mapped in our first segment.
-    let phdrs = unsafe {
-        let e = &*ehdr;
-        core::slice::from_raw_parts(
-            (ehdr as usize + e.e_phoff as usize) as *const Phdr,
-            e.e_phnum as usize,
-        )
-    };
+    let (ehdr, phdrs) = own_phdrs();
     let first = phdrs.iter().find(|p| p.p_type == PT_LOAD && p.p_offset == 0)?;
-    let page = 4096usize;
-    let start = ehdr as usize & !(page - 1);
-    let end = (ehdr as usize + first.p_filesz as usize + page - 1) & !(page - 1);
+    // The kernel's page (4, 16 or 64 KiB on aarch64): the mapping's bounds.
+    static GETAUXVAL: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    const AT_PAGESZ: u64 = 6;
+    let getauxval = libc::<unsafe extern "C" fn(u64) -> u64>(&GETAUXVAL, c"getauxval")?;
+    // SAFETY: getauxval only reads the auxiliary vector.
+    let page = unsafe { getauxval(AT_PAGESZ) } as usize;
+    if !page.is_power_of_two() {
+        return None;
+    }
+    let start = ehdr & !(page - 1);
+    let end = (ehdr + first.p_filesz as usize + page - 1) & !(page - 1);
     let mut link = [0u8; 64];
     let mut n = 0;
     let mut put = |bytes: &[u8]| {
