@@ -138,7 +138,7 @@ impl<R: Registrar> Cache<R> {
                     .by_mr(ptr)
                     .and_then(|id| Some((id, self.fast.slots.get(id)?)))
                 else {
-                    return if st.released(ptr) {
+                    return if st.released(&self.fast, ptr) {
                         Detached::Released
                     } else {
                         Detached::NotOurs
@@ -156,7 +156,7 @@ impl<R: Registrar> Cache<R> {
                 match st.remove(&self.fast, id) {
                     Some(mr) => {
                         // Handed to the app, not to a deregistration.
-                        st.unbury(&self.fast, mr.ptr);
+                        self.fast.foreign.forget(mr.ptr);
                         st.land(mr.ptr);
                         Detached::Sole(mr)
                     }
@@ -204,7 +204,7 @@ impl<R: Registrar> Cache<R> {
         let mut st = self.lock();
         if let Some(mr) = st.remove(&self.fast, h.id) {
             // Handed to the app, not to a deregistration.
-            st.unbury(&self.fast, mr.ptr);
+            self.fast.foreign.forget(mr.ptr);
             st.land(mr.ptr);
         }
         st.handles.insert(
@@ -242,7 +242,7 @@ impl<R: Registrar> Cache<R> {
     /// Track an app-owned registration (after `detach`) so its `ibv_dereg_mr` takes the
     /// path that made it.
     pub fn adopt_uncached(&self, mr: Mr) {
-        self.forget_passed(mr.ptr);
+        self.fast.foreign.forget(mr.ptr);
         self.lock().handles.insert(
             mr.ptr,
             Handle::Uncached {
@@ -251,16 +251,6 @@ impl<R: Registrar> Cache<R> {
                 addr: 0,
             },
         );
-    }
-
-    /// A registration made outside the cache (passed through to libibverbs) has this
-    /// address: it is live, not a tombstone, and its deregistration may skip the cache
-    /// (`take_passed`).
-    pub fn note_foreign(&self, ptr: usize) {
-        if self.fast.buried.maybe(ptr) {
-            self.lock().unbury(&self.fast, ptr);
-        }
-        self.note_passed(ptr, false);
     }
 
     /// `fork()` prepare: the ranges of entries in use that this library registered through

@@ -62,19 +62,6 @@ impl<R: Registrar> Cache<R> {
             Lane::Pass
         }
     }
-
-    /// libibverbs returned `mr` for a call the lane passed: recorded lock-free so that its
-    /// `ibv_dereg_mr` goes straight to libibverbs (`take_passed`). False: the address may
-    /// be one the cache deregistered (a tombstone): call `note_foreign`, which takes the
-    /// state lock, instead.
-    #[inline]
-    pub fn note_lane_mr(&self, mr: usize) -> bool {
-        if self.fast.buried.maybe(mr) {
-            return false;
-        }
-        self.note_passed(mr, false);
-        true
-    }
 }
 
 #[cfg(test)]
@@ -183,22 +170,5 @@ mod tests {
         assert_eq!(cache.try_pass(&req(0x10_0000)), Lane::PassTimed);
         assert_eq!(cache.stats.get(Counter::AdmissionPassedCost), 2);
         assert_eq!(cache.classes().get(Access::Local, 0x1000).passed, 2);
-    }
-
-    /// The lane's MR is recorded lock-free unless its address may be one the cache
-    /// deregistered, which `note_foreign` must clear under the state lock. (Seen failing
-    /// without the tombstone check: "a buried address recorded lock-free".)
-    #[test]
-    fn a_lane_mr_at_a_buried_address_takes_the_lock() {
-        let fake = Fake::default();
-        let cache = auto(&fake);
-        cache.lock().bury(&cache.fast, 0x7000);
-        assert!(
-            !cache.note_lane_mr(0x7000),
-            "a buried address recorded lock-free"
-        );
-        assert_eq!(cache.take_passed(0x7000), None);
-        assert!(cache.note_lane_mr(0x9000));
-        assert_eq!(cache.take_passed(0x9000), Some(false));
     }
 }

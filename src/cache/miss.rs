@@ -225,7 +225,7 @@ impl<R: Registrar> Cache<R> {
                     .map_or(AcquireError::Failed(e), AcquireError::Bypass));
             }
         };
-        self.forget_passed(mr.ptr);
+        self.fast.foreign.forget(mr.ptr);
         self.figures(kind, req.len, |f| f.reg.add(reg_ns as f64));
         let grant = if revocable {
             match self.registrar.grant(mr, req) {
@@ -291,7 +291,7 @@ impl<R: Registrar> Cache<R> {
             }
             Err(self.bypass_remote())
         } else {
-            st.unbury(&self.fast, mr.ptr);
+            self.fast.foreign.forget(mr.ptr);
             st.handles.insert(mr.ptr, Handle::uncached(mr, req));
             drop(st);
             self.deregister_all(&stale);

@@ -17,9 +17,9 @@ mod lane;
 mod miss;
 pub use hash::{WordMap, WordSet};
 pub use lane::Lane;
-mod buried;
+mod foreign;
 mod lock_free;
-mod passed;
+pub use foreign::Passed;
 mod recent;
 mod release;
 mod slots;
@@ -70,11 +70,6 @@ pub struct Cache<R: Registrar> {
     outer_rounds: bool,
     /// Time one call in about this many for the admission figures (1: every call).
     sample_every: u64,
-    /// Registrations admission passed through to libibverbs (remote), by the MR libibverbs
-    /// returned: their `ibv_dereg_mr` is timed as the other half of what a miss costs.
-    passed_mrs: Mutex<WordMap<usize, usize>>,
-    /// Every registration passed through, lock-free: its dereg skips the cache.
-    passed: passed::PassedSet,
     /// The admission figures of each size class and access kind (never taken on the
     /// lock-free path; never held across a registrar call).
     classes: steady::ClassLock,
@@ -117,8 +112,6 @@ impl<R: Registrar> Cache<R> {
             admit: Admit::Always,
             outer_rounds: false,
             sample_every: 1,
-            passed_mrs: Mutex::new(WordMap::default()),
-            passed: passed::PassedSet::default(),
             classes: steady::ClassLock::new(),
             fast: Fast::default(),
             clean: AtomicU64::new(NEVER_DRAINED),

@@ -30,7 +30,7 @@ impl<R: Registrar> Cache<R> {
                     Released::Deregistered
                 }
                 Err(()) => {
-                    let double = st.released(ptr) || self.fast.by_mr(ptr).is_some();
+                    let double = st.released(&self.fast, ptr) || self.fast.by_mr(ptr).is_some();
                     if double {
                         self.stats.add(Counter::DoubleDeregs, 1);
                         Released::DoubleRelease
@@ -45,7 +45,7 @@ impl<R: Registrar> Cache<R> {
                 // Tombstoned before the provider can free it (and so reuse the address): a
                 // second ibv_dereg_mr of it is then a double release, never handed to
                 // libibverbs with freed memory.
-                st.bury(&self.fast, ptr);
+                self.fast.foreign.bury(ptr);
                 drop(st);
                 let t = Instant::now();
                 return match self.registrar.deregister(mr) {
@@ -58,7 +58,7 @@ impl<R: Registrar> Cache<R> {
                     }
                     Err(e) => {
                         let mut st = self.lock();
-                        st.unbury(&self.fast, ptr);
+                        self.fast.foreign.forget(ptr);
                         st.handles
                             .insert(ptr, Handle::Uncached { mr, len, addr: 0 });
                         Released::Failed(e)

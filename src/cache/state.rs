@@ -19,8 +19,6 @@ mod room;
 
 /// How many drained invalidations are remembered for the registration race check.
 const RECENT: usize = 1024;
-/// How many deregistered MR pointers are remembered to catch double deregistrations.
-const TOMBSTONES: usize = 4096;
 
 /// The hash of a request's exact key: three words, three multiplies. The flags go above
 /// any length a process can map (2^48), and the PD (a heap pointer, the same for most
@@ -54,9 +52,8 @@ pub(crate) struct Fast {
     /// The slots of recent lock-free hits by thread and MR pointer: where the release
     /// looks before `by_mr`.
     pub(super) recent: RecentHits,
-    /// The tombstones by bucket of their address: a pass-through's registration
-    /// (`Cache::note_foreign`) whose bucket holds none has none to clear and skips the lock.
-    pub(super) buried: super::buried::BuriedCounts,
+    /// The MR addresses that are not the cache's: pass-throughs and tombstones.
+    pub(super) foreign: super::foreign::Foreign,
 }
 
 impl Fast {
@@ -113,7 +110,7 @@ impl Fast {
             + self.exact.bytes()
             + self.by_mr.bytes()
             + self.recent.bytes()
-            + self.buried.bytes()
+            + self.foreign.bytes()
     }
 }
 
@@ -179,11 +176,6 @@ pub(crate) struct State {
     pub(crate) released_grants: WordSet<usize>,
     pub count: usize,
     pub bytes: u64,
-    /// Pointers of MRs the cache deregistered after the app had released them, newest last
-    /// (bounded): a later `ibv_dereg_mr` of one is a double deregistration, and must not
-    /// reach libibverbs with freed memory.
-    tombstones: VecDeque<usize>,
-    pub(crate) tombstone_set: WordSet<usize>,
     /// Recently drained invalidations (number, start, end), newest last: a registration
     /// checks the ones that began while it was pinning pages.
     recent: VecDeque<(u64, usize, usize)>,
@@ -279,38 +271,15 @@ impl State {
         self.landing.remove(&ptr)
     }
 
-    pub(crate) fn bury(&mut self, f: &Fast, ptr: usize) {
-        if self.tombstone_set.insert(ptr) {
-            // Before the address can be freed and reused: a registration that gets it
-            // from the allocator afterwards sees the count.
-            f.buried.add(ptr);
-            self.tombstones.push_back(ptr);
-            if self.tombstones.len() > TOMBSTONES
-                && let Some(old) = self.tombstones.pop_front()
-                && self.tombstone_set.remove(&old)
-            {
-                f.buried.remove(old);
-            }
-        }
-    }
-
     /// Whether `ptr` is a handle the app released that the cache still knows apart from
     /// the slots: a spare shadow (being refilled or not), a released grant, the pointer of
-    /// an MR the cache deregistered. A release or rereg of it is a use after release.
-    pub(crate) fn released(&self, ptr: usize) -> bool {
+    /// an MR the cache deregistered (`f.foreign`). A release or rereg of it is a use after
+    /// release.
+    pub(crate) fn released(&self, f: &Fast, ptr: usize) -> bool {
         self.spare_shadows.contains(&ptr)
             || self.refilling.contains(&ptr)
             || self.released_grants.contains(&ptr)
-            || self.tombstone_set.contains(&ptr)
-    }
-
-    /// A live MR now has this address (the allocator reused it).
-    pub(crate) fn unbury(&mut self, f: &Fast, ptr: usize) {
-        // Every pass-through and every insert comes here: no hash while there is none.
-        if !self.tombstone_set.is_empty() && self.tombstone_set.remove(&ptr) {
-            self.tombstones.retain(|&p| p != ptr);
-            f.buried.remove(ptr);
-        }
+            || f.foreign.buried(ptr)
     }
 
     /// Whether a registration that started when `started` invalidations had begun (none
@@ -466,7 +435,7 @@ impl State {
         if self.free_ids.pop().is_none() {
             self.next_id += 1;
         }
-        self.unbury(f, mr.ptr);
+        f.foreign.forget(mr.ptr);
         self.link_class(id, &req);
         self.index.insert(req.addr, req.end(), id);
         f.exact.insert(key_hash(&req), id, |i| f.slot_key_hash(i));
@@ -549,7 +518,7 @@ impl State {
         self.unlink_class(id, &e.req);
         f.by_mr.remove(mr_hash(e.mr.ptr), id, |i| f.slot_mr_hash(i));
         f.slots.get(id)?.set_absent();
-        self.bury(f, e.mr.ptr);
+        f.foreign.bury(e.mr.ptr);
         self.in_flight
             .entry(e.mr.ptr)
             .or_default()

@@ -17,12 +17,11 @@ impl<R: Registrar> Cache<R> {
         let ns = t0.elapsed().as_nanos();
         self.stats.add(Counter::RegistrationNs, ns as u64);
         let mr = result.map_err(AcquireError::Failed)?;
-        self.forget_passed(mr.ptr);
+        self.fast.foreign.forget(mr.ptr);
         if self.stopped.get().is_none() {
             self.figures(kind, req.len, |f| f.reg.add(ns as f64));
         }
         let mut st = self.lock();
-        st.unbury(&self.fast, mr.ptr);
         st.handles.insert(mr.ptr, Handle::uncached(mr, req));
         drop(st);
         self.stats.add(Counter::Uncached, 1);
@@ -111,36 +110,17 @@ impl<R: Registrar> Cache<R> {
             f.pass_moving = before > 0.0 && (x > 1.5 * before || 1.5 * x < before);
         });
         if kind == Access::Remote && mr != 0 && !cold {
-            self.passed_mrs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(mr, req.len);
-            // Its deregistration is timed too: marked so in the lock-free table (recorded
-            // untimed by `note_foreign` a moment ago; the app does not have `mr` yet).
-            if self.passed.take(mr).is_some() {
-                self.passed.insert(mr, true);
-            }
+            // Its deregistration is timed too: marked so in the registry (recorded untimed
+            // by `note_foreign` a moment ago; the app does not have `mr` yet).
+            self.fast.foreign.note(mr, Some(req.len));
         }
     }
 
-    /// Whether `mr` is a registration admission passed through (its `ibv_dereg_mr` is to be
-    /// timed and reported with `note_passthrough_dereg`).
-    pub fn passed_through(&self, mr: usize) -> bool {
-        self.passed_mrs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&mr)
-    }
-
-    /// libibverbs' whole `ibv_dereg_mr` of `mr`, a registration admission passed through,
-    /// took `ns` (`ok`: it succeeded): a sample of the class's miss (`Figures::pass_dereg`).
-    pub fn note_passthrough_dereg(&self, mr: usize, ns: u64, ok: bool) {
-        let len = self
-            .passed_mrs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&mr);
-        if let (Some(len), true) = (len, ok) {
+    /// libibverbs' whole `ibv_dereg_mr` of a registration of `len` bytes admission passed
+    /// through (`Passed::Timed`) took `ns` (`ok`: it succeeded): a sample of the class's
+    /// miss (`Figures::pass_dereg`).
+    pub fn note_passthrough_dereg(&self, len: usize, ns: u64, ok: bool) {
+        if ok {
             self.figures(Access::Remote, len, |f| f.pass_dereg.add(ns as f64));
         }
     }

@@ -12,7 +12,7 @@
 use mrcache::access::Bypass;
 use mrcache::admission::{Access, FLIP_SAMPLES, PROBE_BURST, PROBE_EVERY, SAMPLE_EVERY};
 use mrcache::cache::AcquireError;
-use mrcache::cache::{Cache, Limits, Mr, Outcome, Registrar, Request};
+use mrcache::cache::{Cache, Limits, Mr, Outcome, Passed, Registrar, Request};
 use mrcache::config::{Admit, RemoteMode};
 use mrcache::stats::Counter;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -67,6 +67,17 @@ impl Registrar for &Costly {
 }
 
 const LEN: usize = 64 << 10;
+
+/// As the preload does with a timed pass-through: libibverbs' MR `mr` noted, its
+/// registration reported (`reg` ns), then its deregistration taken out of the registry and,
+/// when marked timed, reported (`dereg` ns).
+fn passed_through<R: Registrar>(cache: &Cache<R>, r: &Request, mr: usize, reg: u64, dereg: u64) {
+    cache.note_foreign(mr);
+    cache.note_passthrough(r, mr, reg);
+    if let Some(Passed::Timed(len)) = cache.take_passed(mr) {
+        cache.note_passthrough_dereg(len, dereg, true);
+    }
+}
 
 fn req(key: usize, access: u32) -> Request {
     let addr = 0x10_0000_0000 + key * LEN;
@@ -232,9 +243,8 @@ fn remote_class_passes_through_and_comes_back() {
                     // As the preload does: libibverbs registers it, timed whole.
                     let t = Instant::now();
                     spin(fake.reg_ns.load(SeqCst));
-                    let mr = 0x7000_0000 + i;
-                    cache.note_passthrough(&r, mr, t.elapsed().as_nanos() as u64);
-                    cache.note_passthrough_dereg(mr, 1_000, true);
+                    let mr = 0x7000_0000 + i * 64;
+                    passed_through(&cache, &r, mr, t.elapsed().as_nanos() as u64, 1_000);
                     passed += 1
                 }
                 Ok((h, _)) => {
@@ -312,9 +322,13 @@ fn a_probe_burst_does_not_count_its_cold_first_call() {
                 probes.push(i);
                 // The burst's first is cold: 50 ms; the others 100 us.
                 let first = probes.len() % PROBE_BURST as usize == 1;
-                let mr = 0x7000_0000 + i as usize;
-                cache.note_passthrough(&r, mr, if first { 50_000_000 } else { 100_000 });
-                cache.note_passthrough_dereg(mr, if first { 50_000_000 } else { 50_000 }, true);
+                let mr = 0x7000_0000 + i as usize * 64;
+                let (reg, dereg) = if first {
+                    (50_000_000, 50_000_000)
+                } else {
+                    (100_000, 50_000)
+                };
+                passed_through(&cache, &r, mr, reg, dereg);
             }
             Err(e) => panic!("call {i}: {e:?}"),
         }
@@ -564,10 +578,9 @@ fn a_dear_remote_class_confirms_its_flip_within_a_few_calls() {
                 let timed = why == Bypass::Probe || cache.wants_passthrough_sample(&r);
                 let t = Instant::now();
                 spin(fake.reg_ns.load(SeqCst));
-                let mr = 0x7000_0000 + i;
+                let mr = 0x7000_0000 + i * 64;
                 if timed {
-                    cache.note_passthrough(&r, mr, t.elapsed().as_nanos() as u64);
-                    cache.note_passthrough_dereg(mr, 20_000, true);
+                    passed_through(&cache, &r, mr, t.elapsed().as_nanos() as u64, 20_000);
                 }
                 if why == Bypass::NotWorthCaching {
                     flipped_at = Some(i);

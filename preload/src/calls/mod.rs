@@ -13,7 +13,7 @@ use crate::trace;
 use crate::verbs::provider::Provider;
 use crate::verbs::real;
 use mrcache::access::Bypass;
-use mrcache::cache::{AcquireError, Cache, Detached, Lane, Released, Request};
+use mrcache::cache::{AcquireError, Cache, Detached, Lane, Passed, Released, Request};
 use mrcache::config::{LogLevel, Monitor};
 use mrcache::stats::Bypassed;
 use mrcache::trace::{Call, Outcome};
@@ -118,7 +118,7 @@ fn register_lane(
     let reg = Reg::new(pd, addr, len, iova, access);
     Some(through::register(
         reg,
-        Tell::Lane(cache),
+        Tell::Cache(cache),
         timed.then_some(&req),
     ))
 }
@@ -323,7 +323,7 @@ impl Full {
         // Out of pinnable memory, as the miss path: the cache's idle entries given back,
         // libibverbs once more (a probe's range is still pinned by its cached entry;
         // libibverbs alone would have pinned it once).
-        through::register(reg, Tell::Admitted(cache), timed.then_some(req))
+        through::register(reg, Tell::Cache(cache), timed.then_some(req))
     }
 }
 
@@ -371,14 +371,26 @@ fn dereg_inner(mode: u64, mr: *mut IbvMr) -> (i32, Outcome) {
 }
 
 /// A registration passed through (`Cache::take_passed`), when the fast path is open:
-/// libibverbs' dereg inside the guard (as `register_lane`). Err(whether the table was
+/// libibverbs' dereg inside the guard (as `register_lane`). Err(whether the registry was
 /// asked).
 #[inline(always)]
 fn dereg_lane(mr: *mut IbvMr) -> Result<(i32, Outcome), bool> {
     let cache = crate::runtime::fast::cache_if_open().ok_or(false)?;
     let _guard = Guard::enter().ok_or(false)?;
-    let timed = cache.take_passed(mr as usize).ok_or(true)?;
-    Ok(through::deregister(mr, timed.then_some(cache)))
+    let passed = cache.take_passed(mr as usize).ok_or(true)?;
+    Ok(through::deregister(mr, sample(cache, passed)))
+}
+
+/// The deregistration of a pass-through that was an admission sample is timed too.
+#[inline(always)]
+fn sample(
+    cache: &'static Cache<Provider>,
+    passed: Passed,
+) -> Option<(&'static Cache<Provider>, usize)> {
+    match passed {
+        Passed::Timed(len) => Some((cache, len)),
+        Passed::Untimed => None,
+    }
 }
 
 /// `mr` a registration passed through to libibverbs (`Cache::take_passed`): libibverbs'
@@ -388,7 +400,7 @@ fn dereg_lane(mr: *mut IbvMr) -> Result<(i32, Outcome), bool> {
 #[inline(never)]
 fn dereg_passed(mr: *mut IbvMr) -> Option<(i32, Outcome)> {
     let _guard = Guard::enter()?;
-    let (cache, timed) = shielded(
+    let (cache, passed) = shielded(
         || {
             let cache = cache()?;
             Some((cache, cache.take_passed(mr as usize)?))
@@ -396,11 +408,11 @@ fn dereg_passed(mr: *mut IbvMr) -> Option<(i32, Outcome)> {
         || None,
     )?;
     // An admission sample: the other half of what a miss of its class costs.
-    Some(through::deregister(mr, timed.then_some(cache)))
+    Some(through::deregister(mr, sample(cache, passed)))
 }
 
 /// The full path, apart for the same reason as `register_inner` (`asked`: the
-/// pass-through table was asked already, by `dereg_lane`).
+/// registry was asked already, by `dereg_lane`).
 #[inline(never)]
 fn dereg_full(mr: *mut IbvMr, asked: bool) -> (i32, Outcome) {
     if !asked && let Some(done) = dereg_passed(mr) {
@@ -418,11 +430,6 @@ fn dereg_full(mr: *mut IbvMr, asked: bool) -> (i32, Outcome) {
             Released::Deregistered => (0, Outcome::Deregistered),
             // The parent's, in a fork child: not the child's to deregister.
             Released::NotOurs if crate::runtime::inherited_mr(mr) => (0, Outcome::Kept),
-            // A registration admission passed through: libibverbs' whole dereg is the other
-            // half of what a miss of its class costs the app.
-            Released::NotOurs if cache.passed_through(mr as usize) => {
-                through::deregister(mr, Some(cache))
-            }
             Released::NotOurs => passthrough(),
             Released::DoubleRelease => {
                 trace::write_line(&format!(

@@ -16,15 +16,12 @@ use std::ffi::c_void;
 pub enum Tell {
     /// Nothing: caching is off for good.
     Nothing,
-    /// The pass-through lane's (the guard held, no shield): recorded lock-free when the
-    /// table has room; out of pinnable memory, the cache's idle entries are given back and
-    /// libibverbs asked once more.
-    Lane(&'static Cache<Provider>),
-    /// An admission pass-through of the full path: told under the lock; retried as the
-    /// lane's.
-    Admitted(&'static Cache<Provider>),
+    /// A pass-through the cache decided on (the lane's, admission's on the full path):
+    /// recorded in its registry; out of pinnable memory, the cache's idle entries are
+    /// given back and libibverbs asked once more.
+    Cache(&'static Cache<Provider>),
     /// Any other pass-through of the full path (`nested`: made inside another of our calls
-    /// on this thread, whose cache lock may be held: lock-free only).
+    /// on this thread, whose cache lock may be held).
     Passed { nested: bool },
 }
 
@@ -84,7 +81,7 @@ fn register_sampled(reg: Reg, tell: Tell, req: &Request) -> (*mut IbvMr, Outcome
     }
     let ns = t.elapsed().as_nanos() as u64;
     told(mr, tell);
-    if let Tell::Lane(cache) | Tell::Admitted(cache) = tell {
+    if let Tell::Cache(cache) = tell {
         shielded(|| cache.note_passthrough(req, mr as usize, ns), || ());
     }
     (mr, Outcome::Bypass)
@@ -104,7 +101,7 @@ fn outcome(mr: *mut IbvMr) -> Outcome {
 #[cold]
 #[inline(never)]
 fn retry(reg: Reg, tell: Tell) -> *mut IbvMr {
-    let (Tell::Lane(cache) | Tell::Admitted(cache)) = tell else {
+    let Tell::Cache(cache) = tell else {
         return std::ptr::null_mut();
     };
     let e = crate::sys::errno();
@@ -116,51 +113,40 @@ fn retry(reg: Reg, tell: Tell) -> *mut IbvMr {
     }
     let mr = reg.real();
     if !mr.is_null() {
-        told(mr, Tell::Admitted(cache));
+        told(mr, Tell::Cache(cache));
     }
     mr
 }
 
-/// Tell the cache of `mr`, libibverbs' MR (not null): it may reuse the address of one the cache
-/// deregistered (a tombstone, kept to catch double deregistrations), and its
-/// `ibv_dereg_mr` must then reach libibverbs, not be refused as a second one.
+/// Tell the cache of `mr`, libibverbs' MR (not null), in its registry of MRs that are not
+/// its own (lock-free): its `ibv_dereg_mr` goes straight back to libibverbs, and where it
+/// reuses the address of one the cache deregistered (a tombstone, kept to catch double
+/// deregistrations) it is not refused as a second one.
 #[inline(always)]
 fn told(mr: *mut IbvMr, tell: Tell) {
     match tell {
         Tell::Nothing => {}
-        Tell::Lane(cache) => {
-            if !cache.note_lane_mr(mr as usize) {
-                locked_note(cache, mr);
-            }
-        }
-        Tell::Admitted(cache) => locked_note(cache, mr),
+        Tell::Cache(cache) => cache.note_foreign(mr as usize),
         Tell::Passed { nested } => note_passed(mr, nested),
     }
 }
 
-#[cold]
-#[inline(never)]
-fn locked_note(cache: &'static Cache<Provider>, mr: *mut IbvMr) {
-    shielded(|| cache.note_foreign(mr as usize), || ());
-}
-
 /// A pass-through of the full path. A nested one may come from inside the cache (its lock
-/// held on this thread): recorded in the pass-through table instead (lock-free), so that
-/// its owner's `ibv_dereg_mr`, made outside our calls, reaches libibverbs. A full stretch
-/// of the table or a shut gate leaves it to the locked path. (A fork child renews its cache
-/// before any call of the child gets it, so `cache()` is the cache the call used.)
+/// held on this thread, a fork child's cache not renewed yet): the cache of the armed gate
+/// only, which `cache()` may have to build. A shut gate or a full group of the registry
+/// leaves it to the locked path. (A fork child renews its cache before any call of the
+/// child gets it, so `cache()` is the cache the call used.)
 fn note_passed(mr: *mut IbvMr, nested: bool) {
     if mr.is_null() {
         return;
     }
-    if nested {
-        if let Some(cache) = crate::runtime::fast::armed_cache() {
-            cache.note_nested_mr(mr as usize);
-        }
-        return;
-    }
-    if let Some(cache) = cache() {
-        locked_note(cache, mr);
+    let cache = if nested {
+        crate::runtime::fast::armed_cache()
+    } else {
+        cache()
+    };
+    if let Some(cache) = cache {
+        cache.note_foreign(mr as usize);
     }
 }
 
@@ -171,25 +157,29 @@ pub fn note_other(mr: *mut IbvMr) {
 }
 
 /// libibverbs' deregistration of `mr`, an MR that is not the cache's. `sample`: the cache
-/// that passed its registration through as an admission sample (timed: the other half of
-/// what a miss of its class costs the app).
+/// that passed its registration of that many bytes through as an admission sample
+/// (`Passed::Timed`: the other half of what a miss of its class costs the app).
 #[inline(always)]
-pub fn deregister(mr: *mut IbvMr, sample: Option<&'static Cache<Provider>>) -> (i32, Outcome) {
+pub fn deregister(
+    mr: *mut IbvMr,
+    sample: Option<(&'static Cache<Provider>, usize)>,
+) -> (i32, Outcome) {
     match sample {
         None => (real::dereg_mr(mr), Outcome::Passthrough),
-        Some(cache) => deregister_sampled(mr, cache),
+        Some((cache, len)) => deregister_sampled(mr, cache, len),
     }
 }
 
 #[cold]
 #[inline(never)]
-fn deregister_sampled(mr: *mut IbvMr, cache: &'static Cache<Provider>) -> (i32, Outcome) {
+fn deregister_sampled(
+    mr: *mut IbvMr,
+    cache: &'static Cache<Provider>,
+    len: usize,
+) -> (i32, Outcome) {
     let t = std::time::Instant::now();
     let rc = real::dereg_mr(mr);
     let ns = t.elapsed().as_nanos() as u64;
-    shielded(
-        || cache.note_passthrough_dereg(mr as usize, ns, rc == 0),
-        || (),
-    );
+    shielded(|| cache.note_passthrough_dereg(len, ns, rc == 0), || ());
     (rc, Outcome::Passthrough)
 }

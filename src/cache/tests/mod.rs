@@ -11,4 +11,3 @@ mod refusal_word;
 mod reused_buried_address;
 mod saturated_key_passes_through;
 pub(super) mod stale_table_words;
-mod tombstone_counts_match_the_set;
