@@ -15,6 +15,7 @@ mod measure;
 mod preload;
 mod report;
 mod timing;
+mod units;
 mod verbs;
 
 use mrcache::node::Memlock;
@@ -177,7 +178,7 @@ pub fn check_memlock(sizes: &[usize], memlock: Memlock) -> Result<(), String> {
         Memlock::Limit(have) if have < need => Err(format!(
             "RLIMIT_MEMLOCK is {have} bytes (ulimit -l {}); mrcache bench --sizes up to {} needs {need} bytes (ulimit -l {}): raise it or give smaller --sizes",
             have / 1024,
-            report::size_text(sizes.iter().copied().max().unwrap_or(0)),
+            units::size_text(sizes.iter().copied().max().unwrap_or(0)),
             need / 1024
         )),
         _ => Ok(()),
@@ -214,7 +215,7 @@ pub fn check_memory(sizes: &[usize], available: Option<u64>) -> Result<(), Strin
     match available {
         Some(have) if need > have / 4 * 3 => Err(format!(
             "bench --sizes up to {} maps {need} bytes (three times the largest size, and {} MiB more), more than 3/4 of MemAvailable ({have} bytes): give smaller --sizes or free memory",
-            report::size_text(sizes.iter().copied().max().unwrap_or(0)),
+            units::size_text(sizes.iter().copied().max().unwrap_or(0)),
             (need - 3 * sizes.iter().copied().map(page_round).max().unwrap_or(0) as u64) >> 20
         )),
         _ => Ok(()),
