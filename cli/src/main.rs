@@ -81,7 +81,8 @@ enum Cmd {
         files: Vec<PathBuf>,
     },
     /// Will the cache help here? Measure ibv_reg_mr + ibv_dereg_mr by libibverbs alone and
-    /// through the cache on this device, local and remote, and what the default would do.
+    /// through the cache on this device, local and remote, and what the default would do;
+    /// where the device pages on demand, also on-demand registration and its first write.
     Bench {
         /// The RDMA device (default: the first with an active port)
         // Taken as often as given, dash-led values too: the bench checks them (one line).

@@ -98,6 +98,8 @@ pub struct Outcome {
     pub clock_ns: f64,
     /// The control's libibverbs (the no-preload column's).
     pub no_preload_from: String,
+    /// The on-demand rows, or why there are none (measured after the control's exit).
+    pub on_demand: super::odp::Section,
 }
 
 impl Row {
@@ -229,6 +231,11 @@ pub fn run(
     let t_exit = Instant::now();
     drop(peer);
     let control_exit_took = t_exit.elapsed();
+    let on_demand = super::odp::run(&alone, &actx, &apd, plan, clock, |size| {
+        rows.iter()
+            .find(|r| r.size == size && r.access == Access::Local && r.passed_through.is_none())
+            .map(|r| r.cached.median)
+    });
     let environment = std::env::vars_os()
         .filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
@@ -257,6 +264,7 @@ pub fn run(
         environment,
         clock_ns: clock,
         no_preload_from,
+        on_demand,
     };
     drop((gpd, apd));
     drop((gctx, actx));

@@ -12,6 +12,7 @@
 mod admission;
 mod control;
 mod measure;
+mod odp;
 mod preload;
 mod report;
 mod timing;
@@ -45,6 +46,9 @@ pub const CHILD_MARK: &str = "_MRCACHE_BENCH_CHILD";
 pub const ADMIT_SET: &str = "admit";
 /// Its value in the control process (libibverbs without the preload, `control`).
 pub const CONTROL_MARK: &str = "control";
+/// Its value in the co-process of the on-demand rows' cached figures (`MRCACHE_ODP=on`,
+/// `odp::serve_cached`).
+pub const ON_DEMAND_MARK: &str = "on-demand";
 /// The largest size the bench registers (it pins about twice that at once).
 pub const MAX_SIZE: usize = 1 << 30;
 const MAX_SIZES: usize = 16;
@@ -294,13 +298,23 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         let lib = super::find_library(o.lib)?;
         return reexec(&lib, &stripped);
     }
-    if mark.is_some_and(|m| m == CONTROL_MARK) {
+    if mark.as_ref().is_some_and(|m| m == CONTROL_MARK) {
         if preload::preloaded() {
             return Err(preloaded_in_control(
                 &std::env::var("LD_PRELOAD").unwrap_or_default(),
             ));
         }
         control::serve(&plan)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if mark.as_ref().is_some_and(|m| m == ON_DEMAND_MARK) {
+        if !preload::preloaded() {
+            return Err(
+                "libmrcache.so did not load in the MRCACHE_ODP=on co-process of mrcache bench"
+                    .into(),
+            );
+        }
+        odp::serve_cached(&plan)?;
         return Ok(ExitCode::SUCCESS);
     }
     let copies = std::fs::read_to_string("/proc/self/maps")

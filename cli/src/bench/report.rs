@@ -268,7 +268,7 @@ pub fn table(o: &Outcome) -> String {
     }
     let _ = writeln!(
         s,
-        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all: start-up {:.1} s, hit path {:.1} s, the {} sizes' memory (mapping, populating, first registrations) {:.1} s, their measuring {:.1} s (at most {} x {} s), the control process's exit {:.1} s",
+        "revoke µs: cached remote less cached local of the same size (the window bind at the hit and the unbind at the release); {:.1} s in all: start-up {:.1} s, hit path {:.1} s, the {} sizes' memory (mapping, populating, first registrations) {:.1} s, their measuring {:.1} s (at most {} x {} s), the control process's exit {:.1} s{}",
         o.elapsed.as_secs_f64(),
         o.startup.as_secs_f64(),
         o.hit_path_took.as_secs_f64(),
@@ -277,8 +277,14 @@ pub fn table(o: &Outcome) -> String {
         o.sizes_took.saturating_sub(o.memory_took).as_secs_f64(),
         o.rows.len() / 2,
         o.seconds,
-        o.control_exit_took.as_secs_f64()
+        o.control_exit_took.as_secs_f64(),
+        if o.on_demand.offered() {
+            format!(", on-demand rows {:.1} s", o.on_demand.took.as_secs_f64())
+        } else {
+            String::new()
+        }
     );
+    s.push_str(&super::odp::report::text(&o.on_demand, o.seconds));
     s
 }
 
@@ -388,6 +394,7 @@ pub fn json(o: &Outcome) -> String {
         "sizes_s": o.sizes_took.as_secs_f64(),
         "memory_s": o.memory_took.as_secs_f64(),
         "control_exit_s": o.control_exit_took.as_secs_f64(),
+        "on_demand": super::odp::report::json(&o.on_demand),
     })
     .to_string()
 }

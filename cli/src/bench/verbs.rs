@@ -65,6 +65,8 @@ pub struct Verbs {
     dealloc_pd: DeallocPd,
     reg_mr: RegMr,
     dereg_mr: DeregMr,
+    /// The copy's handle (dlopen or dlmopen; never closed).
+    pub(super) handle: *mut c_void,
     /// The objects `reg_mr` and `dereg_mr` are defined in (dladdr).
     pub reg_from: String,
     pub dereg_from: String,
@@ -177,6 +179,7 @@ impl Verbs {
                 )?),
                 reg_mr: std::mem::transmute::<*mut c_void, RegMr>(reg),
                 dereg_mr: std::mem::transmute::<*mut c_void, DeregMr>(dereg),
+                handle: h,
                 reg_from: object_of(reg),
                 dereg_from: object_of(dereg),
             })
@@ -268,7 +271,7 @@ impl Verbs {
 /// An open device context (closed on drop).
 pub struct Context<'a> {
     verbs: &'a Verbs,
-    ctx: NonNull<c_void>,
+    pub(super) ctx: NonNull<c_void>,
     pub name: String,
 }
 
@@ -320,7 +323,7 @@ impl<'a> Context<'a> {
     }
 
     /// The first port whose state is ACTIVE.
-    fn active_port(&self) -> Option<u8> {
+    pub(super) fn active_port(&self) -> Option<u8> {
         let ports = self.info()?.ports;
         (1..=ports).find(|&p| {
             let mut a = [0u8; PORT_ATTR_BYTES];
@@ -359,13 +362,13 @@ impl Drop for Context<'_> {
 /// A protection domain (deallocated on drop).
 pub struct Pd<'a> {
     verbs: &'a Verbs,
-    pd: NonNull<c_void>,
+    pub(super) pd: NonNull<c_void>,
 }
 
 /// A registration: the `struct ibv_mr *` and its lkey.
 #[derive(Clone, Copy)]
 pub struct Mr {
-    ptr: NonNull<c_void>,
+    pub(super) ptr: NonNull<c_void>,
     pub lkey: u32,
 }
 

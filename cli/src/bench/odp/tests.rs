@@ -1,0 +1,307 @@
+//! Tests of `bench::odp`.
+
+use super::device::*;
+use super::report::{json, ratios, text};
+use super::*;
+
+/// The offsets of `device` against the installed verbs.h (skipped without a C compiler or
+/// the header, as `offsets_match_verbs_h`).
+#[test]
+fn loopback_offsets_match_verbs_h() {
+    let fields = [
+        (
+            "(size_t)((char *)&((struct verbs_context *)0)->context - (char *)&((struct verbs_context *)0)->query_device_ex)",
+            VCTX_QUERY_DEVICE_EX_BACK,
+        ),
+        (
+            "(size_t)((char *)&((struct verbs_context *)0)->context - (char *)&((struct verbs_context *)0)->sz)",
+            VCTX_SZ_BACK,
+        ),
+        ("offsetof(struct ibv_context, abi_compat)", CTX_ABI_COMPAT),
+        ("offsetof(struct ibv_context, ops.post_send)", CTX_POST_SEND),
+        (
+            "sizeof(struct ibv_device_attr_ex) <= 400 ? 400 : 0",
+            ATTR_EX_BYTES,
+        ),
+        (
+            "offsetof(struct ibv_device_attr_ex, odp_caps.general_caps)",
+            ATTR_EX_ODP,
+        ),
+        (
+            "offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.rc_odp_caps)",
+            ATTR_EX_ODP_RC,
+        ),
+        (
+            "IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ",
+            RC_SEND_RECV_WRITE_READ as usize,
+        ),
+        ("IBV_ACCESS_ON_DEMAND", ACCESS_ON_DEMAND as usize),
+        ("IBV_ACCESS_REMOTE_WRITE", ACCESS_REMOTE_WRITE as usize),
+        (
+            "offsetof(struct ibv_port_attr, active_mtu)",
+            PORT_ACTIVE_MTU,
+        ),
+        (
+            "offsetof(struct ibv_port_attr, gid_tbl_len)",
+            PORT_GID_TBL_LEN,
+        ),
+        ("sizeof(struct ibv_qp_init_attr)", QP_INIT_BYTES),
+        (
+            "offsetof(struct ibv_qp_init_attr, send_cq)",
+            QP_INIT_SEND_CQ,
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr, recv_cq)",
+            QP_INIT_RECV_CQ,
+        ),
+        ("offsetof(struct ibv_qp_init_attr, cap)", QP_INIT_CAP),
+        (
+            "offsetof(struct ibv_qp_init_attr, qp_type)",
+            QP_INIT_QP_TYPE,
+        ),
+        ("offsetof(struct ibv_qp, qp_num)", QP_NUM),
+        ("sizeof(struct ibv_qp_attr)", QP_ATTR_BYTES),
+        ("offsetof(struct ibv_qp_attr, qp_state)", QPA_STATE),
+        ("offsetof(struct ibv_qp_attr, path_mtu)", QPA_PATH_MTU),
+        ("offsetof(struct ibv_qp_attr, rq_psn)", QPA_RQ_PSN),
+        ("offsetof(struct ibv_qp_attr, sq_psn)", QPA_SQ_PSN),
+        ("offsetof(struct ibv_qp_attr, dest_qp_num)", QPA_DEST_QP_NUM),
+        (
+            "offsetof(struct ibv_qp_attr, qp_access_flags)",
+            QPA_ACCESS_FLAGS,
+        ),
+        ("offsetof(struct ibv_qp_attr, ah_attr.grh.dgid)", QPA_DGID),
+        (
+            "offsetof(struct ibv_qp_attr, ah_attr.grh.sgid_index)",
+            QPA_SGID_INDEX,
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, ah_attr.grh.hop_limit)",
+            QPA_HOP_LIMIT,
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, ah_attr.is_global)",
+            QPA_IS_GLOBAL,
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, ah_attr.port_num)",
+            QPA_AH_PORT,
+        ),
+        ("offsetof(struct ibv_qp_attr, pkey_index)", QPA_PKEY_INDEX),
+        (
+            "offsetof(struct ibv_qp_attr, max_rd_atomic)",
+            QPA_MAX_RD_ATOMIC,
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, max_dest_rd_atomic)",
+            QPA_MAX_DEST_RD_ATOMIC,
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, min_rnr_timer)",
+            QPA_MIN_RNR_TIMER,
+        ),
+        ("offsetof(struct ibv_qp_attr, port_num)", QPA_PORT),
+        ("offsetof(struct ibv_qp_attr, timeout)", QPA_TIMEOUT),
+        ("offsetof(struct ibv_qp_attr, retry_cnt)", QPA_RETRY_CNT),
+        ("offsetof(struct ibv_qp_attr, rnr_retry)", QPA_RNR_RETRY),
+        ("sizeof(struct ibv_send_wr)", SEND_WR_BYTES),
+        ("offsetof(struct ibv_send_wr, sg_list)", WR_SG_LIST),
+        ("offsetof(struct ibv_send_wr, num_sge)", WR_NUM_SGE),
+        ("offsetof(struct ibv_send_wr, opcode)", WR_OPCODE),
+        ("offsetof(struct ibv_send_wr, send_flags)", WR_SEND_FLAGS),
+        (
+            "offsetof(struct ibv_send_wr, wr.rdma.remote_addr)",
+            WR_REMOTE_ADDR,
+        ),
+        ("offsetof(struct ibv_send_wr, wr.rdma.rkey)", WR_RKEY),
+        ("sizeof(struct ibv_wc)", WC_BYTES),
+        ("offsetof(struct ibv_wc, status)", WC_STATUS),
+        ("offsetof(struct ibv_mr, rkey)", MR_RKEY),
+    ];
+    let dir =
+        std::env::temp_dir().join(format!("mrcache-bench-odp-offsets-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let src = dir.join("o.c");
+    let prints: String = fields
+        .iter()
+        .map(|(e, _)| format!("printf(\"%zu\\n\", (size_t)({e}));\n"))
+        .collect();
+    std::fs::write(
+        &src,
+        format!("#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){{\n{prints}return 0;}}\n"),
+    )
+    .unwrap();
+    let exe = dir.join("o");
+    let built = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot compile against infiniband/verbs.h");
+        return;
+    }
+    let out = std::process::Command::new(&exe).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    for ((expr, ours), theirs) in fields.iter().zip(&got) {
+        assert_eq!(ours, theirs, "{expr}");
+    }
+    assert_eq!(got.len(), fields.len());
+}
+
+#[test]
+fn the_loopback_prefers_an_ipv4_mapped_gid() {
+    let link_local = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+    let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 15];
+    assert_eq!(pick_gid(&[(0, link_local), (1, v4)]), Some((1, v4)));
+    assert_eq!(
+        pick_gid(&[(0, [0; 16]), (1, link_local)]),
+        Some((1, link_local))
+    );
+    assert_eq!(pick_gid(&[(0, [0; 16])]), None);
+}
+
+#[test]
+fn cached_lines_parse() {
+    assert_eq!(
+        parse_cached("4096 812.5 700 900"),
+        Some((
+            4096,
+            Ok(Spread {
+                median: 812.5,
+                min: 700.0,
+                max: 900.0
+            })
+        ))
+    );
+    assert_eq!(
+        parse_cached("65536 - passed through: why"),
+        Some((65536, Err("passed through: why".into())))
+    );
+    for bad in ["", "4096", "x 1 2 3", "4096 1 2", "mrcache: something"] {
+        assert_eq!(parse_cached(bad), None, "{bad}");
+    }
+}
+
+fn section(rc_caps: Result<u32, String>, rows: Vec<Row>) -> Section {
+    Section {
+        device: "rxe0".into(),
+        rc_caps,
+        rows,
+        stopped: None,
+        took: Duration::from_millis(1500),
+    }
+}
+
+/// A device without ODP for RC: one line, no rows, and the JSON says the same.
+#[test]
+fn no_on_demand_paging_is_one_line() {
+    for (caps, says) in [
+        (
+            Ok(0),
+            "rxe0 offers no explicit on-demand paging (ODP) for RC: no on-demand rows",
+        ),
+        (
+            Ok(0b1100),
+            "rxe0 pages on demand for RC only write, read (the rows need send, receive, write and read): no on-demand rows",
+        ),
+        (
+            Err("not an extended context".to_string()),
+            "rxe0's capabilities cannot be read (not an extended context): no on-demand rows",
+        ),
+    ] {
+        let s = section(caps, vec![]);
+        let t = text(&s, 1.0);
+        assert_eq!(t, format!("on-demand paging: {says}\n"));
+        let j = json(&s);
+        assert_eq!(j["offered"], false);
+        assert_eq!(j["why_none"], format!("on-demand paging: {says}"));
+    }
+}
+
+/// The rows and their ratios, paired per round.
+#[test]
+fn rows_show_their_ratios() {
+    let row = Row {
+        size: 4096,
+        round_ns: vec![
+            [10_000.0, 5_000.0, 20_000.0, 60_000.0],
+            [12_000.0, 9_000.0, 20_000.0, 40_000.0],
+        ],
+        cached: Ok(Spread {
+            median: 500.0,
+            min: 400.0,
+            max: 600.0,
+        }),
+        cached_pinned_ns: Some(250.0),
+        took: Duration::ZERO,
+    };
+    let x = ratios(&row);
+    // Per round 0.5 and 0.75 (median 0.625), not 7000 / 11000.
+    assert!((x.on_demand_over_pinned - 0.625).abs() < 1e-9);
+    assert!((x.first_over_write - 2.5).abs() < 1e-9);
+    assert_eq!(x.cached_over_pinned_hit, Some(2.0));
+    assert_eq!(x.pinned_over_cached, Some(22.0));
+    assert_eq!(x.on_demand_over_cached, Some(14.0));
+    let mut none = row.clone();
+    none.size = 65536;
+    none.cached = Err("the cache's entry is pinned".into());
+    let s = section(Ok(0b11111), vec![row, none]);
+    let t = text(&s, 1.0);
+    assert!(
+        t.contains("rxe0 pages RC send, receive, write, read, atomic on demand"),
+        "{t}"
+    );
+    let line = t.lines().find(|l| l.starts_with("odp 4 KiB ")).unwrap();
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        cols,
+        [
+            "odp",
+            "4",
+            "KiB",
+            "11.0",
+            "(10.0-12.0)",
+            "7.00",
+            "(5.00-9.00)",
+            "0.62x",
+            "20.0",
+            "(20.0-20.0)",
+            "50.0",
+            "(40.0-60.0)",
+            "2.50x",
+            "0.500",
+            "(0.400-0.600)",
+            "2.00x",
+            "22.00x/14.00x",
+            "2"
+        ],
+        "{line}"
+    );
+    assert!(
+        t.contains("\n  odp 64 KiB cached: the cache's entry is pinned\n"),
+        "{t}"
+    );
+    // No line of these starts as the table's rows do (size, then local or remote).
+    assert!(
+        !t.lines()
+            .any(|l| l.contains("KiB local") || l.contains("KiB remote"))
+    );
+    let j = json(&s);
+    assert_eq!(j["rows"][0]["cached_over_pinned_hit"], 2.0);
+    assert_eq!(j["rows"][1]["cached_us"], serde_json::Value::Null);
+    assert_eq!(j["rows"][0]["first_write_us"]["median"], 50.0);
+}
+
+#[test]
+fn small_sizes_get_more_writes_per_round() {
+    assert_eq!(writes_per_round(4096), 8);
+    assert_eq!(writes_per_round(128 << 10), 8);
+    assert_eq!(writes_per_round(256 << 10), 4);
+    assert_eq!(writes_per_round(1 << 20), 1);
+    assert_eq!(writes_per_round(64 << 20), 1);
+}
