@@ -291,7 +291,7 @@ pub struct Figures {
     pub(crate) probe_every: u64,
     /// The last pass-through sample was more than half off `pass_reg` (either way): the
     /// cost is changing, every pass-through is timed until a sample no longer moves it
-    /// (`Cache::wants_passthrough_sample`; steady, one in `SAMPLE_EVERY`).
+    /// (`Cache::plan`, `acquire`: steady, one in `SAMPLE_EVERY`).
     pub(crate) pass_moving: bool,
     /// The banded verdict (`verdict_banded`) as of the last update (`None`: cache).
     pub(crate) held: Option<Verdict>,
@@ -516,7 +516,7 @@ impl Classes {
     /// a burst of `PROBE_BURST` calls after `PROBE_EVERY` hits, the interval doubling to
     /// `PROBE_HITS_MAX`), so
     /// that what a miss costs is re-measured (the caller times the registration libibverbs
-    /// makes, `Cache::note_passthrough`): a cached class never misses otherwise, and its
+    /// makes, `Sample::Registration`): a cached class never misses otherwise, and its
     /// miss figure would stay whatever its first miss cost (set-up included).
     pub(crate) fn probe_hit(&mut self, access: Access, len: usize, auto: bool) -> bool {
         let f = self.get_mut(access, len);

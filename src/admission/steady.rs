@@ -6,9 +6,8 @@ use super::*;
 impl Figures {
     /// A class passed through whose calls need no timing beyond the sampled one: held at
     /// pass-through, no trial hits left, its pass-through figure settled (4 samples, not
-    /// moving). For such a class `Cache::wants_hit_sample` is false and
-    /// `Cache::wants_passthrough_sample` is the sampling alone, both answered without the
-    /// classes' lock. Only these four fields decide it (`Classes::get_mut_counts`).
+    /// moving). For such a class no hit is a round to time and a pass-through is timed on
+    /// the sampling alone, both answered without the classes' lock (`Cache::plan`). Only these four fields decide it (`Classes::get_mut_counts`).
     pub(crate) fn steady_pass(&self) -> bool {
         self.held == Some(Verdict::PassThrough)
             && self.trial_hits == 0

@@ -57,7 +57,7 @@ pub enum Passed {
     /// Its deregistration is nobody's figure.
     Untimed,
     /// An admission sample of this many bytes (the size class's lower bound): time its
-    /// deregistration too (`Cache::note_passthrough_dereg`).
+    /// deregistration too (`Cache::report`, `Sample::Deregistration`).
     Timed(usize),
 }
 
@@ -115,36 +115,42 @@ impl Foreign {
     fn put(&self, new: usize) -> Option<usize> {
         let ptr = address(new);
         let group = self.group(ptr);
-        let now = self.burials.load(Relaxed);
         'tries: for _ in 0..TRIES {
-            let (mut empty, mut oldest) = (None, None);
+            let mut empty = WIDTH;
             for (i, slot) in group.iter().enumerate() {
                 let w = slot.load(Acquire);
-                if w != 0 && address(w) == ptr {
+                if w == 0 {
+                    empty = empty.min(i);
+                } else if address(w) == ptr {
                     if slot.compare_exchange(w, new, AcqRel, Relaxed).is_ok() {
                         return Some(w);
                     }
                     continue 'tries;
                 }
-                if w == 0 {
-                    empty = empty.or(Some(i));
-                } else if kind(w) == BURIED {
-                    let age = now.wrapping_sub(w >> META_SHIFT) & 0xffff;
-                    if oldest.is_none_or(|(_, _, a)| age > a) {
-                        oldest = Some((i, w, age));
-                    }
-                }
             }
-            let (i, w) = match (empty, oldest) {
-                (Some(i), _) => (i, 0),
-                (None, Some((i, w, _))) => (i, w),
-                (None, None) => return None,
+            let (i, w) = if empty < WIDTH {
+                (empty, 0)
+            } else {
+                self.oldest_tombstone(group)?
             };
             if group[i].compare_exchange(w, new, AcqRel, Relaxed).is_ok() {
                 return Some(w);
             }
         }
         None
+    }
+
+    /// The group's oldest tombstone (its index and word), if it holds one.
+    #[cold]
+    fn oldest_tombstone(&self, group: &[AtomicUsize; WIDTH]) -> Option<(usize, usize)> {
+        let now = self.burials.load(Relaxed);
+        let age = |w: usize| now.wrapping_sub(w >> META_SHIFT) & 0xffff;
+        group
+            .iter()
+            .map(|s| s.load(Acquire))
+            .enumerate()
+            .filter(|&(_, w)| kind(w) == BURIED)
+            .max_by_key(|&(_, w)| age(w))
     }
 
     /// `ptr` is an MR libibverbs made, live from now on (`timed`: the length of an
@@ -249,7 +255,7 @@ impl<R: super::Registrar> super::Cache<R> {
     /// The app's `ibv_dereg_mr(mr)`, asked before the cache's own `release_at`: Some when
     /// `mr` is a registration passed through to libibverbs (taken out: the caller hands it
     /// to libibverbs; `Passed::Timed`: time that and report it,
-    /// `note_passthrough_dereg`); None: ask `release_at`.
+    /// `Sample::Deregistration`); None: ask `release_at`.
     #[inline]
     pub fn take_passed(&self, mr: usize) -> Option<Passed> {
         self.fast.foreign.take(mr)

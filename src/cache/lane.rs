@@ -14,52 +14,90 @@
 
 use super::*;
 
-/// What the lane did with a registration.
+/// The cache's one question before a registration, answered without a lock
+/// (`Cache::plan`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lane {
-    /// Not the lane's: take the full path (nothing was changed).
-    Full,
-    /// Passed through: the caller registers it through libibverbs.
-    Pass,
-    /// Passed through, and one of the sampled calls: the caller times libibverbs'
-    /// registration and reports it (`note_passthrough`).
-    PassTimed,
-    /// A remote call under `MRCACHE_REMOTE=bypass`: passed through, counted as a remote
-    /// bypass (as `acquire` would: `bypass_remote`), never timed.
-    Bypass,
+pub enum Plan {
+    /// Ask `acquire` (nothing was changed).
+    Ask {
+        /// A remote round admission needs a figure of, whatever the sampling: time the
+        /// call whole from here and, if it hits, `report` it (`Sample::Round`).
+        timed: bool,
+    },
+    /// Passed through, the lane's: libibverbs registers it.
+    Pass {
+        /// A class admission passes through steadily (`NotWorthCaching`), or a remote call
+        /// under `MRCACHE_REMOTE=bypass` (`Remote`, counted as `acquire` would:
+        /// `bypass_remote`).
+        why: Bypass,
+        /// One of the sampled calls: time libibverbs' registration and `report` it
+        /// (`Sample::Registration`).
+        timed: bool,
+    },
+}
+
+/// A figure the caller measured for admission (`Cache::report`).
+#[derive(Clone, Copy, Debug)]
+pub enum Sample<'a> {
+    /// A remote hit of this request, hook entry to return (the bind and its completion,
+    /// the shadow copy, the hook's own checks): a cached round (`Plan::Ask { timed }`, or
+    /// one the caller sampled).
+    Round(&'a Request),
+    /// libibverbs' whole `ibv_reg_mr` of a registration passed through for admission
+    /// (`Plan::Pass` or `AcquireError::Bypass` with `timed`), which returned MR `mr`.
+    Registration(&'a Request, usize),
+    /// libibverbs' whole `ibv_dereg_mr` of a timed pass-through (`Passed::Timed`).
+    Deregistration {
+        /// The registration's length, as `Passed::Timed` gave it.
+        len: usize,
+        /// libibverbs' deregistration succeeded.
+        ok: bool,
+    },
 }
 
 impl<R: Registrar> Cache<R> {
-    /// The lane's answer for `req` (`req.context` is not read). No lock, no allocation, no
-    /// registrar call, no panic: the preload's hook calls it before its guard.
-    #[inline]
-    pub fn try_pass(&self, req: &Request) -> Lane {
-        // As `acquire`, in its order: a stopped cache and a call it cannot cache take the
-        // full path; a remote call under `bypass` is libibverbs' whatever admission says
-        // (no remote key is ever cached then, so no entry of its key can exist).
+    /// The plan for `req` (`req.context` is not read), its lock-free part of admission: the
+    /// lane of a class that passes through steadily, or of a remote call under `bypass`;
+    /// else ask `acquire`, timed if admission needs the round. No lock, no allocation, no
+    /// registrar call, no panic: the preload's hook calls it before its shield.
+    #[inline(always)]
+    pub fn plan(&self, req: &Request) -> Plan {
+        // As `acquire`, in its order: a stopped cache and a call it cannot cache are asked;
+        // a remote call under `bypass` is libibverbs' whatever admission says (no remote
+        // key is ever cached then, so no entry of its key can exist).
         if self.stopped.get().is_some() || access::classify(req.addr, req.len, req.access).is_err()
         {
-            return Lane::Full;
+            return Plan::Ask { timed: false };
         }
         if req.access & access::REMOTE != 0 && self.remote == RemoteMode::Bypass {
-            return Lane::Bypass;
-        }
-        if self.admit != Admit::Auto {
-            return Lane::Full;
+            return Plan::Pass {
+                why: Bypass::Remote,
+                timed: false,
+            };
         }
         // As `acquire`: the key's own entry takes the locked path (evicted there if idle).
-        if self.fast.exact(req).is_some() {
-            return Lane::Full;
+        if self.admit == Admit::Auto
+            && self.fast.exact(req).is_none()
+            && self.classes.take_lane(self.kind_of(req), req.len)
+        {
+            self.stats.add(Counter::AdmissionPassedCost, 1);
+            // A steady class is timed on the sampling alone (`wants_passthrough_sample`).
+            return Plan::Pass {
+                why: Bypass::NotWorthCaching,
+                timed: self.sampled(),
+            };
         }
-        if !self.classes.take_lane(self.kind_of(req), req.len) {
-            return Lane::Full;
+        Plan::Ask {
+            timed: self.outer_rounds && self.wants_hit_sample(req),
         }
-        self.stats.add(Counter::AdmissionPassedCost, 1);
-        // A steady class is timed on the sampling alone (`wants_passthrough_sample`).
-        if self.sampled() {
-            Lane::PassTimed
-        } else {
-            Lane::Pass
+    }
+
+    /// A figure the caller measured (`ns`) for admission.
+    pub fn report(&self, sample: Sample, ns: u64) {
+        match sample {
+            Sample::Round(req) => self.note_remote_hit(req, ns),
+            Sample::Registration(req, mr) => self.note_passthrough(req, mr, ns),
+            Sample::Deregistration { len, ok } => self.note_passthrough_dereg(len, ns, ok),
         }
     }
 }
@@ -99,34 +137,57 @@ mod tests {
     fn the_lane_takes_a_steady_class_and_nothing_else() {
         let fake = Fake::default();
         let cache = auto(&fake);
-        assert_eq!(cache.try_pass(&req(0x10_0000)), Lane::Full, "not steady");
+        assert_eq!(
+            cache.plan(&req(0x10_0000)),
+            Plan::Ask { timed: false },
+            "not steady"
+        );
         let (h, o) = cache.acquire(&req(0x20_0000)).unwrap();
         assert_eq!(o, Outcome::Miss);
         assert_eq!(cache.release(h), Released::Kept);
         steady(&cache);
-        assert_eq!(cache.try_pass(&req(0x10_0000)), Lane::Pass);
         assert_eq!(
-            cache.try_pass(&req(0x20_0000)),
-            Lane::Full,
+            cache.plan(&req(0x10_0000)),
+            Plan::Pass {
+                why: Bypass::NotWorthCaching,
+                timed: false
+            }
+        );
+        assert_eq!(
+            cache.plan(&req(0x20_0000)),
+            Plan::Ask { timed: false },
             "a cached key's call taken by the lane"
         );
         let mut remote = req(0x10_0000);
         remote.access |= access::REMOTE_WRITE;
         let bypass = auto(&fake).with_remote(RemoteMode::Bypass);
         steady(&bypass);
-        assert_eq!(bypass.try_pass(&req(0x10_0000)), Lane::Pass);
         assert_eq!(
-            bypass.try_pass(&remote),
-            Lane::Bypass,
+            bypass.plan(&req(0x10_0000)),
+            Plan::Pass {
+                why: Bypass::NotWorthCaching,
+                timed: false
+            }
+        );
+        assert_eq!(
+            bypass.plan(&remote),
+            Plan::Pass {
+                why: Bypass::Remote,
+                timed: false
+            },
             "bypass: a remote call"
         );
         let always = Cache::new(&fake, LIMITS).with_sampling(u64::MAX);
         steady(&always);
-        assert_eq!(always.try_pass(&req(0x10_0000)), Lane::Full, "admit=always");
+        assert_eq!(
+            always.plan(&req(0x10_0000)),
+            Plan::Ask { timed: false },
+            "admit=always"
+        );
         cache.stop_caching("test");
         assert_eq!(
-            cache.try_pass(&req(0x10_0000)),
-            Lane::Full,
+            cache.plan(&req(0x10_0000)),
+            Plan::Ask { timed: false },
             "caching stopped"
         );
     }
@@ -145,19 +206,38 @@ mod tests {
             let cache = Cache::new(&fake, LIMITS)
                 .with_admit(admit)
                 .with_remote(RemoteMode::Bypass);
-            assert_eq!(cache.try_pass(&remote), Lane::Bypass, "{admit:?}");
+            assert_eq!(
+                cache.plan(&remote),
+                Plan::Pass {
+                    why: Bypass::Remote,
+                    timed: false
+                },
+                "{admit:?}"
+            );
             assert_eq!(cache.stats.get(Counter::AdmissionPassedCost), 0);
             let mut empty = remote;
             empty.len = 0;
-            assert_eq!(cache.try_pass(&empty), Lane::Full, "{admit:?}: length 0");
+            assert_eq!(
+                cache.plan(&empty),
+                Plan::Ask { timed: false },
+                "{admit:?}: length 0"
+            );
             cache.stop_caching("test");
-            assert_eq!(cache.try_pass(&remote), Lane::Full, "{admit:?}: stopped");
+            assert_eq!(
+                cache.plan(&remote),
+                Plan::Ask { timed: false },
+                "{admit:?}: stopped"
+            );
         }
         let revoke = Cache::new(&fake, LIMITS).with_admit(Admit::Auto);
-        assert_eq!(revoke.try_pass(&remote), Lane::Full, "revoke: not steady");
+        assert_eq!(
+            revoke.plan(&remote),
+            Plan::Ask { timed: false },
+            "revoke: not steady"
+        );
     }
 
-    /// A sampled call is passed and timed (`note_passthrough`); the lane's calls are
+    /// A sampled call is passed and timed (`Sample::Registration`); the lane's calls are
     /// counted as the locked path counts its early passes.
     #[test]
     fn a_sampled_lane_call_is_timed_and_every_one_counted() {
@@ -166,8 +246,20 @@ mod tests {
             .with_admit(Admit::Auto)
             .with_sampling(1);
         steady(&cache);
-        assert_eq!(cache.try_pass(&req(0x10_0000)), Lane::PassTimed);
-        assert_eq!(cache.try_pass(&req(0x10_0000)), Lane::PassTimed);
+        assert_eq!(
+            cache.plan(&req(0x10_0000)),
+            Plan::Pass {
+                why: Bypass::NotWorthCaching,
+                timed: true
+            }
+        );
+        assert_eq!(
+            cache.plan(&req(0x10_0000)),
+            Plan::Pass {
+                why: Bypass::NotWorthCaching,
+                timed: true
+            }
+        );
         assert_eq!(cache.stats.get(Counter::AdmissionPassedCost), 2);
         assert_eq!(cache.classes().get(Access::Local, 0x1000).passed, 2);
     }

@@ -74,11 +74,11 @@ impl<R: Registrar> Cache<R> {
                 && self.classes().probe_hit(kind, req.len, auto));
         if found.is_some() && probe {
             // Re-measure what a miss of this class costs: libibverbs registers this one
-            // (the preload times it: `note_passthrough`).
-            return Err(AcquireError::Bypass(Bypass::Probe));
+            // (the preload times it: `Sample::Registration`).
+            return Err(AcquireError::bypass(Bypass::Probe));
         }
         // An untimed hit of a class whose round needs figures, timed here; not one a caller
-        // times whole (`wants_hit_sample`: a shorter span, and counted twice).
+        // times whole (`Plan::Ask`'s `timed`: a shorter span, and counted twice).
         let own = !(self.outer_rounds && kind == Access::Remote);
         let t_start = t_start.or_else(|| {
             (found.is_some() && own && self.needs_round_sample(kind, req.len)).then(Instant::now)
@@ -91,7 +91,7 @@ impl<R: Registrar> Cache<R> {
             // Its key's entry holds all the references it can: as without the cache, with
             // no eviction and no registration made only to be handed out uncached. (A dead
             // entry still indexed, a rereg's reserved one, takes the miss path as before.)
-            return Err(AcquireError::Bypass(Bypass::Saturated));
+            return Err(AcquireError::bypass(Bypass::Saturated));
         }
         if let Some((id, outcome)) = found
             && let Some(Some(claim)) = claim
@@ -129,7 +129,7 @@ impl<R: Registrar> Cache<R> {
         // Not to be cached whatever the figures say: no admission, and no entry evicted
         // for it.
         if let Some(b) = self.registrar.refuses(req) {
-            return Err(AcquireError::Bypass(b));
+            return Err(AcquireError::bypass(b));
         }
         // Admission first: a call passed through is registered as without the cache, so
         // it needs no device-memory probe (three system calls, dear in a guest).
@@ -139,7 +139,7 @@ impl<R: Registrar> Cache<R> {
                 self.stats.add(Counter::AdmissionPassedCost, 1);
                 // Local or remote, libibverbs registers it (as without the cache: its
                 // fork bookkeeping, MADV_DONTFORK under RDMAV_FORK_SAFE, applies).
-                return Err(AcquireError::Bypass(Bypass::NotWorthCaching));
+                return Err(AcquireError::bypass(Bypass::NotWorthCaching));
             }
             Decision::Trial => self.stats.add(Counter::AdmissionTrials, 1),
             Decision::Cache => {}
@@ -170,7 +170,7 @@ impl<R: Registrar> Cache<R> {
             // Scan resistance: the cache is full of entries used more often than this one
             // was seen; as without the cache.
             self.stats.add(Counter::AdmissionPassedScan, 1);
-            return Err(AcquireError::Bypass(Bypass::Scan));
+            return Err(AcquireError::bypass(Bypass::Scan));
         }
         if revocable && !fits {
             // It could not be cached: a revocable registration and its grant would only be
@@ -181,7 +181,7 @@ impl<R: Registrar> Cache<R> {
         // call the scan rule or the limits pass through is as without the cache and must
         // not pay it (a cyclic set 4x the cache passes most calls through the scan rule).
         if let Some(b) = self.registrar.uncacheable(req) {
-            return Err(AcquireError::Bypass(b));
+            return Err(AcquireError::bypass(b));
         }
         Ok(fits)
     }
@@ -222,7 +222,7 @@ impl<R: Registrar> Cache<R> {
                 return Err(self
                     .registrar
                     .refuses(req)
-                    .map_or(AcquireError::Failed(e), AcquireError::Bypass));
+                    .map_or(AcquireError::Failed(e), AcquireError::bypass));
             }
         };
         self.fast.foreign.forget(mr.ptr);

@@ -16,7 +16,7 @@ mod hash;
 mod lane;
 mod miss;
 pub use hash::{WordMap, WordSet};
-pub use lane::Lane;
+pub use lane::{Plan, Sample};
 mod foreign;
 mod lock_free;
 pub use foreign::Passed;
@@ -198,10 +198,22 @@ impl<R: Registrar> Cache<R> {
     }
 
     /// Serve a registration: a cached one if one fits, else a new one. Returns the pointer
-    /// to hand to the app.
+    /// to hand to the app; or why it passes to libibverbs, and whether admission wants that
+    /// registration timed (`report` it as `Sample::Registration`).
+    #[inline]
     pub fn acquire(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
+        match self.serve(req) {
+            Err(AcquireError::Bypass { why, .. }) => Err(AcquireError::Bypass {
+                why,
+                timed: self.times_pass(req, why),
+            }),
+            served => served,
+        }
+    }
+
+    fn serve(&self, req: &Request) -> Result<(usize, Outcome), AcquireError> {
         if let Err(b) = access::classify(req.addr, req.len, req.access) {
-            return Err(AcquireError::Bypass(b));
+            return Err(AcquireError::bypass(b));
         }
         if self.stopped.get().is_some() {
             return self.register_uncached(req, Access::Local);
@@ -228,7 +240,7 @@ impl<R: Registrar> Cache<R> {
         let early = || self.classes().pass_early(kind, req.len, auto);
         if auto && self.fast.exact(req).is_none() && early() {
             self.stats.add(Counter::AdmissionPassedCost, 1);
-            return Err(AcquireError::Bypass(Bypass::NotWorthCaching));
+            return Err(AcquireError::bypass(Bypass::NotWorthCaching));
         }
         if let Some(hit) = self.serve_cached(req, kind, auto)? {
             return Ok(hit);

@@ -1,18 +1,17 @@
-//! The admission classes behind their lock, and which of them pass through steadily,
-//! readable without it.
+//! The admission classes behind their lock, and what of them `Cache::plan` reads without
+//! it.
 //!
-//! A remote registration of a passed-through class asked the classes' lock three times: the
-//! preload's `wants_hit_sample` before the lookup, `pass_early`, and its
-//! `wants_passthrough_sample` after, which copied the class's whole figures (about 140 of
-//! the 1,900 instructions of a default remote pass-through pair, callgrind). A
-//! class that passes through steadily (`Figures::steady_pass`) answers both sampling
-//! questions from one bit, without the lock. The bit is set from the figures when a guard
-//! that handed them out for a change (`Classes::get_mut`) is dropped, under the lock, so it
-//! follows every change; read without the lock it may lag one by the instant of the update.
-//! It decides only whether a call is timed for the figures, never how a registration is
-//! served.
+//! Two bits per class, set from the figures when a guard that handed them out for a change
+//! (`Classes::get_mut`) is dropped, under the lock, so they follow every change; read
+//! without the lock they may lag one by the instant of the update. The steady bit: the
+//! class passes through steadily (`Figures::steady_pass`), and its calls are timed on the
+//! sampling alone. The round bit: a remote hit of the class is a round its figures need
+//! (`wants_round`), timed whole by the caller. With them a registration asks the classes'
+//! lock at most once (in `acquire`), not before and after its lookup too. They decide only
+//! whether a call is timed for the figures, never how a registration is served; the lane's
+//! credits (`take_lane`) decide that a call passes through, which is always safe.
 
-use crate::admission::{Access, CLASSES, Classes, size_class};
+use crate::admission::{self, Access, CLASSES, Classes, Figures, Verdict, size_class};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
@@ -22,6 +21,9 @@ pub(super) struct ClassLock {
     /// A bit per size class, per access kind: `Figures::steady_pass` as of the last guard
     /// dropped after handing the class's figures out.
     steady: [AtomicU64; 2],
+    /// A bit per size class, per access kind: `wants_round` as of the last guard dropped
+    /// after handing the class's figures out.
+    rounds: [AtomicU64; 2],
     /// Per access kind and size class: the calls the lock-free lane may still pass
     /// through (`take_lane`), granted when a guard drops (`Classes::lane_grant`), taken
     /// back and counted into the figures when the next guard is made (`lock`).
@@ -47,6 +49,7 @@ impl ClassLock {
                 open: [0; 2],
             }),
             steady: [AtomicU64::new(0), AtomicU64::new(0)],
+            rounds: [AtomicU64::new(0), AtomicU64::new(0)],
             lane: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU32::new(0))),
         }
     }
@@ -94,6 +97,20 @@ impl ClassLock {
         self.steady[access as usize].load(Relaxed) >> class & 1 == 1
     }
 
+    /// Whether a hit of `access`'s class of `len` bytes is a round its figures need
+    /// (`wants_round`; no lock taken).
+    #[inline]
+    pub(super) fn round_wanted(&self, access: Access, len: usize) -> bool {
+        let class = size_class(len).min(CLASSES as u32 - 1);
+        let bit = self.rounds[access as usize].load(Relaxed) >> class & 1 == 1;
+        debug_assert!({
+            let g = self.lock();
+            let f = g.of_class(access, class);
+            bit == (access == Access::Remote && !f.steady_pass() && wants_round(f))
+        });
+        bit
+    }
+
     /// One call of `access`'s class of `len` bytes passed through without the lock, as
     /// `Classes::pass_early` would have (its bookkeeping is done at the next `lock`); false:
     /// the lane is shut (no credit left, or a guard is alive), take the locked path. No
@@ -139,15 +156,11 @@ impl Drop for ClassesGuard<'_> {
                 let class = bits.trailing_zeros();
                 bits &= bits - 1;
                 let bit = 1u64 << class;
-                let word = &self.lock.steady[a];
-                let steady = l.classes.of_class(access, class).steady_pass();
-                // Written only on a change (the lock orders the writers).
-                if (word.load(Relaxed) & bit != 0) != steady {
-                    if steady {
-                        word.fetch_or(bit, Relaxed);
-                    } else {
-                        word.fetch_and(!bit, Relaxed);
-                    }
+                let f = l.classes.of_class(access, class);
+                let steady = f.steady_pass();
+                set_bit(&self.lock.steady[a], bit, steady);
+                if access == Access::Remote {
+                    set_bit(&self.lock.rounds[a], bit, !steady && wants_round(f));
                 }
                 let credit = l.classes.lane_grant(access, class);
                 if credit > 0 {
@@ -160,6 +173,45 @@ impl Drop for ClassesGuard<'_> {
             }
         }
     }
+}
+
+/// Set or clear `bit` of `word`, written only on a change (the classes' lock orders the
+/// writers).
+fn set_bit(word: &AtomicU64, bit: u64, on: bool) {
+    if (word.load(Relaxed) & bit != 0) != on {
+        if on {
+            word.fetch_or(bit, Relaxed);
+        } else {
+            word.fetch_and(!bit, Relaxed);
+        }
+    }
+}
+
+/// Whether a remote hit of a class with figures `f` that does not pass through steadily
+/// (those calls pass untimed) is a round they need, whatever the sampling: a
+/// passed-through class's hits only on a trial's; else `needs_round`. Local rounds are
+/// timed by the cache itself.
+fn wants_round(f: &Figures) -> bool {
+    if f.held == Some(Verdict::PassThrough) {
+        return f.trial_hits > 0;
+    }
+    needs_round(f, Access::Remote)
+}
+
+/// `Cache::needs_round_sample`'s rule on a class's figures (one lock visit for its callers).
+pub(super) fn needs_round(f: &Figures, kind: Access) -> bool {
+    let first = if kind == Access::Remote {
+        admission::SETTLED_ROUNDS
+    } else {
+        4
+    };
+    // The held verdict, not `verdict_shown` (which recomputes the band and the
+    // confirmation, 100-odd instructions on every remote round): every figure update
+    // ends in `verdict_now` (`Figures::held_verdict`).
+    f.hit.samples < first
+        || f.release.samples < first
+        || f.confirming(kind)
+        || f.held == Some(Verdict::PassThrough)
 }
 
 #[cfg(test)]
@@ -353,151 +405,7 @@ mod lane {
 }
 
 #[cfg(test)]
-mod fuzz {
-    use super::*;
-    use crate::admission::{Figures, Verdict};
-
-    use crate::cache::tests::fake::XorShift as Rng;
-
-    /// `Cache::figures`' update, on the lock alone.
-    fn figures(k: &ClassLock, a: Access, len: usize, f: impl FnOnce(&mut Figures)) {
-        let mut c = k.lock();
-        let fig = c.get_mut(a, len);
-        let costs = fig.costs(a);
-        f(fig);
-        fig.settle(a, &costs);
-        fig.verdict_now(a);
-    }
-
-    fn old_needs_pass(f: &Figures, a: Access) -> bool {
-        f.pass_reg.samples < 4 || f.pass_moving || f.confirming(a)
-    }
-    fn old_hit(f: &Figures, a: Access) -> bool {
-        if f.held == Some(Verdict::PassThrough) {
-            return f.trial_hits > 0;
-        }
-        f.hit.samples < crate::admission::SETTLED_ROUNDS
-            || f.release.samples < crate::admission::SETTLED_ROUNDS
-            || f.confirming(a)
-    }
-
-    fn step(k: &ClassLock, r: &mut Rng, lens: &[usize]) {
-        let a = Access::ALL[(r.next() % 2) as usize];
-        let len = lens[(r.next() % lens.len() as u64) as usize];
-        let cheap_miss = r.next() % 8 != 0; // mostly: pass-through pays
-        let ns = |r: &mut Rng, base: f64| base * (0.5 + (r.next() % 1000) as f64 / 500.0);
-        match r.next() % 9 {
-            0 => {
-                k.lock().decide(a, len, true);
-            }
-            1 => {
-                k.lock().allow_hit(a, len, true);
-            }
-            2 => {
-                k.lock().probe_hit(a, len, true);
-            }
-            3 => {
-                k.lock().pass_early(a, len, true);
-            }
-            4 => {
-                let x = ns(r, if cheap_miss { 1_000.0 } else { 1_000_000.0 });
-                let big = r.next() % 16 == 0;
-                figures(k, a, len, |f| {
-                    let before = f.pass_reg.value;
-                    let x = if big { x * 4.0 } else { x };
-                    f.pass_reg.add(x);
-                    f.pass_moving = before > 0.0 && (x > 1.5 * before || 1.5 * x < before);
-                })
-            }
-            5 => {
-                let x = ns(r, 1_000.0);
-                figures(k, a, len, |f| f.pass_dereg.add(x))
-            }
-            6 => {
-                let x = ns(r, 100_000.0);
-                figures(k, a, len, |f| f.add_hit(x))
-            }
-            7 => {
-                let x = ns(r, 100_000.0);
-                figures(k, a, len, |f| f.add_release(x))
-            }
-            _ => {
-                let x = ns(r, 100_000.0);
-                figures(k, a, len, |f| {
-                    f.reg.add(x);
-                    f.dereg.add(x)
-                })
-            }
-        }
-    }
-
-    /// Random admission traffic on two classes of each kind (and a length beyond the last
-    /// class): after every step the bit is the figures' `steady_pass`, and where it is set
-    /// the old locked answers are what the bit answers.
-    #[test]
-    fn bit_matches_and_answers_equal_the_old_ones() {
-        let k = ClassLock::new();
-        let lens = [65536, 4096, usize::MAX / 2];
-        let mut r = Rng(0x9e37_79b9_7f4a_7c15);
-        let (mut steady_seen, mut flips) = (0u64, 0u64);
-        let mut last = false;
-        for _ in 0..400_000 {
-            step(&k, &mut r, &lens);
-            for a in Access::ALL {
-                for &len in &lens {
-                    let s = k.steady(a, len); // debug_assert: bit == figures, under the lock
-                    let c = k.lock();
-                    let f = c.get(a, len);
-                    assert_eq!(s, f.steady_pass());
-                    if s {
-                        steady_seen += 1;
-                        assert!(!old_needs_pass(f, a), "{f:?}");
-                        assert!(!old_hit(f, a), "{f:?}");
-                    }
-                    if a == Access::Remote && len == 65536 {
-                        flips += (s != last) as u64;
-                        last = s;
-                    }
-                }
-            }
-        }
-        eprintln!("steady observations {steady_seen}, bit flips (remote 64K) {flips}");
-        assert!(
-            steady_seen > 0 && flips > 10,
-            "the fuzz never reached steady"
-        );
-    }
-
-    /// Updates on two threads while a third reads the bit: the debug check in `steady`
-    /// (under the lock) never fails, and nothing deadlocks.
-    #[test]
-    fn bit_under_concurrent_updates() {
-        let k = ClassLock::new();
-        let lens = [65536];
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            for seed in 1..=2u64 {
-                let k = &k;
-                s.spawn(move || {
-                    let mut r = Rng(seed * 0x1234_5678_9abc_def1);
-                    for _ in 0..200_000 {
-                        step(k, &mut r, &lens);
-                    }
-                });
-            }
-            s.spawn(|| {
-                let mut n = 0u64;
-                while !stop.load(Relaxed) && n < 2_000_000 {
-                    k.steady(Access::Remote, 65536);
-                    k.steady(Access::Local, 65536);
-                    n += 1;
-                }
-            });
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        });
-        stop.store(true, Relaxed);
-    }
-}
+mod fuzz;
 
 #[cfg(test)]
 mod unwind {

@@ -136,7 +136,13 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireError {
     /// Not for the cache: pass the call to libibverbs unchanged.
-    Bypass(Bypass),
+    Bypass {
+        /// Why.
+        why: Bypass,
+        /// Admission wants libibverbs' registration timed: a sample of what a miss of its
+        /// class costs (`Cache::report`, `Sample::Registration`).
+        timed: bool,
+    },
     /// The provider refused the registration (errno), even after evicting idle entries.
     Failed(i32),
 }
@@ -201,4 +207,11 @@ pub struct StatsSnapshot {
     pub bytes: u64,
     /// Entries no handle holds (the ones eviction may take).
     pub idle: u64,
+}
+
+impl AcquireError {
+    /// Passed to libibverbs for `why` (`acquire` says whether it is timed).
+    pub(crate) fn bypass(why: Bypass) -> AcquireError {
+        AcquireError::Bypass { why, timed: false }
+    }
 }

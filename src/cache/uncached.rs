@@ -69,13 +69,23 @@ impl<R: Registrar> Cache<R> {
         }
     }
 
-    /// Whether the preload should time this pass-through of `req` (`note_passthrough`):
+    /// Whether a registration `acquire` passes through for `why` is an admission sample:
+    /// a probe always, a pass-through for cost as `wants_passthrough_sample` says.
+    pub(super) fn times_pass(&self, req: &Request, why: Bypass) -> bool {
+        match why {
+            Bypass::Probe => true,
+            Bypass::NotWorthCaching | Bypass::Scan => self.wants_passthrough_sample(req),
+            _ => false,
+        }
+    }
+
+    /// Whether the caller should time this pass-through of `req` (`Sample::Registration`):
     /// while its class has fewer than 4 such samples or its last one was more than half
     /// off the figure (`Figures::pass_moving`: a change of cost is followed at every
     /// call) or a flip to pass-through awaits confirmation (`Figures::confirming`), else
     /// one call in about `admission::SAMPLE_EVERY` (each timing costs two clock reads,
     /// and one more at its deregistration for a remote class).
-    pub fn wants_passthrough_sample(&self, req: &Request) -> bool {
+    fn wants_passthrough_sample(&self, req: &Request) -> bool {
         let kind = self.kind_of(req);
         // A class passing through steadily: the sampling alone, without the lock.
         if self.classes.steady(kind, req.len) {
@@ -92,8 +102,8 @@ impl<R: Registrar> Cache<R> {
     /// The preload passed `req` through to libibverbs for admission (`NotWorthCaching`,
     /// `Scan`, `Probe`), libibverbs' whole `ibv_reg_mr` took `ns` and returned `mr`: a
     /// sample of what the class's miss costs the app (`Figures::pass_reg`). `mr`'s
-    /// `ibv_dereg_mr` is the other half (`note_passthrough_dereg`).
-    pub fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
+    /// `ibv_dereg_mr` is the other half (`Sample::Deregistration`).
+    pub(super) fn note_passthrough(&self, req: &Request, mr: usize, ns: u64) {
         let kind = self.kind_of(req);
         let mut cold = false;
         self.figures(kind, req.len, |f| {
@@ -119,14 +129,14 @@ impl<R: Registrar> Cache<R> {
     /// libibverbs' whole `ibv_dereg_mr` of a registration of `len` bytes admission passed
     /// through (`Passed::Timed`) took `ns` (`ok`: it succeeded): a sample of the class's
     /// miss (`Figures::pass_dereg`).
-    pub fn note_passthrough_dereg(&self, len: usize, ns: u64, ok: bool) {
+    pub(super) fn note_passthrough_dereg(&self, len: usize, ns: u64, ok: bool) {
         if ok {
             self.figures(Access::Remote, len, |f| f.pass_dereg.add(ns as f64));
         }
     }
 
     /// The caller (the preload) times remote rounds whole, from its hook's entry to its
-    /// return, and reports them (`note_remote_hit`, `release_at`).
+    /// return, and reports them (`Sample::Round`, `release_at`).
     pub fn with_rounds_timed_by_caller(mut self) -> Cache<R> {
         self.outer_rounds = true;
         self
@@ -149,7 +159,7 @@ impl<R: Registrar> Cache<R> {
         if self.sample_every <= 1 {
             return false; // every call is timed already
         }
-        needs_round(self.classes().get(kind, len), kind)
+        steady::needs_round(self.classes().get(kind, len), kind)
     }
 
     /// For a caller that times remote rounds whole (`with_rounds_timed_by_caller`), at its
@@ -159,18 +169,11 @@ impl<R: Registrar> Cache<R> {
     /// other calls pass through, which must not pay a clock read for nothing (in the TCG
     /// guest a read is a system call). Timed from the cache's lookup, a shorter span than
     /// the hook's, confirmation samples 10% short would keep a class that costs 1.3x a miss
-    /// from ever passing through (simulated).
-    pub fn wants_hit_sample(&self, req: &Request) -> bool {
+    /// from ever passing through (simulated). Without the lock (`ClassLock::round_wanted`).
+    #[inline]
+    pub(super) fn wants_hit_sample(&self, req: &Request) -> bool {
         let kind = self.kind_of(req);
-        if kind != Access::Remote || self.sample_every <= 1 || self.classes.steady(kind, req.len) {
-            return false; // a steady class's calls pass through untimed (`steady`)
-        }
-        let c = self.classes();
-        let f = c.get(kind, req.len);
-        if f.held == Some(Verdict::PassThrough) {
-            return f.trial_hits > 0;
-        }
-        needs_round(f, kind)
+        kind == Access::Remote && self.sample_every > 1 && self.classes.round_wanted(kind, req.len)
     }
 
     /// Whether this call is to be timed for the admission figures (`with_sampling`).
@@ -180,7 +183,7 @@ impl<R: Registrar> Cache<R> {
 
     /// A remote hit of `req` cost the app `ns`, hook entry to return (the bind and its
     /// completion, the shadow copy, the hook's own checks): a sample of the cached round.
-    pub fn note_remote_hit(&self, req: &Request, ns: u64) {
+    pub(super) fn note_remote_hit(&self, req: &Request, ns: u64) {
         if self.kind_of(req) == Access::Remote {
             self.figures(Access::Remote, req.len, |f| f.add_hit(ns as f64));
         }
@@ -243,7 +246,7 @@ impl<R: Registrar> Cache<R> {
     }
 
     pub(super) fn bypass_remote(&self) -> AcquireError {
-        AcquireError::Bypass(Bypass::Remote)
+        AcquireError::bypass(Bypass::Remote)
     }
 
     /// A moment with no invalidation in flight, from which on those begun can be checked
@@ -278,20 +281,4 @@ impl<R: Registrar> Cache<R> {
         self.release(handle);
         false
     }
-}
-
-/// `Cache::needs_round_sample`'s rule on a class's figures (one lock visit for its callers).
-fn needs_round(f: &admission::Figures, kind: Access) -> bool {
-    let first = if kind == Access::Remote {
-        admission::SETTLED_ROUNDS
-    } else {
-        4
-    };
-    // The held verdict, not `verdict_shown` (which recomputes the band and the
-    // confirmation, 100-odd instructions on every remote round): every figure update
-    // ends in `verdict_now` (`Figures::held_verdict`).
-    f.hit.samples < first
-        || f.release.samples < first
-        || f.confirming(kind)
-        || f.held == Some(Verdict::PassThrough)
 }

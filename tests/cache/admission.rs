@@ -12,7 +12,7 @@
 use mrcache::access::Bypass;
 use mrcache::admission::{Access, FLIP_SAMPLES, PROBE_BURST, PROBE_EVERY, SAMPLE_EVERY};
 use mrcache::cache::AcquireError;
-use mrcache::cache::{Cache, Limits, Mr, Outcome, Passed, Registrar, Request};
+use mrcache::cache::{Cache, Limits, Mr, Outcome, Passed, Registrar, Request, Sample};
 use mrcache::config::{Admit, RemoteMode};
 use mrcache::stats::Counter;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -73,9 +73,9 @@ const LEN: usize = 64 << 10;
 /// when marked timed, reported (`dereg` ns).
 fn passed_through<R: Registrar>(cache: &Cache<R>, r: &Request, mr: usize, reg: u64, dereg: u64) {
     cache.note_foreign(mr);
-    cache.note_passthrough(r, mr, reg);
+    cache.report(Sample::Registration(r, mr), reg);
     if let Some(Passed::Timed(len)) = cache.take_passed(mr) {
-        cache.note_passthrough_dereg(len, dereg, true);
+        cache.report(Sample::Deregistration { len, ok: true }, dereg);
     }
 }
 
@@ -318,7 +318,9 @@ fn a_probe_burst_does_not_count_its_cold_first_call() {
             Ok((h, _)) => {
                 cache.release(h);
             }
-            Err(AcquireError::Bypass(Bypass::Probe)) => {
+            Err(AcquireError::Bypass {
+                why: Bypass::Probe, ..
+            }) => {
                 probes.push(i);
                 // The burst's first is cold: 50 ms; the others 100 us.
                 let first = probes.len() % PROBE_BURST as usize == 1;
@@ -424,7 +426,7 @@ fn scan_refused_local_registration_is_protected_at_fork() {
     );
     assert_eq!(cache.snapshot().counts[Counter::AdmissionPassedScan], 1);
     match result {
-        Err(mrcache::cache::AcquireError::Bypass(b)) => {
+        Err(mrcache::cache::AcquireError::Bypass { why: b, .. }) => {
             assert_eq!(b, mrcache::access::Bypass::Scan)
         }
         Ok((h, o)) => {
@@ -573,9 +575,8 @@ fn a_dear_remote_class_confirms_its_flip_within_a_few_calls() {
                 hits += 1;
                 cache.release(h);
             }
-            Err(AcquireError::Bypass(why)) => {
+            Err(AcquireError::Bypass { why, timed }) => {
                 // As the preload does: libibverbs registers it, timed whole when asked.
-                let timed = why == Bypass::Probe || cache.wants_passthrough_sample(&r);
                 let t = Instant::now();
                 spin(fake.reg_ns.load(SeqCst));
                 let mr = 0x7000_0000 + i * 64;

@@ -197,12 +197,18 @@ fn bypass_and_devices_without_windows_pass_remote_requests_through() {
     let remote = req(LOCAL_WRITE | REMOTE_WRITE);
     assert!(matches!(
         cache.acquire(&remote),
-        Err(AcquireError::Bypass(mrcache::access::Bypass::Remote))
+        Err(AcquireError::Bypass {
+            why: mrcache::access::Bypass::Remote,
+            ..
+        })
     ));
     let no_windows = Cache::new(Hca::default(), LIMITS).with_remote(RemoteMode::Revoke);
     assert!(matches!(
         no_windows.acquire(&remote),
-        Err(AcquireError::Bypass(mrcache::access::Bypass::Remote))
+        Err(AcquireError::Bypass {
+            why: mrcache::access::Bypass::Remote,
+            ..
+        })
     ));
     assert!(no_windows.registrar().state.lock().unwrap().mrs.is_empty());
     assert_eq!(
@@ -297,7 +303,10 @@ fn a_registration_while_its_entry_is_reserved_for_a_rereg_takes_the_miss_path() 
     assert!(
         matches!(
             got,
-            Err(AcquireError::Bypass(mrcache::access::Bypass::Remote))
+            Err(AcquireError::Bypass {
+                why: mrcache::access::Bypass::Remote,
+                ..
+            })
         ),
         "remote, during the rereg: {got:?}"
     );

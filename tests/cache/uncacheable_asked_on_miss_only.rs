@@ -79,7 +79,10 @@ fn the_probe_is_asked_on_misses_only() {
     for _ in 0..3 {
         assert!(matches!(
             c.acquire(&req(DEVICE, 0x4000)),
-            Err(AcquireError::Bypass(Bypass::DeviceMemory))
+            Err(AcquireError::Bypass {
+                why: Bypass::DeviceMemory,
+                ..
+            })
         ));
     }
     assert_eq!(c.registrar().asked.load(SeqCst), 4);

@@ -13,7 +13,7 @@ use crate::trace;
 use crate::verbs::provider::Provider;
 use crate::verbs::real;
 use mrcache::access::Bypass;
-use mrcache::cache::{AcquireError, Cache, Detached, Lane, Passed, Released, Request};
+use mrcache::cache::{AcquireError, Cache, Detached, Passed, Plan, Released, Request, Sample};
 use mrcache::config::{LogLevel, Monitor};
 use mrcache::stats::Bypassed;
 use mrcache::trace::{Call, Outcome};
@@ -78,49 +78,43 @@ fn register_miss(
     iova: u64,
     access: u32,
 ) -> (*mut IbvMr, Outcome) {
-    if let Some(done) = register_lane(pd, addr, len, iova, access) {
-        return done;
+    let reg = Reg::new(pd, addr, len, iova, access);
+    match register_lane(reg) {
+        Ok(done) => done,
+        Err(plan) => register_inner(reg, plan),
     }
-    register_inner(pd, addr, len, iova, access)
 }
 
-/// A call of a class admission passes through steadily, or a remote call under
-/// `MRCACHE_REMOTE=bypass` (`Cache::try_pass`): libibverbs' registration inside the
-/// re-entrancy guard (a registration the provider makes meanwhile passes through, never
-/// served the cache's own MR), the MR recorded as a pass-through, and no lock. The sampled
-/// call's timing, an address the cache deregistered, and a failure take the shield for the
-/// locked part (`through`). None: take the full path (nothing was changed).
+/// When the fast path is open: the cache's plan (`Cache::plan`), inside the re-entrancy
+/// guard (a registration the provider makes meanwhile passes through, never served the
+/// cache's own MR). A pass-through (the lane: a class admission passes through steadily,
+/// or a remote call under `MRCACHE_REMOTE=bypass`) goes to libibverbs here, without the
+/// lock; its sampled call's timing and a failure take the shield for the locked part
+/// (`through`). Err: take the full path with the plan, if asked (nothing was changed).
 #[inline(always)]
-fn register_lane(
-    pd: *mut IbvPd,
-    addr: *mut c_void,
-    len: usize,
-    iova: u64,
-    access: u32,
-) -> Option<(*mut IbvMr, Outcome)> {
-    let cache = crate::runtime::fast::cache_if_open()?;
-    let _guard = Guard::enter()?;
-    let req = Request {
-        pd: pd as usize,
-        context: 0, // not read by `try_pass`
-        addr: addr as usize,
-        len,
-        iova,
-        access,
-    };
-    let (timed, why) = match cache.try_pass(&req) {
-        Lane::Full => return None,
-        Lane::Pass => (false, Bypassed::NotWorthCaching),
-        Lane::PassTimed => (true, Bypassed::NotWorthCaching),
-        Lane::Bypass => (false, Bypassed::RemoteAccess),
-    };
-    note_bypass(why);
-    let reg = Reg::new(pd, addr, len, iova, access);
-    Some(through::register(
-        reg,
-        Tell::Cache(cache),
-        timed.then_some(&req),
-    ))
+fn register_lane(reg: Reg) -> Result<(*mut IbvMr, Outcome), Option<Plan>> {
+    let cache = crate::runtime::fast::cache_if_open().ok_or(None)?;
+    let _guard = Guard::enter().ok_or(None)?;
+    let req = reg.request(0); // `plan` reads no context
+    match cache.plan(&req) {
+        Plan::Pass { why, timed } => Ok(pass(cache, reg, &req, why, timed)),
+        ask => Err(Some(ask)),
+    }
+}
+
+/// A registration the cache passed through for `why` (`Plan::Pass`, `AcquireError::Bypass`):
+/// libibverbs registers it, the cache told of its MR (`Tell::Cache`); `timed`: an
+/// admission sample (`Sample::Registration`).
+#[inline(always)]
+fn pass(
+    cache: &'static Cache<Provider>,
+    reg: Reg,
+    req: &Request,
+    why: Bypass,
+    timed: bool,
+) -> (*mut IbvMr, Outcome) {
+    note_bypass(Bypassed::from(why));
+    through::register(reg, Tell::Cache(cache), timed.then_some(req))
 }
 
 #[inline(never)]
@@ -146,23 +140,16 @@ fn register_traced(
     mr
 }
 
-/// The full path. Apart (not inlined): its frame would otherwise be set up on every fast
-/// hit too.
+/// The full path (`plan`: the cache's, if the lane asked it). Apart (not inlined): its
+/// frame would otherwise be set up on every fast hit too.
 #[inline(never)]
-fn register_inner(
-    pd: *mut IbvPd,
-    addr: *mut c_void,
-    len: usize,
-    iova: u64,
-    access: u32,
-) -> (*mut IbvMr, Outcome) {
-    let reg = Reg::new(pd, addr, len, iova, access);
+fn register_inner(reg: Reg, plan: Option<Plan>) -> (*mut IbvMr, Outcome) {
     // A remote call's round is timed whole, from here to the return (what the app pays
     // for a hit: the hook's checks, the shadow copy, the window bind and its completion):
-    // an admission figure (`Cache::note_remote_hit`), on one call in about
-    // `SAMPLE_EVERY` (a clock read is a system call in some guests: every call timed made
-    // even a pass-through pay it). Local calls read no clock here.
-    let t_hook = (access & mrcache::access::REMOTE != 0
+    // an admission figure (`Sample::Round`), on one call in about `SAMPLE_EVERY` (a clock
+    // read is a system call in some guests: every call timed made even a pass-through pay
+    // it). Local calls read no clock here.
+    let t_hook = (reg.access & mrcache::access::REMOTE != 0
         && mrcache::admission::sampled(mrcache::admission::SAMPLE_EVERY))
     .then(std::time::Instant::now);
     // Before the checks: a disarm after this keeps the fast path shut (see `fast`).
@@ -171,7 +158,7 @@ fn register_inner(
         return passed(reg, Bypassed::Nested);
     };
     shielded(
-        || match ready(pd) {
+        || match ready(reg.pd) {
             Ok((patch, cache, context)) => {
                 let at = Full {
                     cache,
@@ -179,7 +166,7 @@ fn register_inner(
                     seen,
                     t_hook,
                 };
-                at.serve(reg, context)
+                at.serve(reg, context, plan)
             }
             Err(why) => passed(reg, why),
         },
@@ -246,24 +233,19 @@ struct Full {
 }
 
 impl Full {
-    /// Ask the cache (`Cache::acquire`) and act on its answer.
+    /// The cache's plan (the lane's, else asked now), then `Cache::acquire` if it says
+    /// so, and act on the answer.
     #[inline(always)]
-    fn serve(&self, reg: Reg, context: usize) -> (*mut IbvMr, Outcome) {
+    fn serve(&self, reg: Reg, context: usize, plan: Option<Plan>) -> (*mut IbvMr, Outcome) {
         let cache = self.cache;
-        let req = Request {
-            pd: reg.pd as usize,
-            context,
-            addr: reg.addr as usize,
-            len: reg.len,
-            iova: reg.iova,
-            access: reg.access,
+        let req = reg.request(context);
+        let timed = match plan.unwrap_or_else(|| cache.plan(&req)) {
+            Plan::Ask { timed } => timed,
+            Plan::Pass { why, timed } => return self.passed_by_cache(reg, &req, why, timed),
         };
         // A remote round the class needs figures of (its first ones, a confirmation, a
         // trial's hits): timed whole from here, like the sampled ones.
-        let t_hook = self.t_hook.or_else(|| {
-            (req.access & mrcache::access::REMOTE != 0 && cache.wants_hit_sample(&req))
-                .then(std::time::Instant::now)
-        });
+        let t_hook = self.t_hook.or_else(|| timed.then(std::time::Instant::now));
         let result = cache.acquire(&req);
         // After the registration: a new thread's start-up unmaps (arena set-up) would
         // otherwise race this very registration and leave it uncached.
@@ -289,11 +271,11 @@ impl Full {
                 if let Some(t) = t_hook
                     && matches!(o, Outcome::Hit | Outcome::HitContaining)
                 {
-                    cache.note_remote_hit(&req, t.elapsed().as_nanos() as u64);
+                    cache.report(Sample::Round(&req), t.elapsed().as_nanos() as u64);
                 }
                 (handle as *mut IbvMr, o)
             }
-            Err(AcquireError::Bypass(b)) => self.passed_by_cache(reg, &req, b),
+            Err(AcquireError::Bypass { why, timed }) => self.passed_by_cache(reg, &req, why, timed),
             Err(AcquireError::Failed(e)) => {
                 real::set_errno(e);
                 (std::ptr::null_mut(), Outcome::Failed)
@@ -301,29 +283,27 @@ impl Full {
         }
     }
 
-    /// The cache passed the registration through for `b`.
-    fn passed_by_cache(&self, reg: Reg, req: &Request, b: Bypass) -> (*mut IbvMr, Outcome) {
-        let cache = self.cache;
+    /// The cache passed the registration through for `why` (`timed`: an admission
+    /// sample).
+    fn passed_by_cache(
+        &self,
+        reg: Reg,
+        req: &Request,
+        why: Bypass,
+        timed: bool,
+    ) -> (*mut IbvMr, Outcome) {
         // A remote call passed to libibverbs (under `bypass`; under `revoke` one no window
         // could be had for) passed every check above as a cached call would: open the
-        // gate, so that the lane may take the next ones (`Lane::Bypass`, under `bypass`
+        // gate, so that the lane may take the next ones (`Plan::Pass`, under `bypass`
         // only; a program whose every call is remote would otherwise never open it, and
         // pay this path, its shield and its sampled clock reads on every call).
-        if b == Bypass::Remote {
-            crate::runtime::fast::arm(self.seen, cache, self.patch);
+        if why == Bypass::Remote {
+            crate::runtime::fast::arm(self.seen, self.cache, self.patch);
         }
-        // Passed through by admission: libibverbs' registration is a sample of what a miss
-        // of its class costs. Sampled (`Cache::wants_passthrough_sample`); a probe always.
-        let timed = match b {
-            Bypass::Probe => true,
-            Bypass::NotWorthCaching | Bypass::Scan => cache.wants_passthrough_sample(req),
-            _ => false,
-        };
-        note_bypass(Bypassed::from(b));
         // Out of pinnable memory, as the miss path: the cache's idle entries given back,
         // libibverbs once more (a probe's range is still pinned by its cached entry;
         // libibverbs alone would have pinned it once).
-        through::register(reg, Tell::Cache(cache), timed.then_some(req))
+        pass(self.cache, reg, req, why, timed)
     }
 }
 

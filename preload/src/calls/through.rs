@@ -7,7 +7,7 @@ use crate::runtime::cache;
 use crate::runtime::guard::shielded;
 use crate::verbs::provider::Provider;
 use crate::verbs::real;
-use mrcache::cache::{Cache, Request};
+use mrcache::cache::{Cache, Request, Sample};
 use mrcache::trace::Outcome;
 use std::ffi::c_void;
 
@@ -48,13 +48,27 @@ impl Reg {
         }
     }
 
+    /// The cache's request for it, on the PD's `context` (0: for `Cache::plan`, which
+    /// reads none).
+    #[inline(always)]
+    pub fn request(&self, context: usize) -> Request {
+        Request {
+            pd: self.pd as usize,
+            context,
+            addr: self.addr as usize,
+            len: self.len,
+            iova: self.iova,
+            access: self.access,
+        }
+    }
+
     fn real(&self) -> *mut IbvMr {
         real::reg_mr_iova2(self.pd, self.addr, self.len, self.iova, self.access)
     }
 }
 
 /// libibverbs' registration of `reg`, and the cache told of it (`tell`). `sample`: timed
-/// as an admission figure of what a miss of its class costs (`Cache::note_passthrough`),
+/// as an admission figure of what a miss of its class costs (`Sample::Registration`),
 /// unless it had to be retried (its time then holds the deregistrations).
 #[inline(always)]
 pub fn register(reg: Reg, tell: Tell, sample: Option<&Request>) -> (*mut IbvMr, Outcome) {
@@ -82,7 +96,10 @@ fn register_sampled(reg: Reg, tell: Tell, req: &Request) -> (*mut IbvMr, Outcome
     let ns = t.elapsed().as_nanos() as u64;
     told(mr, tell);
     if let Tell::Cache(cache) = tell {
-        shielded(|| cache.note_passthrough(req, mr as usize, ns), || ());
+        shielded(
+            || cache.report(Sample::Registration(req, mr as usize), ns),
+            || (),
+        );
     }
     (mr, Outcome::Bypass)
 }
@@ -180,6 +197,9 @@ fn deregister_sampled(
     let t = std::time::Instant::now();
     let rc = real::dereg_mr(mr);
     let ns = t.elapsed().as_nanos() as u64;
-    shielded(|| cache.note_passthrough_dereg(len, ns, rc == 0), || ());
+    shielded(
+        || cache.report(Sample::Deregistration { len, ok: rc == 0 }, ns),
+        || (),
+    );
     (rc, Outcome::Passthrough)
 }

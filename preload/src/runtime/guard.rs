@@ -89,6 +89,7 @@ pub fn with_cache<T>(
 
 /// Run `f`; a panic (a bug) falls back to `fallback` instead of unwinding into C. The
 /// thread's cancellation is off meanwhile (`NoCancel`): no cancel unwinds through us either.
+#[inline]
 pub fn shielded<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
     let _no_cancel = crate::sys::thread::NoCancel::new();
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| fallback())

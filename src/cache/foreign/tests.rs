@@ -1,7 +1,7 @@
 use super::*;
 use crate::access;
 use crate::cache::tests::fake::{Fake, LIMITS, XorShift, idle_entry, req};
-use crate::cache::{Cache, Outcome, Released, Request};
+use crate::cache::{Cache, Outcome, Released, Request, Sample};
 use crate::config::RemoteMode;
 use std::collections::HashMap;
 
@@ -284,7 +284,7 @@ fn a_timed_remote_pass_through_is_marked_timed() {
         ..req(0x10_0000)
     };
     cache.note_foreign(0x7000);
-    cache.note_passthrough(&r, 0x7000, 50_000);
+    cache.report(Sample::Registration(&r, 0x7000), 50_000);
     assert_eq!(cache.take_passed(0x7000), Some(Passed::Timed(r.len)));
 }
 

@@ -147,9 +147,9 @@ fn a_sample_half_off_the_figure_counts_as_moving() {
         let cache = Cache::new(&fake, limits);
         let r = req(1, 1, 0x10);
         for _ in 0..8 {
-            cache.note_passthrough(&r, 0, 100_000);
+            cache.report(Sample::Registration(&r, 0), 100_000);
         }
-        cache.note_passthrough(&r, 0, (100_000.0 * x) as u64);
+        cache.report(Sample::Registration(&r, 0), (100_000.0 * x) as u64);
         let f = *cache.admission().get(Access::Local, r.len);
         assert_eq!(
             f.pass_moving, want,
@@ -159,7 +159,7 @@ fn a_sample_half_off_the_figure_counts_as_moving() {
         if x == 2.0 {
             let mut timed = 1;
             while cache.admission().get(Access::Local, r.len).pass_moving && timed < 64 {
-                cache.note_passthrough(&r, 0, 200_000);
+                cache.report(Sample::Registration(&r, 0), 200_000);
                 timed += 1;
             }
             let f = *cache.admission().get(Access::Local, r.len);

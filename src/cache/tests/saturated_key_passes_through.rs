@@ -26,7 +26,13 @@ fn a_key_held_4095_times_passes_its_next_registration_through_and_evicts_nothing
     let registered = fake.next.load(SeqCst);
     let got = cache.acquire(&a);
     assert!(
-        matches!(got, Err(AcquireError::Bypass(Bypass::Saturated))),
+        matches!(
+            got,
+            Err(AcquireError::Bypass {
+                why: Bypass::Saturated,
+                ..
+            })
+        ),
         "the 4,096th holding of one key: {got:?} (evicted {:?}, registrations {} -> {})",
         fake.deregistered.lock().unwrap(),
         registered,
