@@ -239,14 +239,18 @@ impl Full {
     fn serve(&self, reg: Reg, context: usize, plan: Option<Plan>) -> (*mut IbvMr, Outcome) {
         let cache = self.cache;
         let req = reg.request(context);
-        let timed = match plan.unwrap_or_else(|| cache.plan(&req)) {
-            Plan::Ask { timed } => timed,
-            Plan::Pass { why, timed } => return self.passed_by_cache(reg, &req, why, timed),
+        let mut t_hook = self.t_hook;
+        let result = match plan.unwrap_or_else(|| cache.plan(&req)) {
+            Plan::Ask { timed } => {
+                // A remote round the class needs figures of (its first ones, a
+                // confirmation, a trial's hits): timed whole from here, like the sampled
+                // ones.
+                t_hook = t_hook.or_else(|| timed.then(std::time::Instant::now));
+                cache.acquire(&req)
+            }
+            // The lane's answer, in the full path: passed as `acquire` would pass it.
+            Plan::Pass { why, timed } => Err(AcquireError::Bypass { why, timed }),
         };
-        // A remote round the class needs figures of (its first ones, a confirmation, a
-        // trial's hits): timed whole from here, like the sampled ones.
-        let t_hook = self.t_hook.or_else(|| timed.then(std::time::Instant::now));
-        let result = cache.acquire(&req);
         // After the registration: a new thread's start-up unmaps (arena set-up) would
         // otherwise race this very registration and leave it uncached.
         ensure_drain_thread();
