@@ -116,9 +116,10 @@ fn a_registration_nested_in_a_lane_call_passes_through() {
 /// A registration nested in one of our calls (the provider's own, through the public API)
 /// at the address of an MR the cache deregistered: its owner's later `ibv_dereg_mr`,
 /// outside our calls, reaches the provider (tests/c/host/nested_tombstone.c), with the
-/// outer call on the full path (local) and in the lane (remote under `bypass`). (Seen
-/// failing before the nested MR was recorded: "returned 22, provider MR still live
-/// (leaked)".)
+/// outer call on the full path (local), in the lane (remote under `bypass`), and on the
+/// full path after a `fork` shut the fast path's gate. (Seen failing before the nested MR
+/// was recorded, and after a fork before it was recorded with the gate shut: "returned
+/// 22, provider MR still live (leaked)".)
 #[test]
 fn a_nested_registration_at_a_tombstone_deregisters() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission");
@@ -130,13 +131,20 @@ fn a_nested_registration_at_a_tombstone_deregisters() {
         "nested_tombstone",
         &["-libverbs", "-ldl"],
     );
-    for (outer, remote) in [("local", None), ("remote-bypass", Some("1"))] {
+    for (outer, remote, fork) in [
+        ("local", false, false),
+        ("remote-bypass", true, false),
+        ("local-after-fork", false, true),
+    ] {
         let mut cmd = Command::new(&prog);
         cmd.env("LD_PRELOAD", common::preload_with(&shim))
             .env("MRCACHE_MONITOR", "patch")
             .env("MRCACHE_REMOTE", "bypass");
-        if let Some(r) = remote {
-            cmd.env("OUTER_REMOTE", r);
+        if remote {
+            cmd.env("OUTER_REMOTE", "1");
+        }
+        if fork {
+            cmd.env("FORK_FIRST", "1");
         }
         let out = cmd.output().unwrap();
         let t = text(&out);

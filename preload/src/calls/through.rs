@@ -149,16 +149,16 @@ fn told(mr: *mut IbvMr, tell: Tell) {
 }
 
 /// A pass-through of the full path. A nested one may come from inside the cache (its lock
-/// held on this thread, a fork child's cache not renewed yet): the cache of the armed gate
-/// only, which `cache()` may have to build. A shut gate or a full group of the registry
-/// leaves it to the locked path. (A fork child renews its cache before any call of the
-/// child gets it, so `cache()` is the cache the call used.)
+/// held on this thread, a fork child's cache not renewed yet): the cache the gate was last
+/// armed for, which needs nothing built (`cache()` may renew a fork child's). A full group
+/// of the registry leaves it to the locked path. (A fork child renews its cache before any
+/// call of the child gets it, so `cache()` is the cache the call used.)
 fn note_passed(mr: *mut IbvMr, nested: bool) {
     if mr.is_null() {
         return;
     }
     let cache = if nested {
-        crate::runtime::fast::armed_cache()
+        crate::runtime::fast::last_armed_cache()
     } else {
         cache()
     };

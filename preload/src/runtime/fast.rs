@@ -136,11 +136,14 @@ pub fn hit(
     cache.try_hit(&req).map(|h| h as *mut IbvMr)
 }
 
-/// The cache while the gate is armed, even inside one of our calls: for what may be done
-/// lock-free and allocation-free there (`calls::note_foreign` of a nested registration).
-/// None while the gate is shut (set-up, a fork in progress, a fork child's first call).
-pub fn armed_cache() -> Option<&'static Cache<Provider>> {
-    armed_in(GATE.load(Acquire))
+/// The cache the gate was last armed for, armed now or not, even inside one of our calls:
+/// for what may be done lock-free and allocation-free there (noting a nested
+/// registration's MR in its registry, also while a fork shut the gate). None before the
+/// gate was first armed (no cache has buried an MR yet). In a fork child before its first
+/// call this is the parent's cache, whose registry the child's own never reads.
+pub fn last_armed_cache() -> Option<&'static Cache<Provider>> {
+    // SAFETY: as `armed_in`: CACHE only ever holds caches that are never freed.
+    unsafe { CACHE.load(Acquire).as_ref() }
 }
 
 /// The cache, when the fast path is open (the gate armed, this thread in none of our

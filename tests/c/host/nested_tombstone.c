@@ -6,7 +6,7 @@
  * The fake provider hands MR objects out of a LIFO free list, so the reuse is certain (malloc
  * reuses a just-freed block the same way). After libmrcache.so and admit_shim.so in
  * LD_PRELOAD. OUTER_REMOTE=1: the outer call has remote access (with MRCACHE_REMOTE=bypass,
- * the lane's).
+ * the lane's). FORK_FIRST=1: a fork() first, which shuts the fast path's gate.
  * exit 0: the later dereg reached the provider; 1: refused or not freed; 3: set-up failed. */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define POOL 64
@@ -78,6 +79,14 @@ int main(void) {
     if (live[a - pool]) {
         printf("nested-tombstone: the unmapped MR was not deregistered\n");
         return 3;
+    }
+    /* FORK_FIRST=1: a fork() (the child exits at once) shuts the fast path's gate in the
+     * parent until a full-path call arms it again: the outer registration below is that
+     * call, and its nested registration is made while the gate is shut. */
+    if (getenv("FORK_FIRST")) {
+        pid_t pid = fork();
+        if (pid == 0) _exit(0);
+        if (pid < 0 || waitpid(pid, NULL, 0) != pid) return 3;
     }
     nest_in = c, nest_on = b;
     int remote = getenv("OUTER_REMOTE") ? IBV_ACCESS_REMOTE_WRITE : 0;
