@@ -2,19 +2,21 @@
 //! libibverbs (their `ibv_dereg_mr` goes straight back to libibverbs, timed when the
 //! registration was an admission sample) and tombstones, the MRs the cache deregistered (a
 //! second `ibv_dereg_mr` of one is a double deregistration, never handed to libibverbs with
-//! freed memory). One lock-free table answers the dereg hook's question, "whose MR is this
-//! address?", in one look at one cache line.
+//! freed memory). One lock-free table answers the dereg hook's "is this a pass-through?"
+//! in one look at one cache line, and the locked path's "did the cache deregister it?".
 //!
-//! Each word is an MR address (8-byte aligned, below 2^48) with its kind in the low three
-//! bits and, above bit 48, the size class of a timed pass-through or the burial stamp of a
-//! tombstone. An address has one home group of eight words (a 64-byte line); every write
-//! looks for its address in the group first, so an address is held once and a
-//! pass-through at a tombstone's address (the allocator reused it) replaces the tombstone
-//! in place. A full group makes room by dropping its oldest tombstone, never a live
-//! pass-through: tombstones are the recent ones the table has room for (about the last
-//! 8,000 burials, fewer where a group fills), and a pass-through that finds its group full
-//! of live pass-throughs is not recorded (its `ibv_dereg_mr` then asks the cache under the
-//! lock, which answers that the MR is not its own).
+//! Each word is an MR address (8-byte aligned, below 2^48, its top-byte tag stripped) with
+//! its kind in the low three bits and, above bit 48, the size class of a timed pass-through
+//! or the burial stamp of a tombstone. An address has one home group of eight words (a
+//! 64-byte line); every write looks for its address in the group first, so an address is
+//! held once and a pass-through at a tombstone's address (the allocator reused it)
+//! replaces the tombstone in place. A full group is split in halves (`room`): a burial
+//! takes a live pass-through's word while the group holds fewer than four tombstones, else
+//! the oldest tombstone's; a pass-through takes the oldest tombstone's only while the group
+//! holds more than four. So every group keeps its four newest tombstones whatever the
+//! pass-throughs do, and up to eight where they leave room. A pass-through not recorded,
+//! or pushed out by a burial, loses only its lock-free way back: its `ibv_dereg_mr` asks
+//! the cache under the lock, which answers that the MR is not its own.
 //!
 //! Why a pass-through found here is libibverbs' and never the cache's: an address is
 //! recorded when libibverbs returns that MR to the app, and taken out before its
@@ -30,8 +32,8 @@
 use crate::admission::size_class;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 
-/// Groups in the table (a power of two): 8,192 words, 64 KiB.
-const GROUPS: usize = 1024;
+/// Groups in the table (a power of two): 16,384 words, 128 KiB.
+const GROUPS: usize = 2048;
 const WIDTH: usize = 8;
 /// The word's kind bits.
 const KIND: usize = 7;
@@ -43,6 +45,12 @@ const TIMED: usize = 2;
 const BURIED: usize = 3;
 const META_SHIFT: u32 = 48;
 const ADDRESS: usize = (1 << META_SHIFT) - 1 - KIND;
+/// The top byte of a pointer: a tag on aarch64 (TBI, MTE) and under x86-64's LAM, never an
+/// address bit of user memory. An address is held without it.
+const TAG: usize = 0xff << 56;
+/// Of a group's words, how many tombstones keep from live pass-throughs, and pass-throughs
+/// from tombstones.
+const HALF: usize = WIDTH / 2;
 /// A write that keeps losing its group's races gives up (a pass-through then takes the
 /// locked path; a tombstone is not kept).
 const TRIES: usize = 4;
@@ -56,8 +64,8 @@ struct Group([AtomicUsize; WIDTH]);
 pub enum Passed {
     /// Its deregistration is nobody's figure.
     Untimed,
-    /// An admission sample of this many bytes (the size class's lower bound): time its
-    /// deregistration too (`Cache::report`, `Sample::Deregistration`).
+    /// An admission sample of this many bytes (the power of two that ends its size
+    /// class): time its deregistration too (`Cache::report`, `Sample::Deregistration`).
     Timed(usize),
 }
 
@@ -92,9 +100,11 @@ fn live(w: usize) -> bool {
     matches!(kind(w), PASSED | TIMED)
 }
 
-/// An address the table can hold.
-fn fits(ptr: usize) -> bool {
-    ptr != 0 && ptr & !ADDRESS == 0
+/// The address of `ptr` as the table holds it (its tag stripped), if it can: 8-byte
+/// aligned, not null, below 2^48.
+fn key(ptr: usize) -> Option<usize> {
+    let k = ptr & !TAG;
+    (k != 0 && k & !ADDRESS == 0).then_some(k)
 }
 
 impl Foreign {
@@ -110,8 +120,8 @@ impl Foreign {
     }
 
     /// Write `new` (an address with its kind) in its group: over the word that holds its
-    /// address, else an empty one, else the oldest tombstone. Returns the word replaced
-    /// (0: an empty one), or None when there was no room.
+    /// address, else an empty one, else as `room` says. Returns the word replaced (0: an
+    /// empty one), or None when there was no room.
     fn put(&self, new: usize) -> Option<usize> {
         let ptr = address(new);
         let group = self.group(ptr);
@@ -131,7 +141,7 @@ impl Foreign {
             let (i, w) = if empty < WIDTH {
                 (empty, 0)
             } else {
-                self.oldest_tombstone(group)?
+                self.room(group, kind(new) == BURIED)?
             };
             if group[i].compare_exchange(w, new, AcqRel, Relaxed).is_ok() {
                 return Some(w);
@@ -140,29 +150,51 @@ impl Foreign {
         None
     }
 
-    /// The group's oldest tombstone (its index and word), if it holds one.
+    /// A full group's word to write over, split in halves: a tombstone takes a live
+    /// pass-through's word while the group holds fewer than `HALF` tombstones (that MR's
+    /// deregistration then asks the cache under the lock, which answers that it is not the
+    /// cache's), else the oldest tombstone's; a pass-through takes the oldest tombstone's
+    /// while the group holds more than `HALF`, else none. So a group always keeps its
+    /// `HALF` newest tombstones, however many pass-throughs are live.
     #[cold]
-    fn oldest_tombstone(&self, group: &[AtomicUsize; WIDTH]) -> Option<(usize, usize)> {
+    fn room(&self, group: &[AtomicUsize; WIDTH], burial: bool) -> Option<(usize, usize)> {
         let now = self.burials.load(Relaxed);
-        let age = |w: usize| now.wrapping_sub(w >> META_SHIFT) & 0xffff;
-        group
-            .iter()
-            .map(|s| s.load(Acquire))
-            .enumerate()
+        // Burials since the stamp, modulo 2^16 (a tombstone 65,536 burials old is taken for
+        // a new one); one made after `now` was read (a burial under the cache lock while a
+        // note scans: a few at most) is the newest.
+        let age = |w: usize| match now.wrapping_sub(w >> META_SHIFT) & 0xffff {
+            ahead if ahead > 0xffff - WIDTH * 2 => 0,
+            age => age,
+        };
+        let words = group.iter().map(|s| s.load(Acquire)).enumerate();
+        let tombs = words.clone().filter(|&(_, w)| kind(w) == BURIED).count();
+        let oldest = words
+            .clone()
             .filter(|&(_, w)| kind(w) == BURIED)
-            .max_by_key(|&(_, w)| age(w))
+            .max_by_key(|&(_, w)| age(w));
+        if burial && tombs < HALF {
+            // An untimed pass-through first: a timed one is an admission sample.
+            return words
+                .filter(|&(_, w)| live(w))
+                .min_by_key(|&(_, w)| kind(w) == TIMED)
+                .or(oldest);
+        }
+        if !burial && tombs <= HALF {
+            return None;
+        }
+        oldest
     }
 
     /// `ptr` is an MR libibverbs made, live from now on (`timed`: the length of an
     /// admission sample, whose deregistration is timed too). A tombstone of it goes. False:
     /// not recorded (its deregistration asks the cache).
     pub(super) fn note(&self, ptr: usize, timed: Option<usize>) -> bool {
-        if !fits(ptr) {
+        let Some(ptr) = key(ptr) else {
             return false;
-        }
+        };
         let new = match timed {
             None => ptr | PASSED,
-            Some(len) => ptr | TIMED | (size_class(len) as usize) << META_SHIFT,
+            Some(len) => ptr | TIMED | (size_class(len).min(63) as usize) << META_SHIFT,
         };
         match self.put(new) {
             Some(w) if live(w) => true,
@@ -177,9 +209,10 @@ impl Foreign {
     /// Take pass-through `ptr` out: Some when it was recorded.
     #[inline]
     pub(super) fn take(&self, ptr: usize) -> Option<Passed> {
-        if self.passed.load(Acquire) == 0 || !fits(ptr) {
+        if self.passed.load(Acquire) == 0 {
             return None;
         }
+        let ptr = key(ptr)?;
         for slot in self.group(ptr) {
             let w = slot.load(Acquire);
             if address(w) == ptr && live(w) && slot.compare_exchange(w, 0, AcqRel, Relaxed).is_ok()
@@ -198,9 +231,9 @@ impl Foreign {
     /// double deregistration. Before the deregistration, so before the address can be
     /// handed out again.
     pub(super) fn bury(&self, ptr: usize) {
-        if !fits(ptr) {
+        let Some(ptr) = key(ptr) else {
             return;
-        }
+        };
         let stamp = self.burials.fetch_add(1, Relaxed).wrapping_add(1) & 0xffff;
         if let Some(w) = self.put(ptr | BURIED | stamp << META_SHIFT)
             && live(w)
@@ -211,20 +244,21 @@ impl Foreign {
 
     /// Whether `ptr` is the address of an MR the cache deregistered (a tombstone).
     pub(super) fn buried(&self, ptr: usize) -> bool {
-        fits(ptr)
-            && self.group(ptr).iter().any(|s| {
+        key(ptr).is_some_and(|ptr| {
+            self.group(ptr).iter().any(|s| {
                 let w = s.load(Acquire);
                 address(w) == ptr && kind(w) == BURIED
             })
+        })
     }
 
     /// The cache got `ptr` as a handle of its own (a provider registration's MR, a shadow
     /// or grant slot, an MR handed back to the app): neither a pass-through's (whatever an
     /// MR freed behind our hooks left) nor a tombstone any more.
     pub(super) fn forget(&self, ptr: usize) {
-        if !fits(ptr) {
+        let Some(ptr) = key(ptr) else {
             return;
-        }
+        };
         for slot in self.group(ptr) {
             let mut w = slot.load(Acquire);
             while w != 0 && address(w) == ptr {
