@@ -5,6 +5,20 @@
 use std::path::Path;
 use std::process::Command;
 
+/// Run a program just copied: another test's child, forked while the copy was open for
+/// writing, holds it open until its exec, and an exec meanwhile fails with ETXTBSY.
+fn run_copied(cmd: &mut Command) -> std::process::Output {
+    for _ in 0..100 {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
+    cmd.output().unwrap()
+}
+
 fn layout(root: &Path, libdir: &str) -> String {
     let _ = std::fs::remove_dir_all(root);
     std::fs::create_dir_all(root.join("bin")).unwrap();
@@ -16,11 +30,7 @@ fn layout(root: &Path, libdir: &str) -> String {
     let lib = Path::new(env!("CARGO_BIN_EXE_mrcache")).with_file_name("libmrcache.so");
     std::fs::copy(&lib, root.join(libdir).join("libmrcache.so"))
         .unwrap_or_else(|e| panic!("{}: {e} (cargo build --release --workspace)", lib.display()));
-    let out = Command::new(&exe)
-        .arg("lib")
-        .env_remove("MRCACHE_LIB")
-        .output()
-        .unwrap();
+    let out = run_copied(Command::new(&exe).arg("lib").env_remove("MRCACHE_LIB"));
     assert!(out.status.success(), "{libdir}: {out:?}");
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
