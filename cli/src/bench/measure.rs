@@ -14,6 +14,7 @@
 use super::admission::{self, Access, Costs, LOCAL, Verdict, flags};
 use super::control::{Agreement, NAMESPACE_SPREAD, Peer, paired_ratio};
 use super::preload::is_ours;
+use super::proc::pinned;
 use super::timing::{Spread, batch_for, clock_ns, phase};
 use super::verbs::{Buffer, Copy, DeviceInfo, Mover, Pd, Verbs};
 use super::{HIT_REGION_BYTES, HIT_REGIONS, Plan};
@@ -140,20 +141,6 @@ impl Row {
             admission::describe(self.access, self.size, &self.costs)
         };
     }
-}
-
-/// `VmPin` of this process, in bytes: pages pinned by registrations (ib_umem).
-fn pinned() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmPin:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 /// Wait (at most `limit`) until no more than `bytes` are pinned: the cache's drain thread

@@ -14,6 +14,7 @@ mod control;
 mod measure;
 mod odp;
 mod preload;
+mod proc;
 mod report;
 mod timing;
 mod units;
@@ -198,20 +199,6 @@ pub fn memory_needed(sizes: &[usize]) -> u64 {
 }
 const MEMORY_MARGIN: u64 = 64 << 20;
 
-/// `MemAvailable` from /proc/meminfo, in bytes.
-fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
-}
-
 /// Refuse to start when what the bench maps exceeds 3/4 of `MemAvailable` (populating
 /// more would invite the OOM killer); unknown `MemAvailable`: no check.
 pub fn check_memory(sizes: &[usize], available: Option<u64>) -> Result<(), String> {
@@ -288,7 +275,7 @@ fn mrcache_vars() -> Vec<(String, String)> {
 pub fn run(o: Options) -> Result<ExitCode, String> {
     let plan = plan(&o)?;
     check_memlock(&plan.sizes, Memlock::current())?;
-    check_memory(&plan.sizes, mem_available())?;
+    check_memory(&plan.sizes, proc::mem_available())?;
     // Always measured in processes of our own making: the measuring process (preloaded,
     // the default configuration with MRCACHE_ADMIT=always), which starts the control
     // (libibverbs without the preload) as its co-process.

@@ -8,10 +8,6 @@ use super::timing::Spread;
 use super::units::{size_text, us};
 use std::fmt::Write as _;
 
-fn spread(s: &Spread) -> String {
-    format!("{} ({}-{})", us(s.median), us(s.min), us(s.max))
-}
-
 fn verdict_text(v: Verdict) -> &'static str {
     match v {
         Verdict::Cache => "cache",
@@ -26,7 +22,7 @@ fn speedup(r: &Row) -> Option<f64> {
 }
 
 fn opt_spread(s: &Option<Spread>) -> String {
-    s.as_ref().map_or("-".into(), spread)
+    s.as_ref().map_or("-".into(), Spread::text)
 }
 
 /// All the rows' rounds together: libibverbs alone (dlmopen) against no preload.
@@ -233,11 +229,11 @@ pub fn table(o: &Outcome) -> String {
             "{:<8} {:<6} {:>22} {:>22} {:>22} {:>9} {:>22} {:>9} {:>14} {:>6}  {}",
             size_text(r.size),
             access_name(r.access),
-            spread(&r.alone),
+            &r.alone.text(),
             opt_spread(&r.no_preload),
-            spread(&r.cached),
+            &r.cached.text(),
             speedup(r).map_or("-".into(), |x| format!("{x:.1}x")),
-            spread(&r.miss),
+            &r.miss.text(),
             us(r.fresh_alone.median),
             revoke_text(r),
             r.rounds,
@@ -288,17 +284,6 @@ pub fn table(o: &Outcome) -> String {
     s
 }
 
-fn spread_json(s: &Spread) -> serde_json::Value {
-    let f = |v: f64| {
-        if v.is_finite() {
-            serde_json::json!(v / 1000.0)
-        } else {
-            serde_json::Value::Null
-        }
-    };
-    serde_json::json!({"median": f(s.median), "min": f(s.min), "max": f(s.max)})
-}
-
 fn agreement_json(a: &Agreement) -> serde_json::Value {
     serde_json::json!({
         "rounds": a.rounds,
@@ -319,22 +304,22 @@ pub fn json(o: &Outcome) -> String {
             serde_json::json!({
                 "size": r.size,
                 "access": access_name(r.access),
-                "libibverbs_us": spread_json(&r.alone),
-                "no_preload_us": r.no_preload.as_ref().map(spread_json),
+                "libibverbs_us": &r.alone.json(),
+                "no_preload_us": r.no_preload.as_ref().map(Spread::json),
                 "speedup_from": "median of per-round no_preload / cached",
                 "rounds_us": r.round_ns.iter().map(|x| x.map(|v| v / 1000.0)).collect::<Vec<_>>(),
                 "rounds_us_columns": ["libibverbs_alone", "no_preload", "cached"],
                 "namespace": r.namespace.as_ref().map(agreement_json),
-                "libibverbs_dereg_us": spread_json(&r.alone_dereg),
-                "cached_us": spread_json(&r.cached),
+                "libibverbs_dereg_us": &r.alone_dereg.json(),
+                "cached_us": &r.cached.json(),
                 "cached": r.passed_through.is_none(),
                 "passed_through": r.passed_through,
                 "took_s": r.took.as_secs_f64(),
                 "memory_s": r.memory_took.as_secs_f64(),
                 "speedup": speedup(r),
                 "warning": untrusted_text(r),
-                "miss_us": spread_json(&r.miss),
-                "libibverbs_fresh_us": spread_json(&r.fresh_alone),
+                "miss_us": &r.miss.json(),
+                "libibverbs_fresh_us": &r.fresh_alone.json(),
                 "revoke_us": r.revoke_ns.map(|n| n / 1000.0),
                 "rounds": r.rounds,
                 "misses": r.misses,

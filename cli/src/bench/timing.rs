@@ -1,6 +1,8 @@
 //! The timing of `mrcache bench`'s phases: batches of pairs between clock readings, a
 //! phase's figure its total over its pairs; and the median and range of a set of figures.
 
+use super::units::us;
+
 use std::time::{Duration, Instant};
 
 /// Median and range of a set of figures, in ns.
@@ -102,4 +104,23 @@ pub fn counted_phase(
         f()?;
     }
     Ok(t.elapsed().as_nanos() as f64 / pairs as f64)
+}
+
+impl Spread {
+    /// `median (min-max)`, in microseconds.
+    pub fn text(&self) -> String {
+        format!("{} ({}-{})", us(self.median), us(self.min), us(self.max))
+    }
+
+    /// `{"median", "min", "max"}` in microseconds, null where not finite.
+    pub fn json(&self) -> serde_json::Value {
+        let f = |v: f64| {
+            if v.is_finite() {
+                serde_json::json!(v / 1000.0)
+            } else {
+                serde_json::Value::Null
+            }
+        };
+        serde_json::json!({"median": f(self.median), "min": f(self.min), "max": f(self.max)})
+    }
 }

@@ -593,4 +593,4 @@ impl Drop for Mover {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

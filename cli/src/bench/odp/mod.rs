@@ -13,6 +13,7 @@
 pub mod device;
 pub mod report;
 
+use super::proc::pinned;
 use super::timing::{Spread, batch_for, phase};
 use super::verbs::{Buffer, Context, Copy, Mr, Pd, Verbs};
 use super::{CHILD_MARK, ON_DEMAND_MARK, Plan};
@@ -273,20 +274,6 @@ pub fn parse_cached(line: &str) -> Option<(usize, Result<Spread, String>)> {
         return None;
     };
     Some((size, Ok(Spread { median, min, max })))
-}
-
-/// `VmPin` of this process, in bytes.
-fn pinned() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmPin:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 /// The co-process (`MRCACHE_ODP=on`, preloaded): per size, one line on stdout: the hit +

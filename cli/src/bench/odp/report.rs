@@ -1,7 +1,7 @@
 //! The on-demand rows' text (after the table) and their part of the JSON.
 
 use super::super::timing::Spread;
-use super::super::units::{size_text, us};
+use super::super::units::size_text;
 use super::device::rc_caps_text;
 use super::{Row, Section, paired};
 use std::fmt::Write as _;
@@ -11,10 +11,6 @@ const PINNED: usize = 0;
 const ON_DEMAND: usize = 1;
 const WRITE: usize = 2;
 const FIRST_WRITE: usize = 3;
-
-fn spread(s: &Spread) -> String {
-    format!("{} ({}-{})", us(s.median), us(s.min), us(s.max))
-}
 
 fn ratio(x: Option<f64>) -> String {
     x.filter(|v| v.is_finite())
@@ -98,13 +94,13 @@ pub fn text(s: &Section, seconds: f64) -> String {
             o,
             "{:<12} {:>22} {:>22} {:>7} {:>22} {:>22} {:>11} {:>22} {:>7} {:>16} {:>6}",
             format!("odp {}", size_text(r.size)),
-            spread(&r.column(PINNED)),
-            spread(&r.column(ON_DEMAND)),
+            &r.column(PINNED).text(),
+            &r.column(ON_DEMAND).text(),
             ratio(Some(x.on_demand_over_pinned)),
-            spread(&r.column(WRITE)),
-            spread(&r.column(FIRST_WRITE)),
+            &r.column(WRITE).text(),
+            &r.column(FIRST_WRITE).text(),
             ratio(Some(x.first_over_write)),
-            r.cached.as_ref().map_or("-".into(), spread),
+            r.cached.as_ref().map_or("-".into(), Spread::text),
             ratio(x.cached_over_pinned_hit),
             format!(
                 "{}/{}",
@@ -132,17 +128,6 @@ pub fn text(s: &Section, seconds: f64) -> String {
     o
 }
 
-fn spread_json(s: &Spread) -> serde_json::Value {
-    let f = |v: f64| {
-        if v.is_finite() {
-            serde_json::json!(v / 1000.0)
-        } else {
-            serde_json::Value::Null
-        }
-    };
-    serde_json::json!({"median": f(s.median), "min": f(s.min), "max": f(s.max)})
-}
-
 pub fn json(s: &Section) -> serde_json::Value {
     let rows: Vec<serde_json::Value> = s
         .rows
@@ -152,15 +137,15 @@ pub fn json(s: &Section) -> serde_json::Value {
             serde_json::json!({
                 "size": r.size,
                 "rounds": r.round_ns.len(),
-                "pinned_us": spread_json(&r.column(PINNED)),
-                "on_demand_us": spread_json(&r.column(ON_DEMAND)),
-                "write_us": spread_json(&r.column(WRITE)),
-                "first_write_us": spread_json(&r.column(FIRST_WRITE)),
+                "pinned_us": &r.column(PINNED).json(),
+                "on_demand_us": &r.column(ON_DEMAND).json(),
+                "write_us": &r.column(WRITE).json(),
+                "first_write_us": &r.column(FIRST_WRITE).json(),
                 "rounds_us": r.round_ns.iter().map(|x| x.map(|v| v / 1000.0)).collect::<Vec<_>>(),
                 "rounds_us_columns": ["pinned", "on_demand", "write", "first_write"],
                 "on_demand_over_pinned": x.on_demand_over_pinned,
                 "first_write_over_write": x.first_over_write,
-                "cached_us": r.cached.as_ref().ok().map(spread_json),
+                "cached_us": r.cached.as_ref().ok().map(Spread::json),
                 "cached_why_not": r.cached.as_ref().err(),
                 "cached_over_pinned_hit": x.cached_over_pinned_hit,
                 "speedup_over_pinned": x.pinned_over_cached,

@@ -118,35 +118,10 @@ fn loopback_offsets_match_verbs_h() {
         ("offsetof(struct ibv_wc, status)", WC_STATUS),
         ("offsetof(struct ibv_mr, rkey)", MR_RKEY),
     ];
-    let dir =
-        std::env::temp_dir().join(format!("mrcache-bench-odp-offsets-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let src = dir.join("o.c");
-    let prints: String = fields
-        .iter()
-        .map(|(e, _)| format!("printf(\"%zu\\n\", (size_t)({e}));\n"))
-        .collect();
-    std::fs::write(
-        &src,
-        format!("#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){{\n{prints}return 0;}}\n"),
-    )
-    .unwrap();
-    let exe = dir.join("o");
-    let built = std::process::Command::new("cc")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .status();
-    if !built.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: cannot compile against infiniband/verbs.h");
+    let exprs: Vec<&str> = fields.iter().map(|(e, _)| *e).collect();
+    let Some(got) = crate::bench::verbs::tests::verbs_h_values("bench-odp-offsets", &exprs) else {
         return;
-    }
-    let out = std::process::Command::new(&exe).output().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|v| v.parse().unwrap())
-        .collect();
+    };
     for ((expr, ours), theirs) in fields.iter().zip(&got) {
         assert_eq!(ours, theirs, "{expr}");
     }

@@ -2,22 +2,20 @@
 
 use super::*;
 
-/// The offsets above against the installed verbs.h (skipped without a C compiler or
-/// the header, as the preload's layout test).
-#[test]
-fn offsets_match_verbs_h() {
-    let dir = std::env::temp_dir().join(format!("mrcache-bench-offsets-{}", std::process::id()));
+/// The values of C expressions over verbs.h (`sizeof`, `offsetof`), one per expression,
+/// from a program compiled against the installed header; None without a C compiler or the
+/// header (the layout tests are then skipped, as the preload's).
+pub(crate) fn verbs_h_values(name: &str, exprs: &[&str]) -> Option<Vec<usize>> {
+    let dir = std::env::temp_dir().join(format!("mrcache-{name}-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let src = dir.join("o.c");
+    let prints: String = exprs
+        .iter()
+        .map(|e| format!("printf(\"%zu\\n\", (size_t)({e}));\n"))
+        .collect();
     std::fs::write(
         &src,
-        "#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\n\
-         int main(void){printf(\"%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n\",\
-         offsetof(struct ibv_device_attr,fw_ver),offsetof(struct ibv_device_attr,vendor_id),\
-         offsetof(struct ibv_device_attr,vendor_part_id),offsetof(struct ibv_device_attr,hw_ver),\
-         offsetof(struct ibv_device_attr,max_mw),offsetof(struct ibv_device_attr,phys_port_cnt),\
-         sizeof(struct ibv_device_attr),offsetof(struct ibv_port_attr,state),\
-         sizeof(struct ibv_port_attr),offsetof(struct ibv_mr,lkey),offsetof(struct ibv_context,ops.poll_cq));return 0;}\n",
+        format!("#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){{\n{prints}return 0;}}\n"),
     )
     .unwrap();
     let exe = dir.join("o");
@@ -26,16 +24,43 @@ fn offsets_match_verbs_h() {
         .arg(&exe)
         .arg(&src)
         .status();
-    if !built.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: cannot compile against infiniband/verbs.h");
-        return;
-    }
-    let out = std::process::Command::new(&exe).output().unwrap();
-    let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(|v| v.parse().unwrap())
-        .collect();
+    let out = built
+        .is_ok_and(|s| s.success())
+        .then(|| std::process::Command::new(&exe).output().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
+    let Some(out) = out else {
+        eprintln!("skipped: cannot compile against infiniband/verbs.h");
+        return None;
+    };
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|v| v.parse().unwrap())
+            .collect(),
+    )
+}
+
+/// The offsets above against the installed verbs.h.
+#[test]
+fn offsets_match_verbs_h() {
+    let Some(got) = verbs_h_values(
+        "bench-offsets",
+        &[
+            "offsetof(struct ibv_device_attr, fw_ver)",
+            "offsetof(struct ibv_device_attr, vendor_id)",
+            "offsetof(struct ibv_device_attr, vendor_part_id)",
+            "offsetof(struct ibv_device_attr, hw_ver)",
+            "offsetof(struct ibv_device_attr, max_mw)",
+            "offsetof(struct ibv_device_attr, phys_port_cnt)",
+            "sizeof(struct ibv_device_attr)",
+            "offsetof(struct ibv_port_attr, state)",
+            "sizeof(struct ibv_port_attr)",
+            "offsetof(struct ibv_mr, lkey)",
+            "offsetof(struct ibv_context, ops.poll_cq)",
+        ],
+    ) else {
+        return;
+    };
     assert_eq!(
         got[..6],
         [
