@@ -1,4 +1,4 @@
-//! The pass-through table: an address left behind in it by
+//! The registry of MRs that are not the cache's: an address left behind in it by
 //! a nested `ibv_dereg_mr` must never make a cached MR's deregistration a pass-through's.
 
 use crate::common;
