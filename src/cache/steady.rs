@@ -2,14 +2,15 @@
 //! it.
 //!
 //! Two bits per class, set from the figures when a guard that handed them out for a change
-//! (`Classes::get_mut`) is dropped, under the lock, so they follow every change; read
-//! without the lock they may lag one by the instant of the update. The steady bit: the
-//! class passes through steadily (`Figures::steady_pass`), and its calls are timed on the
-//! sampling alone. The round bit: a remote hit of the class is a round its figures need
-//! (`wants_round`), timed whole by the caller. With them a registration asks the classes'
-//! lock at most once (in `acquire`), not before and after its lookup too. They decide only
-//! whether a call is timed for the figures, never how a registration is served; the lane's
-//! credits (`take_lane`) decide that a call passes through, which is always safe.
+//! (`Classes::get_mut`) is dropped, under the lock (and, for the defaults, when the lock is
+//! made), so they follow every change; read without the lock they may lag one by the
+//! instant of the update. The steady bit: the class passes through steadily
+//! (`Figures::steady_pass`), and its calls are timed on the sampling alone. The round bit: a
+//! remote hit of the class is a round its figures need (`wants_round`), timed whole by the
+//! caller. With them `Cache::plan` asks no lock; a call that reaches `acquire` takes it
+//! there as before. They decide only whether a call is timed for the figures, never how a
+//! registration is served; the lane's credits (`take_lane`) decide that a call passes
+//! through, which is always safe.
 
 use crate::admission::{self, Access, CLASSES, Classes, Figures, Verdict, size_class};
 use std::ops::{Deref, DerefMut};
@@ -42,14 +43,24 @@ struct Locked {
 impl ClassLock {
     pub(super) fn new() -> ClassLock {
         const _: () = assert!(CLASSES <= 64);
+        let classes = Classes::default();
+        // The round bits as a guard's drop would set them: a class no guard has handed out
+        // has the default figures, and a remote one wants its first rounds.
+        let mut rounds = 0u64;
+        for class in 0..CLASSES as u32 {
+            let f = classes.of_class(Access::Remote, class);
+            if !f.steady_pass() && wants_round(f) {
+                rounds |= 1 << class;
+            }
+        }
         ClassLock {
             locked: Mutex::new(Locked {
-                classes: Classes::default(),
+                classes,
                 granted: [[0; CLASSES]; 2],
                 open: [0; 2],
             }),
             steady: [AtomicU64::new(0), AtomicU64::new(0)],
-            rounds: [AtomicU64::new(0), AtomicU64::new(0)],
+            rounds: [AtomicU64::new(0), AtomicU64::new(rounds)],
             lane: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU32::new(0))),
         }
     }
@@ -98,17 +109,12 @@ impl ClassLock {
     }
 
     /// Whether a hit of `access`'s class of `len` bytes is a round its figures need
-    /// (`wants_round`; no lock taken).
+    /// (`wants_round`). No lock, not even in debug builds (`Cache::plan` is called outside
+    /// the panic shield): `fuzz.rs` checks the bit against the figures.
     #[inline]
     pub(super) fn round_wanted(&self, access: Access, len: usize) -> bool {
         let class = size_class(len).min(CLASSES as u32 - 1);
-        let bit = self.rounds[access as usize].load(Relaxed) >> class & 1 == 1;
-        debug_assert!({
-            let g = self.lock();
-            let f = g.of_class(access, class);
-            bit == (access == Access::Remote && !f.steady_pass() && wants_round(f))
-        });
-        bit
+        self.rounds[access as usize].load(Relaxed) >> class & 1 == 1
     }
 
     /// One call of `access`'s class of `len` bytes passed through without the lock, as

@@ -12,7 +12,7 @@
 use mrcache::access::Bypass;
 use mrcache::admission::{Access, FLIP_SAMPLES, PROBE_BURST, PROBE_EVERY, SAMPLE_EVERY};
 use mrcache::cache::AcquireError;
-use mrcache::cache::{Cache, Limits, Mr, Outcome, Passed, Registrar, Request, Sample};
+use mrcache::cache::{Cache, Limits, Mr, Outcome, Passed, Plan, Registrar, Request, Sample};
 use mrcache::config::{Admit, RemoteMode};
 use mrcache::stats::Counter;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -600,5 +600,35 @@ fn a_dear_remote_class_confirms_its_flip_within_a_few_calls() {
     assert!(
         hits <= bound,
         "{hits} cached rounds before passing through (bound {bound}): {f:?}"
+    );
+}
+
+/// As the preload builds its cache (revoke, auto, sampled, rounds timed by the caller): a
+/// remote class no call has touched yet wants its first rounds timed, so `plan` says so
+/// before any figure exists (with `MRCACHE_REMOTE_SUPERSET=1` a containing hit can be a
+/// class's first call). (Seen failing with the round bits starting at zero: `Ask { timed:
+/// false }`.)
+#[test]
+fn a_fresh_remote_class_times_its_first_rounds() {
+    let fake = Costly::default();
+    let cache = Cache::new(&fake, small_limits())
+        .with_remote(RemoteMode::Revoke)
+        .with_admit(Admit::Auto)
+        .with_sampling(SAMPLE_EVERY)
+        .with_rounds_timed_by_caller();
+    for len in [4096, 1 << 20] {
+        assert_eq!(
+            cache.plan(&Request {
+                len,
+                ..req(0, 1 | 4)
+            }),
+            Plan::Ask { timed: true },
+            "remote class of {len} bytes"
+        );
+    }
+    assert_eq!(
+        cache.plan(&req(0, 1)),
+        Plan::Ask { timed: false },
+        "a local round is the cache's to time"
     );
 }

@@ -76,8 +76,10 @@ fn step(k: &ClassLock, r: &mut Rng, lens: &[usize]) {
 }
 
 /// Random admission traffic on two classes of each kind (and a length beyond the last
-/// class): after every step the bit is the figures' `steady_pass`, and where it is set
-/// the old locked answers are what the bit answers.
+/// class): after every step the steady bit is the figures' `steady_pass`, where it is set
+/// the old locked answers are what the bit answers, and the round bit is the old locked
+/// "time this remote hit?" for every class, untouched ones included. (Seen failing with
+/// the round bits starting at zero: "Remote 65536 Figures { ... }".)
 #[test]
 fn bit_matches_and_answers_equal_the_old_ones() {
     let k = ClassLock::new();
@@ -90,9 +92,16 @@ fn bit_matches_and_answers_equal_the_old_ones() {
         for a in Access::ALL {
             for &len in &lens {
                 let s = k.steady(a, len); // debug_assert: bit == figures, under the lock
+                let w = k.round_wanted(a, len);
                 let c = k.lock();
                 let f = c.get(a, len);
                 assert_eq!(s, f.steady_pass());
+                // The round bit is the old locked `wants_hit_sample`, untouched classes too.
+                assert_eq!(
+                    w,
+                    a == Access::Remote && !s && old_hit(f, a),
+                    "{a:?} {len} {f:?}"
+                );
                 if s {
                     steady_seen += 1;
                     assert!(!old_needs_pass(f, a), "{f:?}");
