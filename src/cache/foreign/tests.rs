@@ -209,8 +209,9 @@ fn the_largest_timed_length_comes_back_in_the_last_class() {
 /// live MR's deregistration); the count of pass-throughs stays exact; and recent
 /// tombstones are kept; a pass-through leaves only by its take, a forget, or a burial in
 /// its group (one at most). (Seen failing with `put` writing an empty word before looking
-/// for its address: "0x...: false tombstone"; with a note free to drop any tombstone:
-/// "recent tombstones kept".)
+/// for its address: "0x...: false tombstone". A note free to drop any tombstone is not
+/// caught here, the live pass-throughs too few to crowd a group that much:
+/// `a_full_group_keeps_its_four_newest_tombstones` catches it.)
 #[test]
 fn the_registry_follows_a_model_under_random_operations() {
     #[derive(Clone, Copy, PartialEq, Debug)]
