@@ -166,8 +166,11 @@ impl Foreign {
             ahead if ahead > 0xffff - WIDTH * 2 => 0,
             age => age,
         };
-        let words = group.iter().map(|s| s.load(Acquire)).enumerate();
-        let tombs = words.clone().filter(|&(_, w)| kind(w) == BURIED).count();
+        // One look at the group: the choice is made on one snapshot (each write it leads
+        // to expects the word it saw).
+        let seen: [usize; WIDTH] = std::array::from_fn(|i| group[i].load(Acquire));
+        let words = seen.into_iter().enumerate();
+        let tombs = seen.iter().filter(|&&w| kind(w) == BURIED).count();
         let oldest = words
             .clone()
             .filter(|&(_, w)| kind(w) == BURIED)
