@@ -12,6 +12,8 @@ use values::OTHER_KNOWN;
 pub use values::{Admit, ForkMode, Monitor, OnDemand, RemoteMode, StatsMode};
 mod variables;
 pub use variables::{VARIABLES, Variable};
+pub mod odp_profile;
+pub use odp_profile::OdpProfile;
 
 /// The parsed `MRCACHE_*` variables (docs/configuration.md has each one).
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +42,8 @@ pub struct Config {
     pub monitor: Monitor,
     /// `MRCACHE_ODP`: entries registered on demand where the device pages them so.
     pub odp: OnDemand,
+    /// The file `MRCACHE_ODP_PROFILE` names, read: where `auto` makes entries on demand.
+    pub odp_profile: Option<OdpProfile>,
     /// `MRCACHE_VERIFY=pfn`.
     pub verify_pfn: bool,
     /// `MRCACHE_PATCH_CHECK=every-hit`: every hit reads every patched site (no watch).
@@ -84,6 +88,7 @@ impl Config {
             log_file: None,
             monitor: Monitor::Patch,
             odp: OnDemand::Auto,
+            odp_profile: None,
             verify_pfn: false,
             patch_check_every_hit: false,
             fork: ForkMode::Auto,
@@ -130,6 +135,16 @@ pub enum Problem {
         /// What it accepts.
         allowed: &'static str,
     },
+    /// A file a variable names that cannot be read or is not what it must be: the cache
+    /// must stay off.
+    File {
+        /// The variable.
+        name: String,
+        /// Its value, the file's path.
+        value: String,
+        /// What is wrong, and what is allowed.
+        why: String,
+    },
     /// An `MRCACHE_*` name this version does not know (a typo?): reported, not fatal.
     Unknown {
         /// The variable.
@@ -140,13 +155,15 @@ pub enum Problem {
 impl Problem {
     /// Whether the cache must stay off for it (a bad value, not an unknown name).
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Problem::Invalid { .. })
+        !matches!(self, Problem::Unknown { .. })
     }
 
     /// The variable it is about.
     pub fn name(&self) -> &str {
         match self {
-            Problem::Invalid { name, .. } | Problem::Unknown { name } => name,
+            Problem::Invalid { name, .. }
+            | Problem::File { name, .. }
+            | Problem::Unknown { name } => name,
         }
     }
 }
@@ -161,6 +178,10 @@ impl fmt::Display for Problem {
             } => write!(
                 f,
                 "mrcache: {name}={value:?} is not valid (allowed: {allowed}); the cache is off for this process"
+            ),
+            Problem::File { name, value, why } => write!(
+                f,
+                "mrcache: {name}={value:?}: {why}; the cache is off for this process"
             ),
             Problem::Unknown { name } => write!(
                 f,
@@ -245,6 +266,17 @@ where
             "MRCACHE_REMOTE" => RemoteMode::parse(value).map(|m| cfg.remote = m),
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
             "MRCACHE_ODP" => OnDemand::parse(value).map(|o| cfg.odp = o),
+            "MRCACHE_ODP_PROFILE" => match read_profile(value) {
+                Ok(p) => Some(cfg.odp_profile = Some(p)),
+                Err(why) => {
+                    problems.push(Problem::File {
+                        name: name.to_string(),
+                        value: value.to_string(),
+                        why,
+                    });
+                    Some(())
+                }
+            },
             "MRCACHE_PATCH_CHECK" => match value {
                 "watch" => Some(false),
                 "every-hit" => Some(true),
@@ -303,6 +335,15 @@ where
         cfg.enabled = false;
     }
     (cfg, problems)
+}
+
+/// The on-demand profile at `path`, or what is wrong with it.
+fn read_profile(path: &str) -> Result<OdpProfile, String> {
+    if path.is_empty() {
+        return Err("allowed: the path of a file `mrcache bench --odp-profile` wrote".into());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    OdpProfile::parse(&text).map_err(|e| format!("not an on-demand profile: {e}"))
 }
 
 fn parse_bool(v: &str) -> Option<bool> {

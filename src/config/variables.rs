@@ -58,6 +58,12 @@ pub const VARIABLES: &[Variable] = &[
         about: "entries registered ON_DEMAND (On-Demand Paging), on a device that pages them so for RC send, receive, write and read (and atomics when asked): the kernel then follows every change of the range, seen by the monitor or not; auto = only where the monitor cannot see every unmap (a sanitizer's allocator, refused patching, MRCACHE_MONITOR=symbols): only such entries are cached there, instead of none, on a device that also pages UD send and receive and RC's shared-receive-queue receives on demand, never rxe (whose on-demand copy misplaces data within a page on the kernels tested); and where pinning fails for want of lockable memory (ENOMEM, the memlock limit), that entry on demand; on = every entry the device can register on demand, and with the monitor off or blind only those are cached; off = never (every entry pinned; where the monitor is blind caching is off). Remote registrations are cached on demand only under MRCACHE_REMOTE=revoke",
     },
     Variable {
+        name: "MRCACHE_ODP_PROFILE",
+        default: "unset",
+        allowed: "the path of a file `mrcache bench --odp-profile FILE` wrote",
+        about: "what MRCACHE_ODP=auto measured on one kind of device (its vendor and part ids): where an on-demand miss (registration and the device's first-touch fault) costs less than a pinned one, auto registers entries of that size and up on demand on devices of that kind, also where the monitor sees; a device whose on-demand transfers it found misplacing data is never chosen, and one it found keeping them is chosen even if rxe. Unreadable or malformed: the cache is off. Read only under MRCACHE_ODP=auto",
+    },
+    Variable {
         name: "MRCACHE_PATCH_CHECK",
         default: "watch",
         allowed: "watch, every-hit",

@@ -1,0 +1,104 @@
+use super::*;
+
+fn figures(size: u64, miss_over_pinned: f64) -> SizeFigures {
+    SizeFigures {
+        size,
+        pinned_us: 10.0,
+        on_demand_us: 5.0,
+        first_touch_us: 1.0,
+        miss_over_pinned,
+    }
+}
+
+fn profile() -> OdpProfile {
+    OdpProfile {
+        device: "mlx5_0".into(),
+        vendor: 0x02c9,
+        part: 4129,
+        offsets_kept: true,
+        sizes: vec![figures(4096, 1.8), figures(1 << 20, 0.5)],
+        on_demand_from: Some(1 << 20),
+    }
+}
+
+#[test]
+fn on_demand_from_the_smallest_size_of_the_paying_tail() {
+    let s = [
+        figures(1 << 20, 0.6),
+        figures(4096, 0.9),
+        figures(65536, 1.2),
+        figures(1 << 24, 0.4),
+    ];
+    assert_eq!(on_demand_from(&s), Some(1 << 20));
+    assert_eq!(on_demand_from(&s[..2]), Some(4096));
+    assert_eq!(on_demand_from(&[figures(4096, 0.5), figures(65536, 1.0)]), None);
+    assert_eq!(on_demand_from(&[]), None);
+}
+
+#[test]
+fn a_rendered_profile_reads_back() {
+    let p = profile();
+    assert_eq!(OdpProfile::parse(&p.render()), Ok(p.clone()));
+    let never = OdpProfile {
+        offsets_kept: false,
+        on_demand_from: None,
+        ..p
+    };
+    assert_eq!(OdpProfile::parse(&never.render()), Ok(never));
+}
+
+#[test]
+fn pays_needs_kept_offsets_and_the_size() {
+    let p = profile();
+    assert!(!p.pays(4096));
+    assert!(!p.pays((1 << 20) - 1));
+    assert!(p.pays(1 << 20));
+    assert!(p.pays(1 << 30));
+    let misplaced = OdpProfile {
+        offsets_kept: false,
+        ..p.clone()
+    };
+    assert!(!misplaced.pays(1 << 30));
+    let never = OdpProfile {
+        on_demand_from: None,
+        ..p
+    };
+    assert!(!never.pays(u64::MAX));
+}
+
+#[test]
+fn bad_profiles_say_which_line_and_what_is_allowed() {
+    let good = profile().render();
+    let cases: &[(&str, &str, &str)] = &[
+        ("offsets kept", "offsets maybe", "line 7: offsets \"maybe\": allowed: kept, misplaced"),
+        ("vendor 0x2c9", "vendor 0xzz", "allowed: a 32-bit id"),
+        ("on-demand-from 1048576", "on-demand-from 0", "allowed: a positive byte count, or never"),
+        ("part 4129", "part 4129\npart 1", "a second part line"),
+        ("device mlx5_0\n", "", "no device line"),
+        ("offsets kept", "offsets kept\ncolour blue", "unknown item \"colour\""),
+        (HEADER, "mrcache on-demand profile 2", "is not \"mrcache on-demand profile 1\""),
+        ("size 4096 pinned_us", "size 4096 pinnd_us", "allowed: BYTES pinned_us"),
+    ];
+    for (from, to, want) in cases {
+        assert!(good.contains(from), "{from}");
+        let text = good.replacen(from, to, 1);
+        let e = OdpProfile::parse(&text).unwrap_err();
+        assert!(e.contains(want), "{from} -> {to}: {e}");
+    }
+    assert!(OdpProfile::parse("").unwrap_err().contains("empty"));
+    assert!(OdpProfile::parse("# only a comment\n").unwrap_err().contains("empty"));
+}
+
+#[test]
+fn the_summary_says_what_auto_does() {
+    let p = profile();
+    assert_eq!(
+        p.summary(),
+        "mlx5_0 (vendor 0x2c9 part 4129): on demand from 1048576 bytes"
+    );
+    let misplaced = OdpProfile {
+        offsets_kept: false,
+        ..p
+    };
+    assert!(misplaced.summary().contains("never on demand"));
+}
