@@ -267,7 +267,10 @@ where
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
             "MRCACHE_ODP" => OnDemand::parse(value).map(|o| cfg.odp = o),
             "MRCACHE_ODP_PROFILE" => match read_profile(value) {
-                Ok(p) => Some(cfg.odp_profile = Some(p)),
+                Ok(p) => {
+                    cfg.odp_profile = Some(p);
+                    Some(())
+                }
                 Err(why) => {
                     problems.push(Problem::File {
                         name: name.to_string(),

@@ -150,6 +150,15 @@ fn info_configuration() -> config::Config {
             }
         }
     );
+    match (&cfg.odp_profile, cfg.odp) {
+        (Some(p), config::OnDemand::Auto) => {
+            println!("  on-demand profile (MRCACHE_ODP_PROFILE): {}", p.summary())
+        }
+        (Some(_), _) => println!(
+            "  on-demand profile: MRCACHE_ODP_PROFILE is read only under MRCACHE_ODP=auto: ignored"
+        ),
+        (None, _) => {}
+    }
     println!(
         "  admission: MRCACHE_ADMIT={}: {}",
         cfg.admit.as_str(),

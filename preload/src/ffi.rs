@@ -256,6 +256,8 @@ pub const DEVICE_ATTR_EX_ODP_RC: usize = 248;
 pub const DEVICE_ATTR_EX_ODP_UD: usize = 256;
 /// Where `orig_attr.vendor_id` sits in `struct ibv_device_attr_ex`.
 pub const DEVICE_ATTR_EX_VENDOR_ID: usize = 96;
+/// Where `orig_attr.vendor_part_id` sits.
+pub const DEVICE_ATTR_EX_VENDOR_PART_ID: usize = 100;
 /// The vendor id rxe (soft-RoCE) reports (the kernel's `RXE_VENDOR_ID`).
 pub const RXE_VENDOR_ID: u32 = 0xff_ffff;
 pub const IBV_ODP_SUPPORT: u64 = 1;
@@ -374,6 +376,7 @@ int main(void) {
     P("attr_ex.odp_ud", offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.ud_odp_caps));
     P("odp.srq_recv", IBV_ODP_SUPPORT_SRQ_RECV);
     P("attr_ex.vendor_id", offsetof(struct ibv_device_attr_ex, orig_attr.vendor_id));
+    P("attr_ex.vendor_part_id", offsetof(struct ibv_device_attr_ex, orig_attr.vendor_part_id));
     P("odp.support", IBV_ODP_SUPPORT);
     P("odp.send", IBV_ODP_SUPPORT_SEND);
     P("odp.recv", IBV_ODP_SUPPORT_RECV);
@@ -511,6 +514,7 @@ int main(void) {
             ("attr_ex.odp_ud", DEVICE_ATTR_EX_ODP_UD),
             ("odp.srq_recv", IBV_ODP_SUPPORT_SRQ_RECV as usize),
             ("attr_ex.vendor_id", DEVICE_ATTR_EX_VENDOR_ID),
+            ("attr_ex.vendor_part_id", DEVICE_ATTR_EX_VENDOR_PART_ID),
             ("odp.support", IBV_ODP_SUPPORT as usize),
             ("odp.send", IBV_ODP_SUPPORT_SEND as usize),
             ("odp.recv", IBV_ODP_SUPPORT_RECV as usize),

@@ -234,8 +234,17 @@ fn parse_id(v: &str) -> Option<u32> {
 
 fn parse_size(v: &str) -> Option<SizeFigures> {
     let w: Vec<&str> = v.split_whitespace().collect();
-    let [size, "pinned_us", p, "on_demand_us", o, "first_touch_us", f, "miss_over_pinned", m] =
-        w[..]
+    let [
+        size,
+        "pinned_us",
+        p,
+        "on_demand_us",
+        o,
+        "first_touch_us",
+        f,
+        "miss_over_pinned",
+        m,
+    ] = w[..]
     else {
         return None;
     };

@@ -103,7 +103,7 @@ pub fn set_up() -> Runtime {
         Cache::with_queue(
             Provider::new(
                 verify,
-                Policy::new(config.odp, config.remote),
+                Policy::new(config.odp, config.remote, config.odp_profile.clone()),
                 crate::runtime::log,
             ),
             Limits {
@@ -176,6 +176,16 @@ pub fn set_up() -> Runtime {
             LogLevel::Info,
             &format!("mrcache[{pid}]: fork policy: {}", d.why),
         );
+        if let Some(p) = config
+            .odp_profile
+            .as_ref()
+            .filter(|_| config.odp == OnDemand::Auto)
+        {
+            trace::log_line(
+                LogLevel::Info,
+                &format!("mrcache[{pid}]: on-demand profile: {}", p.summary()),
+            );
+        }
     }
     if cache.is_none() {
         crate::runtime::fast::set_mode(crate::runtime::fast::OFF);

@@ -11,11 +11,15 @@
 //! A device pages on demand what its `odp_caps` say: the RC transport's send, receive,
 //! write and read (and atomics, for a registration that grants them) are asked for, as the
 //! app may use its MR in any of them.
+//!
+//! Under `auto`, an on-demand profile (`MRCACHE_ODP_PROFILE`, written by `mrcache bench`)
+//! for the device's kind says from which size an on-demand miss costs less than a pinned
+//! one, and whether the device's on-demand transfers land where they were sent.
 
 use crate::ffi::{self, IbvContext};
 use mrcache::access::{REMOTE, REMOTE_ATOMIC};
 use mrcache::cache::Request;
-use mrcache::config::{OnDemand, RemoteMode};
+use mrcache::config::{OdpProfile, OnDemand, RemoteMode};
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
@@ -23,19 +27,22 @@ use std::sync::{Mutex, OnceLock};
 pub struct Policy {
     mode: OnDemand,
     remote: RemoteMode,
+    /// Where `auto` makes entries on demand because it pays, on devices of its kind.
+    profile: Option<OdpProfile>,
     /// Why only entries made on demand are cached (the monitor cannot see every unmap),
     /// once that is decided.
     only: OnceLock<String>,
-    /// Each device context seen: the RC transport's ODP capabilities (0: none), and its
-    /// vendor id.
+    /// Each device context seen: its ODP capabilities and ids.
     caps: Mutex<Vec<(usize, Device)>>,
 }
 
 impl Policy {
-    pub fn new(mode: OnDemand, remote: RemoteMode) -> Policy {
+    /// The policy of `MRCACHE_ODP=mode`; `profile` is read under `auto` only.
+    pub fn new(mode: OnDemand, remote: RemoteMode, profile: Option<OdpProfile>) -> Policy {
         Policy {
             mode,
             remote,
+            profile: profile.filter(|_| mode == OnDemand::Auto),
             only: OnceLock::new(),
             caps: Mutex::new(Vec::new()),
         }
@@ -43,7 +50,7 @@ impl Policy {
 
     /// The same policy for a fork child's cache (its contexts are asked again).
     pub fn renewed(&self) -> Policy {
-        let p = Policy::new(self.mode, self.remote);
+        let p = Policy::new(self.mode, self.remote, self.profile.clone());
         if let Some(why) = self.only.get() {
             let _ = p.only.set(why.clone());
         }
@@ -66,14 +73,29 @@ impl Policy {
         self.only.get().map(String::as_str)
     }
 
-    /// Whether the cache registers `req` (the app's request) on demand.
+    /// Whether the cache registers `req` (the app's request) on demand: under `on` where
+    /// the device pages it so; under `auto` also only where on-demand entries alone are
+    /// cached, or where the device kind's profile says an on-demand miss of its length pays.
     pub fn applies(&self, req: &Request) -> bool {
-        let wanted = match self.mode {
+        match self.mode {
             OnDemand::Off => false,
-            OnDemand::Auto => self.only.get().is_some(),
-            OnDemand::On => true,
-        };
-        wanted && self.device_pages(req)
+            OnDemand::On => self.device_pages(req),
+            OnDemand::Auto if self.only.get().is_some() => self.device_pages(req),
+            OnDemand::Auto => {
+                self.profile.is_some()
+                    && self
+                        .profile_of(self.device(req.context))
+                        .is_some_and(|p| p.pays(req.len as u64))
+                    && self.device_pages(req)
+            }
+        }
+    }
+
+    /// The profile, if it is of `device`'s kind.
+    fn profile_of(&self, device: Device) -> Option<&OdpProfile> {
+        self.profile
+            .as_ref()
+            .filter(|p| p.matches(device.vendor, device.part))
     }
 
     /// Under `auto`, a registration of `req` that could not be pinned for want of lockable
@@ -96,8 +118,9 @@ impl Policy {
     /// the RC transport's send, receive, write and read. `auto`, which the user did not ask
     /// for, asks more, as an app may use one MR on any transport (UCX's ud and rc together)
     /// and with shared receive queues: RC's SRQ receive and UD's send and receive too. And
-    /// under `auto` never rxe: its on-demand copy drops the offset within a page on the
-    /// kernels tested (docs/design/odp.md, "Devices"); only `on` asks it.
+    /// under `auto` not a device whose on-demand transfers misplace data: one whose profile
+    /// says so, and without a profile rxe, whose on-demand copy drops the offset within a
+    /// page on the kernels tested (docs/design/odp.md, "Devices"); only `on` asks it.
     pub fn pages_on_demand(&self, context: usize) -> bool {
         let need = ffi::IBV_ODP_SUPPORT_SEND
             | ffi::IBV_ODP_SUPPORT_RECV
@@ -107,9 +130,11 @@ impl Policy {
         if self.mode == OnDemand::Auto {
             let rc = need | ffi::IBV_ODP_SUPPORT_SRQ_RECV;
             let ud = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
-            return device.vendor != ffi::RXE_VENDOR_ID
-                && device.rc & rc == rc
-                && device.ud & ud == ud;
+            let trusted = match self.profile_of(device) {
+                Some(p) => p.offsets_kept,
+                None => device.vendor != ffi::RXE_VENDOR_ID,
+            };
+            return trusted && device.rc & rc == rc && device.ud & ud == ud;
         }
         device.rc & need == need
     }
@@ -158,11 +183,13 @@ struct Device {
     /// The UD transport's.
     ud: u32,
     vendor: u32,
+    /// The vendor part id.
+    part: u32,
 }
 
 type QueryDeviceEx = unsafe extern "C" fn(*mut IbvContext, *const c_void, *mut u8, usize) -> i32;
 
-/// The RC and UD transports' ODP capabilities of `ctx` (0: no ODP) and its vendor, from the provider's
+/// The RC and UD transports' ODP capabilities of `ctx` (0: no ODP) and its ids, from the provider's
 /// `query_device_ex` op as libibverbs' inline `ibv_query_device_ex` finds it: in the
 /// `struct verbs_context` that ends with the `struct ibv_context`, when the context is an
 /// extended one and the provider's `verbs_context` reaches back to the op.
@@ -205,9 +232,11 @@ fn query_device(ctx: *mut IbvContext) -> Device {
     }
     let word = |at: usize| (attr[at / 8] >> ((at % 8) * 8)) as u32;
     let vendor = word(ffi::DEVICE_ATTR_EX_VENDOR_ID);
+    let part = word(ffi::DEVICE_ATTR_EX_VENDOR_PART_ID);
     if attr[ffi::DEVICE_ATTR_EX_ODP / 8] & ffi::IBV_ODP_SUPPORT == 0 {
         return Device {
             vendor,
+            part,
             ..Device::default()
         };
     }
@@ -215,6 +244,7 @@ fn query_device(ctx: *mut IbvContext) -> Device {
         rc: word(ffi::DEVICE_ATTR_EX_ODP_RC),
         ud: word(ffi::DEVICE_ATTR_EX_ODP_UD),
         vendor,
+        part,
     }
 }
 

@@ -489,6 +489,7 @@ mod tests {
             Policy::new(
                 mrcache::config::OnDemand::Off,
                 mrcache::config::RemoteMode::Revoke,
+                None,
             ),
             |_, _| {},
         );

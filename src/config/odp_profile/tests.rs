@@ -31,7 +31,10 @@ fn on_demand_from_the_smallest_size_of_the_paying_tail() {
     ];
     assert_eq!(on_demand_from(&s), Some(1 << 20));
     assert_eq!(on_demand_from(&s[..2]), Some(4096));
-    assert_eq!(on_demand_from(&[figures(4096, 0.5), figures(65536, 1.0)]), None);
+    assert_eq!(
+        on_demand_from(&[figures(4096, 0.5), figures(65536, 1.0)]),
+        None
+    );
     assert_eq!(on_demand_from(&[]), None);
 }
 
@@ -70,14 +73,34 @@ fn pays_needs_kept_offsets_and_the_size() {
 fn bad_profiles_say_which_line_and_what_is_allowed() {
     let good = profile().render();
     let cases: &[(&str, &str, &str)] = &[
-        ("offsets kept", "offsets maybe", "line 7: offsets \"maybe\": allowed: kept, misplaced"),
+        (
+            "offsets kept",
+            "offsets maybe",
+            "line 7: offsets \"maybe\": allowed: kept, misplaced",
+        ),
         ("vendor 0x2c9", "vendor 0xzz", "allowed: a 32-bit id"),
-        ("on-demand-from 1048576", "on-demand-from 0", "allowed: a positive byte count, or never"),
+        (
+            "on-demand-from 1048576",
+            "on-demand-from 0",
+            "allowed: a positive byte count, or never",
+        ),
         ("part 4129", "part 4129\npart 1", "a second part line"),
         ("device mlx5_0\n", "", "no device line"),
-        ("offsets kept", "offsets kept\ncolour blue", "unknown item \"colour\""),
-        (HEADER, "mrcache on-demand profile 2", "is not \"mrcache on-demand profile 1\""),
-        ("size 4096 pinned_us", "size 4096 pinnd_us", "allowed: BYTES pinned_us"),
+        (
+            "offsets kept",
+            "offsets kept\ncolour blue",
+            "unknown item \"colour\"",
+        ),
+        (
+            HEADER,
+            "mrcache on-demand profile 2",
+            "is not \"mrcache on-demand profile 1\"",
+        ),
+        (
+            "size 4096 pinned_us",
+            "size 4096 pinnd_us",
+            "allowed: BYTES pinned_us",
+        ),
     ];
     for (from, to, want) in cases {
         assert!(good.contains(from), "{from}");
@@ -86,7 +109,11 @@ fn bad_profiles_say_which_line_and_what_is_allowed() {
         assert!(e.contains(want), "{from} -> {to}: {e}");
     }
     assert!(OdpProfile::parse("").unwrap_err().contains("empty"));
-    assert!(OdpProfile::parse("# only a comment\n").unwrap_err().contains("empty"));
+    assert!(
+        OdpProfile::parse("# only a comment\n")
+            .unwrap_err()
+            .contains("empty")
+    );
 }
 
 #[test]

@@ -16,6 +16,10 @@
  *   on_demand memlock  a 1 MiB registration on a device that pages every transport on demand
  *                      and refuses to pin it (ENOMEM, as the memlock limit does):
  *                      "memlock: mr ok|NULL errno E (on demand O)"
+ *   on_demand sizes D  two pairs each of 4 KiB, 64 KiB and 1 MiB on device D (4: Mellanox's
+ *                      vendor id, 5: rxe's; both page every transport on demand and pin too):
+ *                      "sizes: on demand: none|SIZE..." (the sizes registered ON_DEMAND),
+ *                      "registrations: R of 6 pairs" (those that reached the provider)
  *   on_demand refused  five 1 MiB pairs on a device whose capabilities say it pages the RC
  *                      transport on demand but whose reg op refuses ON_DEMAND (EINVAL, as a
  *                      kernel with ODP turned off does): "refused: mr ok|NULL errno E,
@@ -31,10 +35,13 @@
 
 /* The context's cmd_fd (unused here) says whether its device pages on demand: 0 no, 1 the
  * RC transport, 2 every transport (and then it pins nothing: ENOMEM without ON_DEMAND), 3 the
- * RC transport by its capabilities, but its reg op refuses ON_DEMAND (EINVAL). */
+ * RC transport by its capabilities, but its reg op refuses ON_DEMAND (EINVAL), 4 every
+ * transport, and it pins too, 5 the same with rxe's vendor id. Every other device reports
+ * Mellanox's vendor id (0x2c9) and part 4129. */
 static struct verbs_context vctx, other;
 static struct ibv_pd pd, other_pd;
 static int regs, odp_regs, pd_regs;
+static size_t odp_lens[8];
 
 static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *in,
                     struct ibv_device_attr_ex *attr, size_t size) {
@@ -43,7 +50,9 @@ static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_inpu
         attr->odp_caps.per_transport_caps.rc_odp_caps =
             IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
     }
-    if (c->cmd_fd == 2) {
+    attr->orig_attr.vendor_id = c->cmd_fd == 5 ? 0xffffff : 0x2c9;
+    attr->orig_attr.vendor_part_id = c->cmd_fd == 5 ? 0 : 4129;
+    if (c->cmd_fd == 2 || c->cmd_fd == 4 || c->cmd_fd == 5) {
         attr->odp_caps.per_transport_caps.rc_odp_caps |= IBV_ODP_SUPPORT_SRQ_RECV;
         attr->odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
     }
@@ -65,6 +74,7 @@ static struct ibv_mr *reg(struct ibv_pd *p, void *addr, size_t len, uint64_t iov
     }
     regs++;
     pd_regs += p == &pd;
+    if ((access & IBV_ACCESS_ON_DEMAND) && odp_regs < 8) odp_lens[odp_regs] = len;
     odp_regs += !!(access & IBV_ACCESS_ON_DEMAND);
     struct ibv_mr *mr = calloc(1, sizeof(struct ibv_mr) + 64);
     mr->addr = addr, mr->length = len;
@@ -128,6 +138,19 @@ int main(int argc, char **argv) {
         }
         printf("refused: mr %s errno %d, provider registrations %d of 5 (on demand %d)\n",
                failed ? "NULL" : "ok", e, regs, odp_regs);
+        return 0;
+    }
+    if (!strcmp(mode, "sizes")) {
+        open_device(argc > 2 ? atoi(argv[2]) : 4);
+        size_t lens[] = {4096, 65536, 1 << 20};
+        for (int i = 0; i < 3; i++)
+            for (int k = 0; k < 2; k++) {
+                struct ibv_mr *n = ibv_reg_mr(&pd, a, lens[i], IBV_ACCESS_LOCAL_WRITE);
+                if (!n || ibv_dereg_mr(n)) return 3;
+            }
+        printf("sizes: on demand:%s", odp_regs ? "" : " none");
+        for (int i = 0; i < odp_regs && i < 8; i++) printf(" %zu", odp_lens[i]);
+        printf("\nregistrations: %d of 6 pairs\n", regs);
         return 0;
     }
     if (!strcmp(mode, "memlock")) {

@@ -99,7 +99,7 @@ fn req(context: usize, access: u32) -> Request {
 
 #[test]
 fn off_never_registers_on_demand_nor_keeps_caching_blind() {
-    let p = Policy::new(OnDemand::Off, RemoteMode::Revoke);
+    let p = Policy::new(OnDemand::Off, RemoteMode::Revoke, None);
     let ctx = context(ALL_BUT_ATOMIC, true, full());
     assert!(!p.applies(&req(ctx, LOCAL_WRITE)));
     assert!(!p.only("blind"), "off: caching must stop instead");
@@ -108,7 +108,7 @@ fn off_never_registers_on_demand_nor_keeps_caching_blind() {
 
 #[test]
 fn auto_registers_on_demand_only_once_the_monitor_is_blind() {
-    let p = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
+    let p = Policy::new(OnDemand::Auto, RemoteMode::Revoke, None);
     let ctx = context(FULL_RC, true, full());
     assert!(
         !p.applies(&req(ctx, LOCAL_WRITE)),
@@ -128,7 +128,7 @@ fn auto_registers_on_demand_only_once_the_monitor_is_blind() {
 
 #[test]
 fn blind_refuses_what_the_device_cannot_page_on_demand() {
-    let p = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
+    let p = Policy::new(OnDemand::Auto, RemoteMode::Revoke, None);
     assert!(p.only("blind"));
     let none = context(0, true, full());
     assert!(p.refuses(&req(none, LOCAL_WRITE)), "no ODP: pass through");
@@ -153,7 +153,7 @@ fn blind_refuses_what_the_device_cannot_page_on_demand() {
 fn blind_never_keeps_a_remote_key() {
     let ctx = context(ALL_BUT_ATOMIC, true, full());
     for remote in [RemoteMode::Keep, RemoteMode::Bypass] {
-        let p = Policy::new(OnDemand::On, remote);
+        let p = Policy::new(OnDemand::On, remote, None);
         assert!(p.applies(&req(ctx, LOCAL_WRITE)));
         assert!(
             !p.refuses(&req(ctx, LOCAL_WRITE | REMOTE_WRITE)),
@@ -173,11 +173,11 @@ fn blind_never_keeps_a_remote_key() {
 #[test]
 fn auto_never_chooses_on_demand_on_rxe() {
     let rxe = context_of(RXE_VENDOR_ID, FULL_RC, UD, true, full());
-    let auto = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
+    let auto = Policy::new(OnDemand::Auto, RemoteMode::Revoke, None);
     assert!(!auto.pages_on_demand(rxe), "set-up: caching off instead");
     assert!(auto.only("blind"));
     assert!(auto.refuses(&req(rxe, LOCAL_WRITE)));
-    let on = Policy::new(OnDemand::On, RemoteMode::Revoke);
+    let on = Policy::new(OnDemand::On, RemoteMode::Revoke, None);
     assert!(on.pages_on_demand(rxe));
     assert!(on.applies(&req(rxe, LOCAL_WRITE)));
 }
@@ -189,8 +189,8 @@ fn auto_never_chooses_on_demand_on_rxe() {
 /// asking only RC's send, receive, write and read.
 #[test]
 fn auto_leaves_pinned_a_device_that_pages_less_than_every_transport() {
-    let auto = Policy::new(OnDemand::Auto, RemoteMode::Revoke);
-    let on = Policy::new(OnDemand::On, RemoteMode::Revoke);
+    let auto = Policy::new(OnDemand::Auto, RemoteMode::Revoke, None);
+    let on = Policy::new(OnDemand::On, RemoteMode::Revoke, None);
     let ud_sends_only = context_of(0, FULL_RC, ffi::IBV_ODP_SUPPORT_SEND, true, full());
     let no_srq = context_of(0, ALL_BUT_ATOMIC, UD, true, full());
     let every = context_of(0, FULL_RC, UD, true, full());
