@@ -9,15 +9,23 @@
 //! - the cache's hit + release on an on-demand entry: a co-process (`serve_cached`), the
 //!   bench again with `MRCACHE_ODP=on`, as the measuring process is the bench again with
 //!   `MRCACHE_ADMIT=always`.
+//!
+//! Before the rows, whether the device's on-demand writes land where they were sent
+//! (`offsets`); from the rows and the device's ids, its on-demand profile (`profile`), which
+//! `--odp-profile FILE` writes.
 
 pub mod device;
+pub mod offsets;
+pub mod profile;
 pub mod report;
 
 use super::proc::pinned;
 use super::timing::{Spread, batch_for, phase};
 use super::verbs::{Buffer, Context, Copy, Mr, Pd, Verbs};
 use super::{CHILD_MARK, ON_DEMAND_MARK, Plan};
-use device::{ACCESS_ON_DEMAND, ACCESS_REMOTE_WRITE, Loopback, RC_SEND_RECV_WRITE_READ};
+use device::{
+    ACCESS_ON_DEMAND, ACCESS_REMOTE_WRITE, Loopback, RC_SEND_RECV_WRITE_READ, rc_caps_text,
+};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -61,6 +69,10 @@ pub struct Section {
     pub device: String,
     /// `rc_odp_caps` (0: no explicit ODP), or why it could not be read.
     pub rc_caps: Result<u32, String>,
+    /// The device's vendor and vendor part ids (`ibv_query_device`; None: not read).
+    pub ids: Option<(u32, u32)>,
+    /// Where its on-demand writes land (`offsets::check`), where it offers ODP.
+    pub offsets: Option<Result<offsets::Offsets, String>>,
     pub rows: Vec<Row>,
     /// Why the rows stopped before the last size (a failed registration or write).
     pub stopped: Option<String>,
@@ -73,6 +85,28 @@ impl Section {
         self.rc_caps
             .as_ref()
             .is_ok_and(|c| c & RC_SEND_RECV_WRITE_READ == RC_SEND_RECV_WRITE_READ)
+    }
+
+    /// Why there are no on-demand rows, in one line (None: there are).
+    pub fn why_none(&self) -> Option<String> {
+        if self.offered() {
+            return None;
+        }
+        Some(match &self.rc_caps {
+            Err(why) => format!(
+                "on-demand paging: {}'s capabilities cannot be read ({why}): no on-demand rows",
+                self.device
+            ),
+            Ok(0) => format!(
+                "on-demand paging: {} offers no explicit on-demand paging (ODP) for RC: no on-demand rows",
+                self.device
+            ),
+            Ok(c) => format!(
+                "on-demand paging: {} pages on demand for RC only {} (the rows need send, receive, write and read): no on-demand rows",
+                self.device,
+                rc_caps_text(*c)
+            ),
+        })
     }
 }
 
@@ -90,11 +124,15 @@ pub fn run(
     let mut s = Section {
         device: ctx.name.clone(),
         rc_caps: device::rc_on_demand(ctx),
+        ids: ctx.info().map(|i| (i.vendor_id, i.vendor_part_id)),
+        offsets: None,
         rows: Vec::new(),
         stopped: None,
         took: Duration::ZERO,
     };
     if s.offered() {
+        // On a queue pair of its own: a failed write leaves its queue pair in error.
+        s.offsets = Some(Loopback::open(verbs, ctx, pd).and_then(|lb| offsets::check(pd, &lb)));
         let cached = cached_rows(plan);
         let measured = Loopback::open(verbs, ctx, pd).and_then(|lb| {
             for &size in &plan.sizes {

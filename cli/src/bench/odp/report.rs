@@ -3,6 +3,8 @@
 use super::super::timing::Spread;
 use super::super::units::size_text;
 use super::device::rc_caps_text;
+use super::offsets::{LEN, WITHIN};
+use super::profile::{figures, profile};
 use super::{Row, Section, paired};
 use std::fmt::Write as _;
 
@@ -39,31 +41,9 @@ pub fn ratios(r: &Row) -> Ratios {
     }
 }
 
-/// Why there are no on-demand rows, in one line (None: there are).
-pub fn none_text(s: &Section) -> Option<String> {
-    if s.offered() {
-        return None;
-    }
-    Some(match &s.rc_caps {
-        Err(why) => format!(
-            "on-demand paging: {}'s capabilities cannot be read ({why}): no on-demand rows",
-            s.device
-        ),
-        Ok(0) => format!(
-            "on-demand paging: {} offers no explicit on-demand paging (ODP) for RC: no on-demand rows",
-            s.device
-        ),
-        Ok(c) => format!(
-            "on-demand paging: {} pages on demand for RC only {} (the rows need send, receive, write and read): no on-demand rows",
-            s.device,
-            rc_caps_text(*c)
-        ),
-    })
-}
-
 pub fn text(s: &Section, seconds: f64) -> String {
     let mut o = String::new();
-    if let Some(line) = none_text(s) {
+    if let Some(line) = s.why_none() {
         let _ = writeln!(o, "{line}");
         return o;
     }
@@ -118,6 +98,12 @@ pub fn text(s: &Section, seconds: f64) -> String {
     if let Some(why) = &s.stopped {
         let _ = writeln!(o, "on-demand rows stopped: {why}");
     }
+    let _ = writeln!(o, "{}", offsets_text(s));
+    let _ = writeln!(
+        o,
+        "on-demand profile: {}",
+        profile(s).map_or_else(|why| format!("none: {why}"), |p| p.summary())
+    );
     let _ = writeln!(
         o,
         "on-demand rows: {:.1} s (at most {} x {} s, and the co-process's start)",
@@ -128,12 +114,35 @@ pub fn text(s: &Section, seconds: f64) -> String {
     o
 }
 
+/// Whether the device's on-demand transfers keep their offsets, in one line.
+pub fn offsets_text(s: &Section) -> String {
+    let sent =
+        format!("{LEN} bytes RDMA-written at offset {WITHIN} of a fresh on-demand registration");
+    match &s.offsets {
+        None => "on-demand offsets: not checked".into(),
+        Some(Err(why)) => format!("on-demand offsets: not known: {why}"),
+        Some(Ok(o)) if o.kept => format!(
+            "on-demand offsets: {} keeps them: {sent} landed there",
+            s.device
+        ),
+        Some(Ok(o)) => format!(
+            "on-demand offsets: {} misplaces data: {sent} landed {}",
+            s.device,
+            o.landed_at
+                .map_or("nowhere in its first page".into(), |at| format!(
+                    "at offset {at}"
+                ))
+        ),
+    }
+}
+
 pub fn json(s: &Section) -> serde_json::Value {
     let rows: Vec<serde_json::Value> = s
         .rows
         .iter()
         .map(|r| {
             let x = ratios(r);
+            let f = figures(r);
             serde_json::json!({
                 "size": r.size,
                 "rounds": r.round_ns.len(),
@@ -150,17 +159,28 @@ pub fn json(s: &Section) -> serde_json::Value {
                 "cached_over_pinned_hit": x.cached_over_pinned_hit,
                 "speedup_over_pinned": x.pinned_over_cached,
                 "speedup_over_on_demand": x.on_demand_over_cached,
+                "first_touch_us": f.first_touch_us,
+                "miss_over_pinned": f.miss_over_pinned,
                 "took_s": r.took.as_secs_f64(),
             })
         })
         .collect();
+    let p = profile(s);
     serde_json::json!({
         "offered": s.offered(),
         "rc_odp_caps": s.rc_caps.as_ref().ok(),
         "rc_odp_caps_text": s.rc_caps.as_ref().ok().map(|c| rc_caps_text(*c)),
-        "why_none": none_text(s),
+        "why_none": s.why_none(),
         "stopped": s.stopped,
         "took_s": s.took.as_secs_f64(),
+        "vendor": s.ids.map(|(v, _)| v),
+        "part": s.ids.map(|(_, p)| p),
+        "offsets_kept": s.offsets.as_ref().and_then(|o| o.as_ref().ok()).map(|o| o.kept),
+        "offsets_landed_at": s.offsets.as_ref().and_then(|o| o.as_ref().ok()).and_then(|o| o.landed_at),
+        "offsets_why_not": s.offsets.as_ref().and_then(|o| o.as_ref().err()),
         "rows": rows,
+        "on_demand_from": p.as_ref().ok().and_then(|p| p.on_demand_from),
+        "profile": p.as_ref().ok().map(|p| p.summary()),
+        "profile_why_not": p.as_ref().err(),
     })
 }

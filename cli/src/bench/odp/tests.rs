@@ -1,8 +1,11 @@
 //! Tests of `bench::odp`.
 
 use super::device::*;
+use super::offsets::{LEN, Offsets, WITHIN, judge, pattern};
+use super::profile::{figures, profile};
 use super::report::{json, ratios, text};
 use super::*;
+use mrcache::config::odp_profile::{HEADER, OdpProfile};
 
 /// The offsets of `device` against the installed verbs.h (skipped without a C compiler or
 /// the header, as `offsets_match_verbs_h`).
@@ -166,6 +169,8 @@ fn section(rc_caps: Result<u32, String>, rows: Vec<Row>) -> Section {
     Section {
         device: "rxe0".into(),
         rc_caps,
+        ids: Some((0xffffff, 0)),
+        offsets: None,
         rows,
         stopped: None,
         took: Duration::from_millis(1500),
@@ -279,4 +284,187 @@ fn small_sizes_get_more_writes_per_round() {
     assert_eq!(writes_per_round(256 << 10), 4);
     assert_eq!(writes_per_round(1 << 20), 1);
     assert_eq!(writes_per_round(64 << 20), 1);
+}
+
+fn row(size: usize, round_ns: Vec<[f64; 4]>) -> Row {
+    Row {
+        size,
+        round_ns,
+        cached: Err("not measured".into()),
+        cached_pinned_ns: None,
+        took: Duration::ZERO,
+    }
+}
+
+/// The profile's figures are per-round medians: of the columns, of the first write less the
+/// write into the pinned registration, of the miss ratio (on-demand pair + first touch over
+/// the pinned pair), each round paired with itself.
+#[test]
+fn figures_are_medians_of_the_rounds() {
+    let r = row(
+        4096,
+        vec![
+            // pinned, on demand, write, first write (ns)
+            [10_000.0, 8_000.0, 2_000.0, 6_000.0], // touch 4000, miss 12000/10000 = 1.2
+            [20_000.0, 9_000.0, 3_000.0, 4_000.0], // touch 1000, miss 10000/20000 = 0.5
+            [12_000.0, 30_000.0, 5_000.0, 3_000.0], // touch -2000, miss 28000/12000 = 2.333
+        ],
+    );
+    let f = figures(&r);
+    assert_eq!(f.size, 4096);
+    assert!((f.pinned_us - 12.0).abs() < 1e-9, "{f:?}");
+    assert!((f.on_demand_us - 9.0).abs() < 1e-9, "{f:?}");
+    assert!((f.first_touch_us - 1.0).abs() < 1e-9, "{f:?}");
+    // Not the medians' ratio, (9000 + 1000) / 12000.
+    assert!((f.miss_over_pinned - 1.2).abs() < 1e-9, "{f:?}");
+    // An even count: the middle two's mean.
+    let f = figures(&row(
+        8192,
+        vec![[1000.0, 500.0, 0.0, 100.0], [3000.0, 900.0, 0.0, 300.0]],
+    ));
+    assert!((f.pinned_us - 2.0).abs() < 1e-9 && (f.first_touch_us - 0.2).abs() < 1e-9);
+    assert!(
+        (f.miss_over_pinned - (0.6 + 0.4) / 2.0).abs() < 1e-9,
+        "{f:?}"
+    );
+}
+
+#[test]
+fn the_offset_check_tells_kept_from_misplaced_from_nothing() {
+    let (within, boundary) = (pattern(1), pattern(2));
+    assert_ne!(within, boundary);
+    assert!(within.iter().all(|&b| b != 0x5a));
+    let background = || vec![0x5a_u8; 8192];
+    let mut kept = background();
+    kept[WITHIN..WITHIN + LEN].copy_from_slice(&within);
+    kept[4096..4096 + LEN].copy_from_slice(&boundary);
+    assert_eq!(
+        judge(&kept, &within, &boundary),
+        Ok(Offsets {
+            kept: true,
+            landed_at: Some(WITHIN)
+        })
+    );
+    // rxe's on-demand copy on 7.3.4: the offset within the page dropped.
+    let mut at_base = background();
+    at_base[..LEN].copy_from_slice(&within);
+    at_base[4096..4096 + LEN].copy_from_slice(&boundary);
+    assert_eq!(
+        judge(&at_base, &within, &boundary),
+        Ok(Offsets {
+            kept: false,
+            landed_at: Some(0)
+        })
+    );
+    // There, and also at the base: not kept.
+    let mut both = kept.clone();
+    both[..LEN].copy_from_slice(&within);
+    assert!(!judge(&both, &within, &boundary).unwrap().kept);
+    // Nowhere, while the boundary write landed.
+    let mut nowhere = background();
+    nowhere[4096..4096 + LEN].copy_from_slice(&boundary);
+    assert_eq!(
+        judge(&nowhere, &within, &boundary),
+        Ok(Offsets {
+            kept: false,
+            landed_at: None
+        })
+    );
+    // Nothing written at all: the check cannot tell.
+    let e = judge(&background(), &within, &boundary).unwrap_err();
+    assert!(
+        e.contains("at a page boundary completed but is not in memory"),
+        "{e}"
+    );
+}
+
+fn measured(offsets: Result<Offsets, String>) -> Section {
+    let mut s = section(
+        Ok(0b1111),
+        vec![
+            row(4096, vec![[10_000.0, 9_000.0, 2_000.0, 5_000.0]]), // 1.2
+            row(65536, vec![[20_000.0, 12_000.0, 2_000.0, 6_000.0]]), // 0.8
+        ],
+    );
+    s.offsets = Some(offsets);
+    s
+}
+
+/// The text's offsets and profile lines, the JSON's fields, and the profile itself.
+#[test]
+fn the_profile_and_its_lines() {
+    let s = measured(Ok(Offsets {
+        kept: true,
+        landed_at: Some(WITHIN),
+    }));
+    let p = profile(&s).unwrap();
+    assert_eq!((p.vendor, p.part, p.offsets_kept), (0xffffff, 0, true));
+    assert_eq!(p.on_demand_from, Some(65536));
+    assert_eq!(p.sizes.len(), 2);
+    assert!((p.sizes[1].miss_over_pinned - 0.8).abs() < 1e-9);
+    assert!(p.render().starts_with(&format!("{HEADER}\n")));
+    assert_eq!(
+        OdpProfile::parse(&p.render()).unwrap().on_demand_from,
+        Some(65536)
+    );
+    let t = text(&s, 1.0);
+    let lines: Vec<&str> = t.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("on-demand offsets: "))
+        .unwrap();
+    // After the rows.
+    assert!(
+        lines[..at].iter().any(|l| l.starts_with("odp 64 KiB ")),
+        "{t}"
+    );
+    assert_eq!(
+        lines[at],
+        "on-demand offsets: rxe0 keeps them: 64 bytes RDMA-written at offset 100 of a fresh on-demand registration landed there"
+    );
+    assert_eq!(
+        lines[at + 1],
+        "on-demand profile: rxe0 (vendor 0xffffff part 0): on demand from 65536 bytes"
+    );
+    let j = json(&s);
+    assert_eq!(j["offsets_kept"], true);
+    assert_eq!(
+        (j["vendor"].clone(), j["part"].clone()),
+        (0xffffff.into(), 0.into())
+    );
+    assert_eq!(j["on_demand_from"], 65536);
+    assert!((j["rows"][0]["miss_over_pinned"].as_f64().unwrap() - 1.2).abs() < 1e-9);
+    assert!((j["rows"][0]["first_touch_us"].as_f64().unwrap() - 3.0).abs() < 1e-9);
+
+    let s = measured(Ok(Offsets {
+        kept: false,
+        landed_at: Some(0),
+    }));
+    let t = text(&s, 1.0);
+    assert!(t.contains("\non-demand offsets: rxe0 misplaces data: 64 bytes RDMA-written at offset 100 of a fresh on-demand registration landed at offset 0\n"), "{t}");
+    assert!(t.contains("\non-demand profile: rxe0 (vendor 0xffffff part 0): never on demand: its on-demand transfers misplace data\n"), "{t}");
+    assert!(
+        profile(&s)
+            .unwrap()
+            .render()
+            .contains("\noffsets misplaced\n")
+    );
+    assert_eq!(json(&s)["offsets_kept"], false);
+
+    // The check failed: no profile, and the JSON says why.
+    let s = measured(Err("an on-demand RDMA WRITE failed: status 10".into()));
+    let j = json(&s);
+    assert_eq!(j["offsets_kept"], serde_json::Value::Null);
+    assert_eq!(j["on_demand_from"], serde_json::Value::Null);
+    assert!(
+        j["profile_why_not"]
+            .as_str()
+            .unwrap()
+            .contains("on-demand writes land is not known: an on-demand RDMA WRITE failed")
+    );
+    assert!(
+        text(&s, 1.0).contains(
+            "\non-demand offsets: not known: an on-demand RDMA WRITE failed: status 10\n"
+        )
+    );
 }
