@@ -98,6 +98,11 @@ enum Cmd {
         /// Print the results as one JSON object
         #[arg(long)]
         json: bool,
+        /// Write the device's on-demand profile (for MRCACHE_ODP_PROFILE) to FILE; fails,
+        /// writing nothing, where the device offers no on-demand paging
+        #[arg(long, value_name = "FILE", action = ArgAction::Append, allow_hyphen_values = true,
+              value_parser = clap::builder::OsStringValueParser::new())]
+        odp_profile: Vec<OsString>,
         /// The library to preload (as for run)
         #[arg(long, value_name = "PATH")]
         lib: Option<PathBuf>,
@@ -145,12 +150,14 @@ fn main() -> ExitCode {
             sizes,
             seconds,
             json,
+            odp_profile,
             lib,
         } => bench::run(bench::Options {
             device,
             sizes,
             seconds,
             json,
+            odp_profile: odp_profile.into_iter().map(PathBuf::from).collect(),
             lib,
         }),
         Cmd::Lib => find_library(None).map(|p| {
@@ -476,6 +483,7 @@ mod tests {
                 sizes,
                 seconds,
                 json,
+                odp_profile,
                 lib,
             } = cli.command
             else {
@@ -486,6 +494,7 @@ mod tests {
                 sizes,
                 seconds,
                 json,
+                odp_profile: odp_profile.into_iter().map(PathBuf::from).collect(),
                 lib,
             })
         };
@@ -507,6 +516,11 @@ mod tests {
                 &["--device", "a", "--device", "b"],
                 "--device is given 2 times",
             ),
+            (
+                &["--odp-profile", "a", "--odp-profile", "b"],
+                "--odp-profile is given 2 times",
+            ),
+            (&["--odp-profile", ""], "--odp-profile \"\" is not valid"),
         ] {
             let e = plan(args).err().unwrap_or_default();
             assert!(e.starts_with(want) && !e.contains('\n'), "{args:?}: {e:?}");
@@ -515,6 +529,9 @@ mod tests {
         assert_eq!((p.sizes.len(), p.seconds, p.device), (5, 1.0, None));
         let p = plan(&["--sizes", "4k,1m", "--seconds", "0.5", "--device", "rxe0"]).unwrap();
         assert_eq!((p.sizes, p.seconds), (vec![4096, 1 << 20], 0.5));
+        assert_eq!(p.odp_profile, None);
+        let p = plan(&["--odp-profile", "-p"]).unwrap();
+        assert_eq!(p.odp_profile, Some(PathBuf::from("-p")));
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub struct Options {
     pub sizes: Vec<String>,
     pub seconds: Vec<String>,
     pub json: bool,
+    pub odp_profile: Vec<PathBuf>,
     pub lib: Option<PathBuf>,
 }
 
@@ -75,6 +76,8 @@ pub struct Plan {
     pub sizes: Vec<usize>,
     pub seconds: f64,
     pub json: bool,
+    /// Where to write the on-demand profile (`--odp-profile`).
+    pub odp_profile: Option<PathBuf>,
 }
 
 /// `4k,64k,1m,16m,64m`: sizes of 1 byte to 1 GiB, binary multiples (k, m, g).
@@ -148,12 +151,45 @@ pub fn plan(o: &Options) -> Result<Plan, String> {
             "--device \"{d}\" is not valid; allowed: an RDMA device name as ibv_devices lists it (e.g. mlx5_0, rxe0)"
         ));
     }
+    let odp_profile = match &o.odp_profile[..] {
+        [] => None,
+        [p] if p.as_os_str().is_empty() => {
+            return Err(
+                "--odp-profile \"\" is not valid; allowed: the path of the file to write".into(),
+            );
+        }
+        [p] => Some(p.clone()),
+        many => {
+            return Err(format!(
+                "--odp-profile is given {} times; allowed: once",
+                many.len()
+            ));
+        }
+    };
     Ok(Plan {
         device: device.map(str::to_string),
         sizes: parse_sizes(sizes)?,
         seconds: parse_seconds(seconds)?,
         json: o.json,
+        odp_profile,
     })
+}
+
+/// `--odp-profile FILE` in a directory that does not exist: refused before measuring.
+pub fn check_profile_dir(path: &std::path::Path) -> Result<(), String> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(format!(
+            "--odp-profile {}: {} is not a directory; allowed: a file in an existing directory",
+            path.display(),
+            dir.display()
+        ))
+    }
 }
 
 fn page_round(n: usize) -> usize {
@@ -274,6 +310,9 @@ fn mrcache_vars() -> Vec<(String, String)> {
 
 pub fn run(o: Options) -> Result<ExitCode, String> {
     let plan = plan(&o)?;
+    if let Some(p) = &plan.odp_profile {
+        check_profile_dir(p)?;
+    }
     check_memlock(&plan.sizes, Memlock::current())?;
     check_memory(&plan.sizes, proc::mem_available())?;
     // Always measured in processes of our own making: the measuring process (preloaded,
@@ -324,6 +363,10 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         println!("{}", report::json(&result));
     } else {
         print!("{}", report::table(&result));
+    }
+    if let Some(path) = &plan.odp_profile {
+        odp::profile::write(&result.on_demand, path)?;
+        eprintln!("mrcache: on-demand profile written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }

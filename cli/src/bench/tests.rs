@@ -186,3 +186,14 @@ fn memlock_check_names_the_value_needed() {
         assert!(check_memlock(&sizes, m).is_ok());
     }
 }
+
+#[test]
+fn the_profile_goes_into_an_existing_directory() {
+    use std::path::Path;
+    assert_eq!(check_profile_dir(Path::new("p")), Ok(()));
+    assert_eq!(check_profile_dir(Path::new("/tmp/p")), Ok(()));
+    assert_eq!(
+        check_profile_dir(Path::new("/nonexistent-mrcache/p")),
+        Err("--odp-profile /nonexistent-mrcache/p: /nonexistent-mrcache is not a directory; allowed: a file in an existing directory".into())
+    );
+}

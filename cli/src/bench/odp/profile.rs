@@ -1,10 +1,11 @@
 //! The on-demand profile the rows make (`mrcache::config::odp_profile`): per size the
 //! figures `MRCACHE_ODP=auto` decides from, the device's ids and where its on-demand writes
-//! land.
+//! land; written by `mrcache bench --odp-profile FILE`.
 
 use super::super::timing::Spread;
 use super::{Row, Section};
 use mrcache::config::odp_profile::{OdpProfile, SizeFigures, on_demand_from};
+use std::path::Path;
 
 /// Columns of `Row::round_ns`.
 const PINNED: usize = 0;
@@ -81,4 +82,17 @@ pub fn profile(s: &Section) -> Result<OdpProfile, String> {
         on_demand_from: on_demand_from(&sizes),
         sizes,
     })
+}
+
+/// `--odp-profile FILE`: the profile written to `path`, or why not (one line; nothing is
+/// written then).
+pub fn write(s: &Section, path: &Path) -> Result<(), String> {
+    let p = profile(s).map_err(|why| {
+        format!(
+            "--odp-profile {}: no profile written: {why}",
+            path.display()
+        )
+    })?;
+    std::fs::write(path, p.render())
+        .map_err(|e| format!("--odp-profile {}: cannot write it: {e}", path.display()))
 }

@@ -468,3 +468,44 @@ fn the_profile_and_its_lines() {
         )
     );
 }
+
+/// No profile where the device offers no ODP or the rows stopped, in one line; nothing
+/// written.
+#[test]
+fn no_profile_is_one_line_and_no_file() {
+    let dir = std::env::temp_dir().join(format!("mrcache-odp-profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("p");
+    let none = section(Ok(0), vec![]);
+    let e = profile::write(&none, &file).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "--odp-profile {}: no profile written: rxe0 offers no explicit on-demand paging (ODP) for RC: no on-demand rows",
+            file.display()
+        )
+    );
+    let mut stopped = measured(Ok(Offsets {
+        kept: true,
+        landed_at: Some(WITHIN),
+    }));
+    stopped.stopped = Some("ibv_reg_mr failed".into());
+    let e = profile::write(&stopped, &file).unwrap_err();
+    assert!(
+        e.ends_with(": no profile written: the on-demand rows stopped: ibv_reg_mr failed"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'));
+    assert!(!file.exists());
+    let ok = measured(Ok(Offsets {
+        kept: true,
+        landed_at: Some(WITHIN),
+    }));
+    profile::write(&ok, &file).unwrap();
+    assert_eq!(
+        OdpProfile::parse(&std::fs::read_to_string(&file).unwrap()).unwrap(),
+        profile(&ok).unwrap()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
