@@ -7,9 +7,9 @@
 //! registration. The bench measures both per size on the device itself (a loopback RDMA
 //! WRITE is the first use), and whether the device's on-demand transfers land where they
 //! were sent. The rule (`on_demand_from`): on demand from the smallest measured size at and
-//! above which every measured size's on-demand miss costs less than its pinned one; sizes
-//! beyond the largest measured follow it. A device whose on-demand transfers misplace data
-//! is never chosen.
+//! above which every measured size's on-demand miss costs less than its pinned one, over at
+//! least `MIN_ROUNDS` rounds; sizes beyond the largest measured follow it. A device whose
+//! on-demand transfers misplace data is never chosen.
 //!
 //! The file is text, one item per line; `#` starts a comment line:
 //!
@@ -19,7 +19,7 @@
 //! vendor 0xffffff
 //! part 0
 //! offsets kept
-//! size 4096 pinned_us 46.5 on_demand_us 63.5 first_touch_us 12.1 miss_over_pinned 1.62
+//! size 4096 rounds 6 pinned_us 46.5 on_demand_us 63.5 first_touch_us 12.1 miss_over_pinned 1.62
 //! on-demand-from 1048576
 //! ```
 //!
@@ -33,11 +33,18 @@ use std::fmt::Write as _;
 /// The first line of every profile: its format and version.
 pub const HEADER: &str = "mrcache on-demand profile 1";
 
+/// The fewest rounds a size's figures count from: a device's single write can take
+/// milliseconds more or less than the next one (under emulation), which one round cannot
+/// tell from a fault's cost.
+pub const MIN_ROUNDS: u32 = 3;
+
 /// One measured size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SizeFigures {
     /// Bytes registered.
     pub size: u64,
+    /// Rounds measured.
+    pub rounds: u32,
     /// A pinned registration and its deregistration, µs (median of the rounds).
     pub pinned_us: f64,
     /// The same made on demand, µs.
@@ -69,14 +76,18 @@ pub struct OdpProfile {
 }
 
 /// The smallest measured size from which an on-demand miss costs less than a pinned one at
-/// every larger measured size too; None if it does not at the largest.
+/// every larger measured size too; None if it does not at the largest. A size pays only
+/// over `MIN_ROUNDS` rounds or more, and with a ratio above 0 (below it, noise outweighed
+/// what was measured).
 pub fn on_demand_from(sizes: &[SizeFigures]) -> Option<u64> {
     let mut sorted: Vec<&SizeFigures> = sizes.iter().collect();
     sorted.sort_by_key(|s| s.size);
     sorted
         .iter()
         .rev()
-        .take_while(|s| s.miss_over_pinned < 1.0)
+        .take_while(|s| {
+            s.rounds >= MIN_ROUNDS && s.miss_over_pinned > 0.0 && s.miss_over_pinned < 1.0
+        })
         .last()
         .map(|s| s.size)
 }
@@ -122,8 +133,8 @@ impl OdpProfile {
         for z in &self.sizes {
             let _ = writeln!(
                 s,
-                "size {} pinned_us {:.3} on_demand_us {:.3} first_touch_us {:.3} miss_over_pinned {:.3}",
-                z.size, z.pinned_us, z.on_demand_us, z.first_touch_us, z.miss_over_pinned
+                "size {} rounds {} pinned_us {:.3} on_demand_us {:.3} first_touch_us {:.3} miss_over_pinned {:.3}",
+                z.size, z.rounds, z.pinned_us, z.on_demand_us, z.first_touch_us, z.miss_over_pinned
             );
         }
         match self.on_demand_from {
@@ -192,7 +203,7 @@ impl OdpProfile {
                     });
                 }
                 "size" => sizes.push(parse_size(rest).ok_or_else(|| {
-                    bad("allowed: BYTES pinned_us X on_demand_us X first_touch_us X miss_over_pinned X")
+                    bad("allowed: BYTES rounds N pinned_us X on_demand_us X first_touch_us X miss_over_pinned X")
                 })?),
                 "on-demand-from" => {
                     once(from.is_some())?;
@@ -236,6 +247,8 @@ fn parse_size(v: &str) -> Option<SizeFigures> {
     let w: Vec<&str> = v.split_whitespace().collect();
     let [
         size,
+        "rounds",
+        n,
         "pinned_us",
         p,
         "on_demand_us",
@@ -251,6 +264,7 @@ fn parse_size(v: &str) -> Option<SizeFigures> {
     let num = |x: &str| x.parse::<f64>().ok().filter(|v| v.is_finite());
     Some(SizeFigures {
         size: size.parse().ok().filter(|&s| s > 0)?,
+        rounds: n.parse().ok()?,
         pinned_us: num(p)?,
         on_demand_us: num(o)?,
         first_touch_us: num(f)?,

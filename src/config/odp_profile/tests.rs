@@ -3,6 +3,7 @@ use super::*;
 fn figures(size: u64, miss_over_pinned: f64) -> SizeFigures {
     SizeFigures {
         size,
+        rounds: MIN_ROUNDS,
         pinned_us: 10.0,
         on_demand_us: 5.0,
         first_touch_us: 1.0,
@@ -36,6 +37,23 @@ fn on_demand_from_the_smallest_size_of_the_paying_tail() {
         None
     );
     assert_eq!(on_demand_from(&[]), None);
+}
+
+#[test]
+fn a_size_pays_only_over_enough_rounds_and_a_ratio_above_zero() {
+    let few = SizeFigures {
+        rounds: MIN_ROUNDS - 1,
+        ..figures(1 << 20, 0.5)
+    };
+    assert_eq!(on_demand_from(&[figures(4096, 0.5), few]), None);
+    assert_eq!(
+        on_demand_from(&[figures(4096, 0.5), figures(65536, -12.7)]),
+        None
+    );
+    assert_eq!(
+        on_demand_from(&[figures(4096, 0.0), figures(65536, 0.7)]),
+        Some(65536)
+    );
 }
 
 #[test]
@@ -97,9 +115,9 @@ fn bad_profiles_say_which_line_and_what_is_allowed() {
             "is not \"mrcache on-demand profile 1\"",
         ),
         (
-            "size 4096 pinned_us",
-            "size 4096 pinnd_us",
-            "allowed: BYTES pinned_us",
+            "size 4096 rounds 3 pinned_us",
+            "size 4096 rounds 3 pinnd_us",
+            "allowed: BYTES rounds N",
         ),
     ];
     for (from, to, want) in cases {

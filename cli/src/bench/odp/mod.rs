@@ -26,6 +26,7 @@ use super::{CHILD_MARK, ON_DEMAND_MARK, Plan};
 use device::{
     ACCESS_ON_DEMAND, ACCESS_REMOTE_WRITE, Loopback, RC_SEND_RECV_WRITE_READ, rc_caps_text,
 };
+use mrcache::config::odp_profile::MIN_ROUNDS;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -134,9 +135,14 @@ pub fn run(
         // On a queue pair of its own: a failed write leaves its queue pair in error.
         s.offsets = Some(Loopback::open(verbs, ctx, pd).and_then(|lb| offsets::check(pd, &lb)));
         let cached = cached_rows(plan);
+        // A profile's sizes count only over enough rounds (odp_profile::MIN_ROUNDS).
+        let min_rounds = match plan.odp_profile {
+            Some(_) => MIN_ROUNDS as usize,
+            None => 1,
+        };
         let measured = Loopback::open(verbs, ctx, pd).and_then(|lb| {
             for &size in &plan.sizes {
-                let mut row = measure(pd, &lb, size, plan.seconds / 2.0, clock_ns)?;
+                let mut row = measure(pd, &lb, size, plan.seconds / 2.0, min_rounds, clock_ns)?;
                 row.cached = match &cached {
                     Ok(c) => c
                         .iter()
@@ -156,11 +162,13 @@ pub fn run(
     s
 }
 
+/// One size's rounds, in `seconds` but at least `min_rounds` of them.
 fn measure(
     pd: &Pd,
     lb: &Loopback,
     size: usize,
     seconds: f64,
+    min_rounds: usize,
     clock_ns: f64,
 ) -> Result<Row, String> {
     let t_row = Instant::now();
@@ -232,7 +240,7 @@ fn measure(
             // Rest as long as the round took, as the table's rows do.
             let plain = r0.elapsed();
             std::thread::sleep(plain);
-            if t_row.elapsed() + 2 * plain > budget {
+            if round_ns.len() >= min_rounds && t_row.elapsed() + 2 * plain > budget {
                 break;
             }
         }

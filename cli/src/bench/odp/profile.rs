@@ -25,6 +25,7 @@ pub fn figures(r: &Row) -> SizeFigures {
     let rounds = &r.round_ns;
     SizeFigures {
         size: r.size as u64,
+        rounds: rounds.len() as u32,
         pinned_us: median_of(rounds, |x| x[PINNED]) / 1000.0,
         on_demand_us: median_of(rounds, |x| x[ON_DEMAND]) / 1000.0,
         first_touch_us: median_of(rounds, |x| x[FIRST_WRITE] - x[WRITE]) / 1000.0,
