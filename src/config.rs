@@ -42,7 +42,10 @@ pub struct Config {
     pub monitor: Monitor,
     /// `MRCACHE_ODP`: entries registered on demand where the device pages them so.
     pub odp: OnDemand,
-    /// The file `MRCACHE_ODP_PROFILE` names, read: where `auto` makes entries on demand.
+    /// `MRCACHE_ODP_PROFILE`: the file's path.
+    pub odp_profile_path: Option<String>,
+    /// That file, read when the cache is on under `MRCACHE_ODP=auto`: where `auto` makes
+    /// entries on demand.
     pub odp_profile: Option<OdpProfile>,
     /// `MRCACHE_VERIFY=pfn`.
     pub verify_pfn: bool,
@@ -88,6 +91,7 @@ impl Config {
             log_file: None,
             monitor: Monitor::Patch,
             odp: OnDemand::Auto,
+            odp_profile_path: None,
             odp_profile: None,
             verify_pfn: false,
             patch_check_every_hit: false,
@@ -266,20 +270,9 @@ where
             "MRCACHE_REMOTE" => RemoteMode::parse(value).map(|m| cfg.remote = m),
             "MRCACHE_MONITOR" => Monitor::parse(value).map(|m| cfg.monitor = m),
             "MRCACHE_ODP" => OnDemand::parse(value).map(|o| cfg.odp = o),
-            "MRCACHE_ODP_PROFILE" => match read_profile(value) {
-                Ok(p) => {
-                    cfg.odp_profile = Some(p);
-                    Some(())
-                }
-                Err(why) => {
-                    problems.push(Problem::File {
-                        name: name.to_string(),
-                        value: value.to_string(),
-                        why,
-                    });
-                    Some(())
-                }
-            },
+            "MRCACHE_ODP_PROFILE" => {
+                (!value.is_empty()).then(|| cfg.odp_profile_path = Some(value.to_string()))
+            }
             "MRCACHE_PATCH_CHECK" => match value {
                 "watch" => Some(false),
                 "every-hit" => Some(true),
@@ -334,18 +327,61 @@ where
             memlock,
         });
     }
+    // Read last, and only where it is used: a cache turned off, or another MRCACHE_ODP,
+    // never opens it.
+    if let Some(path) = &cfg.odp_profile_path
+        && cfg.enabled
+        && cfg.odp == OnDemand::Auto
+        && !problems.iter().any(Problem::is_fatal)
+    {
+        match read_profile(path) {
+            Ok(p) => cfg.odp_profile = Some(p),
+            Err(why) => problems.push(Problem::File {
+                name: "MRCACHE_ODP_PROFILE".to_string(),
+                value: path.clone(),
+                why,
+            }),
+        }
+    }
     if problems.iter().any(Problem::is_fatal) {
         cfg.enabled = false;
     }
     (cfg, problems)
 }
 
-/// The on-demand profile at `path`, or what is wrong with it.
+/// The on-demand profile at `path`, or what is wrong with it. Only a regular file is read,
+/// opened without blocking (a FIFO or a device never holds the caller), and at most
+/// `odp_profile::MAX_BYTES` of it.
 fn read_profile(path: &str) -> Result<OdpProfile, String> {
-    if path.is_empty() {
-        return Err("allowed: the path of a file `mrcache bench --odp-profile` wrote".into());
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| format!("cannot read it: {e}");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(
+            "not a regular file (allowed: a file mrcache bench --odp-profile wrote)".into(),
+        );
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if meta.len() > odp_profile::MAX_BYTES {
+        return Err(format!(
+            "{} bytes, more than a profile's {} (allowed: a file mrcache bench --odp-profile wrote)",
+            meta.len(),
+            odp_profile::MAX_BYTES
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(odp_profile::MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > odp_profile::MAX_BYTES {
+        return Err(format!("more than {} bytes", odp_profile::MAX_BYTES));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| "not text (UTF-8)".to_string())?;
     OdpProfile::parse(&text).map_err(|e| format!("not an on-demand profile: {e}"))
 }
 

@@ -203,6 +203,23 @@ pub(crate) fn auto_max_bytes(node: &Node) -> (u64, String) {
     (bytes, why.join(", "))
 }
 
+/// The running kernel's release (`uname -r`), or "" where it cannot be read.
+pub fn running_kernel() -> String {
+    // SAFETY: utsname is plain bytes, zeroed; uname fills it or fails.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid utsname to fill.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -150,14 +150,15 @@ fn info_configuration() -> config::Config {
             }
         }
     );
-    match (&cfg.odp_profile, cfg.odp) {
-        (Some(p), config::OnDemand::Auto) => {
-            println!("  on-demand profile (MRCACHE_ODP_PROFILE): {}", p.summary())
-        }
-        (Some(_), _) => println!(
+    match (&cfg.odp_profile, &cfg.odp_profile_path) {
+        (Some(p), _) => println!(
+            "  on-demand profile (MRCACHE_ODP_PROFILE): {}",
+            p.verdict_under(&mrcache::node::running_kernel())
+        ),
+        (None, Some(_)) if cfg.odp != config::OnDemand::Auto => println!(
             "  on-demand profile: MRCACHE_ODP_PROFILE is read only under MRCACHE_ODP=auto: ignored"
         ),
-        (None, _) => {}
+        _ => {}
     }
     println!(
         "  admission: MRCACHE_ADMIT={}: {}",

@@ -258,6 +258,8 @@ pub const DEVICE_ATTR_EX_ODP_UD: usize = 256;
 pub const DEVICE_ATTR_EX_VENDOR_ID: usize = 96;
 /// Where `orig_attr.vendor_part_id` sits.
 pub const DEVICE_ATTR_EX_VENDOR_PART_ID: usize = 100;
+/// `orig_attr.fw_ver`: the attributes' first field, this long.
+pub const FW_VER_LEN: usize = 64;
 /// The vendor id rxe (soft-RoCE) reports (the kernel's `RXE_VENDOR_ID`).
 pub const RXE_VENDOR_ID: u32 = 0xff_ffff;
 pub const IBV_ODP_SUPPORT: u64 = 1;
@@ -377,6 +379,8 @@ int main(void) {
     P("odp.srq_recv", IBV_ODP_SUPPORT_SRQ_RECV);
     P("attr_ex.vendor_id", offsetof(struct ibv_device_attr_ex, orig_attr.vendor_id));
     P("attr_ex.vendor_part_id", offsetof(struct ibv_device_attr_ex, orig_attr.vendor_part_id));
+    P("attr_ex.fw_ver", offsetof(struct ibv_device_attr_ex, orig_attr.fw_ver));
+    P("attr_ex.fw_ver_len", sizeof(((struct ibv_device_attr *)0)->fw_ver));
     P("odp.support", IBV_ODP_SUPPORT);
     P("odp.send", IBV_ODP_SUPPORT_SEND);
     P("odp.recv", IBV_ODP_SUPPORT_RECV);
@@ -515,6 +519,8 @@ int main(void) {
             ("odp.srq_recv", IBV_ODP_SUPPORT_SRQ_RECV as usize),
             ("attr_ex.vendor_id", DEVICE_ATTR_EX_VENDOR_ID),
             ("attr_ex.vendor_part_id", DEVICE_ATTR_EX_VENDOR_PART_ID),
+            ("attr_ex.fw_ver", 0),
+            ("attr_ex.fw_ver_len", FW_VER_LEN),
             ("odp.support", IBV_ODP_SUPPORT as usize),
             ("odp.send", IBV_ODP_SUPPORT_SEND as usize),
             ("odp.recv", IBV_ODP_SUPPORT_RECV as usize),

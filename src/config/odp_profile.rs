@@ -5,11 +5,12 @@
 //! An entry made on demand costs at its miss what the device takes to register it plus, at
 //! the device's first use of its pages, the fault that maps them; a pinned one costs its
 //! registration. The bench measures both per size on the device itself (a loopback RDMA
-//! WRITE is the first use), and whether the device's on-demand transfers land where they
-//! were sent. The rule (`on_demand_from`): on demand from the smallest measured size at and
-//! above which every measured size's on-demand miss costs less than its pinned one, over at
-//! least `MIN_ROUNDS` rounds; sizes beyond the largest measured follow it. A device whose
-//! on-demand transfers misplace data is never chosen.
+//! WRITE is the first use), and whether data it RDMA-writes into an on-demand registration
+//! at an offset within a page lands there. The rule (`on_demand_from`): on demand from the
+//! smallest measured size at and above which every measured size's on-demand miss cost less
+//! than its pinned one in every round, over at least `MIN_ROUNDS` rounds; sizes beyond the
+//! largest measured follow it. A device whose on-demand writes misplace data is never chosen.
+//! A profile holds for the kernel and firmware it was measured on: elsewhere it is not used.
 //!
 //! The file is text, one item per line; `#` starts a comment line:
 //!
@@ -18,15 +19,19 @@
 //! device rxe0
 //! vendor 0xffffff
 //! part 0
+//! firmware 0.0.0
+//! kernel 7.3.4+deb13-amd64
 //! offsets kept
-//! size 4096 rounds 6 pinned_us 46.5 on_demand_us 63.5 first_touch_us 12.1 miss_over_pinned 1.62
+//! size 4096 rounds 6 pinned_us 46.5 on_demand_us 63.5 first_touch_us 12.1 miss_over_pinned 1.62 min 1.1 max 2.3
 //! on-demand-from 1048576
 //! ```
 //!
-//! `vendor` and `part` are the device's vendor and vendor part ids (`ibv_devinfo`): the
-//! profile applies to devices of that kind only. `offsets` is `kept` or `misplaced`,
-//! `on-demand-from` a byte count or `never`. The `size` lines say what the decision was made
-//! from; they are checked but not used.
+//! `vendor` and `part` are the device's vendor and vendor part ids, `firmware` its firmware
+//! version (`ibv_devinfo`'s `fw_ver`, which may be empty), `kernel` the release it ran under
+//! (`uname -r`): the profile applies to devices of that kind and firmware under that kernel
+//! only. `offsets` is `kept` or `misplaced`, `on-demand-from` a byte count or `never`. The
+//! `size` lines say what the decision was made from; they are checked but not used. A
+//! comment is a line of its own. A file is read up to `MAX_BYTES`.
 
 use std::fmt::Write as _;
 
@@ -37,6 +42,9 @@ pub const HEADER: &str = "mrcache on-demand profile 1";
 /// milliseconds more or less than the next one (under emulation), which one round cannot
 /// tell from a fault's cost.
 pub const MIN_ROUNDS: u32 = 3;
+
+/// The most a profile file may hold (a profile of a hundred sizes takes about 12 KiB).
+pub const MAX_BYTES: u64 = 64 << 10;
 
 /// One measured size.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +63,10 @@ pub struct SizeFigures {
     /// An on-demand miss (registration, deregistration and first touch) over a pinned one:
     /// the median of the rounds' ratios.
     pub miss_over_pinned: f64,
+    /// The smallest of the rounds' ratios.
+    pub miss_over_pinned_min: f64,
+    /// The largest.
+    pub miss_over_pinned_max: f64,
 }
 
 /// A device kind's on-demand profile.
@@ -66,8 +78,12 @@ pub struct OdpProfile {
     pub vendor: u32,
     /// Vendor part id.
     pub part: u32,
-    /// Whether data written into an on-demand registration at an offset within a page, or
-    /// read from one, is where it was sent.
+    /// Firmware version (may be empty).
+    pub firmware: String,
+    /// The kernel release it was measured under.
+    pub kernel: String,
+    /// Whether data the device RDMA-wrote into an on-demand registration at an offset within
+    /// a page landed at that offset.
     pub offsets_kept: bool,
     /// What was measured.
     pub sizes: Vec<SizeFigures>,
@@ -77,8 +93,9 @@ pub struct OdpProfile {
 
 /// The smallest measured size from which an on-demand miss costs less than a pinned one at
 /// every larger measured size too; None if it does not at the largest. A size pays only
-/// over `MIN_ROUNDS` rounds or more, and with a ratio above 0 (below it, noise outweighed
-/// what was measured).
+/// over `MIN_ROUNDS` rounds or more, each round's ratio above 0 and below 1: a round below
+/// 0 is noise outweighing what was measured, and one at or above 1 says the median alone
+/// could be noise too.
 pub fn on_demand_from(sizes: &[SizeFigures]) -> Option<u64> {
     let mut sorted: Vec<&SizeFigures> = sizes.iter().collect();
     sorted.sort_by_key(|s| s.size);
@@ -86,7 +103,7 @@ pub fn on_demand_from(sizes: &[SizeFigures]) -> Option<u64> {
         .iter()
         .rev()
         .take_while(|s| {
-            s.rounds >= MIN_ROUNDS && s.miss_over_pinned > 0.0 && s.miss_over_pinned < 1.0
+            s.rounds >= MIN_ROUNDS && s.miss_over_pinned_min > 0.0 && s.miss_over_pinned_max < 1.0
         })
         .last()
         .map(|s| s.size)
@@ -98,21 +115,34 @@ impl OdpProfile {
         self.offsets_kept && self.on_demand_from.is_some_and(|from| len >= from)
     }
 
-    /// Whether it is the profile of a device with these ids.
-    pub fn matches(&self, vendor: u32, part: u32) -> bool {
-        self.vendor == vendor && self.part == part
+    /// Whether it is the profile of a device with these ids and firmware.
+    pub fn matches(&self, vendor: u32, part: u32, firmware: &str) -> bool {
+        self.vendor == vendor && self.part == part && self.firmware == firmware
     }
 
     /// One line for people: the device and what `auto` does on it.
     pub fn summary(&self) -> String {
         let rule = match (self.offsets_kept, self.on_demand_from) {
             (false, _) => "never on demand: its on-demand transfers misplace data".to_string(),
-            (true, None) => "pinned: an on-demand miss costs more at every size".to_string(),
+            (true, None) => {
+                "pinned: no measured size's on-demand miss cost less in every round".to_string()
+            }
             (true, Some(from)) => format!("on demand from {from} bytes"),
         };
         format!(
-            "{} (vendor {:#x} part {}): {rule}",
-            self.device, self.vendor, self.part
+            "{} (vendor {:#x} part {} firmware {:?}, kernel {}): {rule}",
+            self.device, self.vendor, self.part, self.firmware, self.kernel
+        )
+    }
+
+    /// `summary`, and whether it holds under the running kernel `kernel`.
+    pub fn verdict_under(&self, kernel: &str) -> String {
+        if self.kernel == kernel {
+            return self.summary();
+        }
+        format!(
+            "{}; not used: this is kernel {kernel} (measure again with mrcache bench --odp-profile)",
+            self.summary()
         )
     }
 
@@ -124,6 +154,8 @@ impl OdpProfile {
         let _ = writeln!(s, "device {}", self.device);
         let _ = writeln!(s, "vendor {:#x}", self.vendor);
         let _ = writeln!(s, "part {}", self.part);
+        let _ = writeln!(s, "firmware {}", self.firmware);
+        let _ = writeln!(s, "kernel {}", self.kernel);
         let offsets = if self.offsets_kept {
             "kept"
         } else {
@@ -133,8 +165,15 @@ impl OdpProfile {
         for z in &self.sizes {
             let _ = writeln!(
                 s,
-                "size {} rounds {} pinned_us {:.3} on_demand_us {:.3} first_touch_us {:.3} miss_over_pinned {:.3}",
-                z.size, z.rounds, z.pinned_us, z.on_demand_us, z.first_touch_us, z.miss_over_pinned
+                "size {} rounds {} pinned_us {:.3} on_demand_us {:.3} first_touch_us {:.3} miss_over_pinned {} min {} max {}",
+                z.size,
+                z.rounds,
+                z.pinned_us,
+                z.on_demand_us,
+                z.first_touch_us,
+                z.miss_over_pinned,
+                z.miss_over_pinned_min,
+                z.miss_over_pinned_max
             );
         }
         match self.on_demand_from {
@@ -155,10 +194,12 @@ impl OdpProfile {
             .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
         match lines.next() {
             Some((_, HEADER)) => {}
-            Some((n, l)) => return Err(format!("line {n}: {l:?} is not {HEADER:?}")),
+            Some((n, l)) => return Err(format!("line {n}: {:?} is not {HEADER:?}", short(l))),
             None => return Err(format!("empty: no {HEADER:?} line")),
         }
         let mut device = None;
+        let mut firmware = None;
+        let mut kernel = None;
         let mut vendor = None;
         let mut part = None;
         let mut offsets = None;
@@ -167,7 +208,7 @@ impl OdpProfile {
         for (n, line) in lines {
             let (key, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
             let rest = rest.trim();
-            let bad = |what: &str| format!("line {n}: {key} {rest:?}: {what}");
+            let bad = |what: &str| format!("line {n}: {} {:?}: {what}", short(key), short(rest));
             let once = |seen: bool| {
                 if seen {
                     Err(format!("line {n}: a second {key} line"))
@@ -176,12 +217,20 @@ impl OdpProfile {
                 }
             };
             match key {
-                "device" => {
-                    once(device.is_some())?;
-                    if rest.is_empty() {
-                        return Err(bad("a device name is needed"));
+                "device" | "firmware" | "kernel" => {
+                    let slot = match key {
+                        "device" => &mut device,
+                        "firmware" => &mut firmware,
+                        _ => &mut kernel,
+                    };
+                    once(slot.is_some())?;
+                    if rest.is_empty() && key != "firmware" {
+                        return Err(bad("a name is needed"));
                     }
-                    device = Some(rest.to_string());
+                    if rest.chars().any(char::is_control) {
+                        return Err(bad("allowed: printable characters"));
+                    }
+                    *slot = Some(rest.to_string());
                 }
                 "vendor" | "part" => {
                     let slot = if key == "vendor" {
@@ -203,7 +252,7 @@ impl OdpProfile {
                     });
                 }
                 "size" => sizes.push(parse_size(rest).ok_or_else(|| {
-                    bad("allowed: BYTES rounds N pinned_us X on_demand_us X first_touch_us X miss_over_pinned X")
+                    bad("allowed: BYTES rounds N pinned_us X on_demand_us X first_touch_us X miss_over_pinned X min X max X")
                 })?),
                 "on-demand-from" => {
                     once(from.is_some())?;
@@ -219,7 +268,8 @@ impl OdpProfile {
                 }
                 _ => {
                     return Err(format!(
-                        "line {n}: unknown item {key:?} (known: device, vendor, part, offsets, size, on-demand-from)"
+                        "line {n}: unknown item {:?} (known: device, vendor, part, firmware, kernel, offsets, size, on-demand-from)",
+                        short(key)
                     ));
                 }
             }
@@ -229,6 +279,8 @@ impl OdpProfile {
             device: device.ok_or_else(|| missing("device"))?,
             vendor: vendor.ok_or_else(|| missing("vendor"))?,
             part: part.ok_or_else(|| missing("part"))?,
+            firmware: firmware.ok_or_else(|| missing("firmware"))?,
+            kernel: kernel.ok_or_else(|| missing("kernel"))?,
             offsets_kept: offsets.ok_or_else(|| missing("offsets"))?,
             sizes,
             on_demand_from: from.ok_or_else(|| missing("on-demand-from"))?,
@@ -236,11 +288,23 @@ impl OdpProfile {
     }
 }
 
-fn parse_id(v: &str) -> Option<u32> {
-    match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
+/// At most 60 characters of `s`, for an error line.
+fn short(s: &str) -> String {
+    match s.char_indices().nth(60) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_string(),
     }
+}
+
+fn parse_id(v: &str) -> Option<u32> {
+    let (digits, radix) = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None => (v, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(digits, radix).ok()
 }
 
 fn parse_size(v: &str) -> Option<SizeFigures> {
@@ -257,6 +321,10 @@ fn parse_size(v: &str) -> Option<SizeFigures> {
         f,
         "miss_over_pinned",
         m,
+        "min",
+        lo,
+        "max",
+        hi,
     ] = w[..]
     else {
         return None;
@@ -269,6 +337,8 @@ fn parse_size(v: &str) -> Option<SizeFigures> {
         on_demand_us: num(o)?,
         first_touch_us: num(f)?,
         miss_over_pinned: num(m)?,
+        miss_over_pinned_min: num(lo)?,
+        miss_over_pinned_max: num(hi)?,
     })
 }
 

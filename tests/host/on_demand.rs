@@ -8,7 +8,14 @@ use std::path::PathBuf;
 
 fn run(scenario: &str, env: &[(&str, &str)]) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("on_demand");
-    let tag = format!("{}_{}", scenario.replace(' ', "_"), env.len());
+    // One build per scenario and environment: tests running at once never share one.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(env, &mut h);
+    let tag = format!(
+        "{}_{:x}",
+        scenario.replace(' ', "_"),
+        std::hash::Hasher::finish(&h)
+    );
     let (shim, prog) = common::shim_and_program(
         "host",
         "on_demand_shim",
@@ -157,11 +164,25 @@ fn a_device_that_refuses_on_demand_gets_pinned_registrations() {
 /// A profile file for the fake devices: Mellanox's vendor id (0x2c9) and part 4129, or rxe's
 /// (`rxe`), saying whether on-demand transfers keep their offsets, on demand from `from`.
 fn profile(name: &str, rxe: bool, kept: bool, from: Option<u64>) -> String {
+    write_profile(name, rxe, kept, from, "", &mrcache::node::running_kernel())
+}
+
+/// `profile`, measured on `firmware` (the fake devices report none) under `kernel`.
+fn write_profile(
+    name: &str,
+    rxe: bool,
+    kept: bool,
+    from: Option<u64>,
+    firmware: &str,
+    kernel: &str,
+) -> String {
     use mrcache::config::OdpProfile;
     let p = OdpProfile {
         device: name.into(),
         vendor: if rxe { 0xff_ffff } else { 0x2c9 },
         part: if rxe { 0 } else { 4129 },
+        firmware: firmware.into(),
+        kernel: kernel.into(),
         offsets_kept: kept,
         sizes: Vec::new(),
         on_demand_from: from,
@@ -207,6 +228,25 @@ fn auto_registers_on_demand_from_the_size_the_profile_says_pays() {
     assert_eq!(
         sizes(&[("MRCACHE_ODP_PROFILE", &misplaced)]),
         "sizes: on demand: none"
+    );
+    let firmware = write_profile(
+        "firmware",
+        false,
+        true,
+        Some(4096),
+        "16.35.2000",
+        &mrcache::node::running_kernel(),
+    );
+    assert_eq!(
+        sizes(&[("MRCACHE_ODP_PROFILE", &firmware)]),
+        "sizes: on demand: none",
+        "a profile of another firmware"
+    );
+    let kernel = write_profile("kernel", false, true, Some(4096), "", "2.6.32-old");
+    assert_eq!(
+        sizes(&[("MRCACHE_ODP_PROFILE", &kernel)]),
+        "sizes: on demand: none",
+        "a profile measured under another kernel"
     );
     let never = profile("never", false, true, None);
     assert_eq!(
@@ -284,6 +324,88 @@ fn a_bad_profile_turns_the_cache_off_with_one_line() {
         assert_eq!(
             common::line(&out, "registrations:"),
             "registrations: 6 of 6 pairs"
+        );
+    }
+}
+
+/// Remote registrations are made on demand by a profile only under `MRCACHE_REMOTE=revoke`
+/// (the fake device has no memory windows, so there they pass through): under `keep` the
+/// registration's own key would reach whatever lives at the address after an unmap. Seen
+/// failing before: `remote: on demand: remote 1, local 1` under `keep`.
+#[test]
+fn a_profile_makes_remote_entries_on_demand_only_under_revoke() {
+    let pays = profile("remote_pays", false, true, Some(4096));
+    let out = run(
+        "remote",
+        &[
+            ("MRCACHE_MONITOR", "patch"),
+            ("MRCACHE_REMOTE", "keep"),
+            ("MRCACHE_ODP_PROFILE", &pays),
+        ],
+    );
+    assert_eq!(
+        common::line(&out, "remote:"),
+        "remote: on demand: remote 0, local 1"
+    );
+}
+
+/// An on-demand registration refused for want of memory (ENOMEM) is pinned, and the device
+/// keeps its standing: the next registrations are on demand again. Seen failing before:
+/// `transient: registrations 3 (on demand 0)` (the device demoted for the process).
+#[test]
+fn a_transient_enomem_does_not_demote_the_device() {
+    let pays = profile("transient_pays", false, true, Some(4096));
+    let out = run(
+        "transient",
+        &[("MRCACHE_MONITOR", "patch"), ("MRCACHE_ODP_PROFILE", &pays)],
+    );
+    assert_eq!(
+        common::line(&out, "transient:"),
+        "transient: registrations 3 (on demand 2)"
+    );
+}
+
+/// The profile is opened only where it is used: a FIFO does not hold the set-up (it is not
+/// a regular file: one line, the cache off, at once), and a missing file is no problem under
+/// `MRCACHE_ODP=on` or `off` or with the cache off. Seen failing before: the FIFO's run
+/// never ended (killed after 20 s), and `on` with a missing file printed its line and turned
+/// the cache off (6 of 6 pairs).
+#[test]
+fn the_profile_is_opened_only_where_used_and_never_blocks() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("on_demand");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo.profile");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.to_string_lossy().into_owned();
+    let t = std::time::Instant::now();
+    let out = run(
+        "sizes 4",
+        &[("MRCACHE_MONITOR", "patch"), ("MRCACHE_ODP_PROFILE", &fifo)],
+    );
+    assert!(t.elapsed().as_secs() < 20, "the set-up blocked on a FIFO");
+    assert!(
+        common::line(&out, "mrcache: MRCACHE_ODP_PROFILE=").contains("not a regular file"),
+        "{out}"
+    );
+    let missing = dir
+        .join("never-written.profile")
+        .to_string_lossy()
+        .into_owned();
+    for env in [&[("MRCACHE_ODP", "on")][..], &[("MRCACHE_ODP", "off")][..]] {
+        let mut e = vec![
+            ("MRCACHE_MONITOR", "patch"),
+            ("MRCACHE_ODP_PROFILE", missing.as_str()),
+        ];
+        e.extend_from_slice(env);
+        let out = run("sizes 4", &e);
+        assert!(!out.contains("MRCACHE_ODP_PROFILE="), "{env:?}: {out}");
+        assert_eq!(
+            common::line(&out, "registrations:"),
+            "registrations: 3 of 6 pairs",
+            "{env:?}"
         );
     }
 }

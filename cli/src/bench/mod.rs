@@ -181,15 +181,30 @@ pub fn check_profile_dir(path: &std::path::Path) -> Result<(), String> {
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
-    if dir.is_dir() {
-        Ok(())
-    } else {
-        Err(format!(
+    if !dir.is_dir() {
+        return Err(format!(
             "--odp-profile {}: {} is not a directory; allowed: a file in an existing directory",
             path.display(),
             dir.display()
-        ))
+        ));
     }
+    if path.is_dir() {
+        return Err(format!(
+            "--odp-profile {}: a directory; allowed: a file in an existing directory",
+            path.display()
+        ));
+    }
+    // The file is written under a temporary name beside it and renamed: that must work.
+    let tmp = odp::profile::temporary(path);
+    std::fs::write(&tmp, b"")
+        .and_then(|_| std::fs::remove_file(&tmp))
+        .map_err(|e| {
+            format!(
+                "--odp-profile {}: cannot write in {}: {e}",
+                path.display(),
+                dir.display()
+            )
+        })
 }
 
 fn page_round(n: usize) -> usize {
@@ -276,9 +291,12 @@ pub fn mapped_copies(maps: &str) -> Vec<String> {
 /// `MRCACHE_ENABLE=0` is an error (the bench measures the cache); else the names of those
 /// set, which the benchmark process runs without (its figures are the default's).
 pub fn inherited(vars: &[(String, String)]) -> Result<Vec<String>, String> {
+    // The profile is the bench's output (--odp-profile), never its input: a file not
+    // written yet is no problem here.
     let read: Vec<(String, String)> = vars
         .iter()
         .filter(|(k, _)| mrcache::config::VARIABLES.iter().any(|v| v.name == k))
+        .filter(|(k, _)| k != "MRCACHE_ODP_PROFILE")
         .cloned()
         .collect();
     let (cfg, problems) = mrcache::config::parse(read.iter().cloned(), 0);

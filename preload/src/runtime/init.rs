@@ -183,7 +183,10 @@ pub fn set_up() -> Runtime {
         {
             trace::log_line(
                 LogLevel::Info,
-                &format!("mrcache[{pid}]: on-demand profile: {}", p.summary()),
+                &format!(
+                    "mrcache[{pid}]: on-demand profile: {}",
+                    p.verdict_under(&mrcache::node::running_kernel())
+                ),
             );
         }
     }

@@ -27,7 +27,8 @@ use std::sync::{Mutex, OnceLock};
 pub struct Policy {
     mode: OnDemand,
     remote: RemoteMode,
-    /// Where `auto` makes entries on demand because it pays, on devices of its kind.
+    /// Where `auto` makes entries on demand because it pays, on devices of its kind and
+    /// firmware; only a profile measured under the running kernel.
     profile: Option<OdpProfile>,
     /// Why only entries made on demand are cached (the monitor cannot see every unmap),
     /// once that is decided.
@@ -37,12 +38,14 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The policy of `MRCACHE_ODP=mode`; `profile` is read under `auto` only.
+    /// The policy of `MRCACHE_ODP=mode`; `profile` is used under `auto` only, and only if
+    /// it was measured under the running kernel.
     pub fn new(mode: OnDemand, remote: RemoteMode, profile: Option<OdpProfile>) -> Policy {
+        let kernel = mrcache::node::running_kernel();
         Policy {
             mode,
             remote,
-            profile: profile.filter(|_| mode == OnDemand::Auto),
+            profile: profile.filter(|p| mode == OnDemand::Auto && p.kernel == kernel),
             only: OnceLock::new(),
             caps: Mutex::new(Vec::new()),
         }
@@ -75,7 +78,8 @@ impl Policy {
 
     /// Whether the cache registers `req` (the app's request) on demand: under `on` where
     /// the device pages it so; under `auto` also only where on-demand entries alone are
-    /// cached, or where the device kind's profile says an on-demand miss of its length pays.
+    /// cached, or where the device kind's profile says an on-demand miss of its length pays
+    /// (remote access only under `MRCACHE_REMOTE=revoke`).
     pub fn applies(&self, req: &Request) -> bool {
         match self.mode {
             OnDemand::Off => false,
@@ -83,6 +87,7 @@ impl Policy {
             OnDemand::Auto if self.only.get().is_some() => self.device_pages(req),
             OnDemand::Auto => {
                 self.profile.is_some()
+                    && self.revoked_if_remote(req)
                     && self
                         .profile_of(self.device(req.context))
                         .is_some_and(|p| p.pays(req.len as u64))
@@ -91,18 +96,24 @@ impl Policy {
         }
     }
 
-    /// The profile, if it is of `device`'s kind.
+    /// Whether `req` is local, or remote with its key revoked at `ibv_dereg_mr`: a kept key
+    /// of an on-demand entry would reach whatever lives at the address later.
+    fn revoked_if_remote(&self, req: &Request) -> bool {
+        req.access & REMOTE == 0 || self.remote == RemoteMode::Revoke
+    }
+
+    /// The profile, if it is of `device`'s kind and firmware.
     fn profile_of(&self, device: Device) -> Option<&OdpProfile> {
         self.profile
             .as_ref()
-            .filter(|p| p.matches(device.vendor, device.part))
+            .filter(|p| p.matches(device.vendor, device.part, device.firmware()))
     }
 
     /// Under `auto`, a registration of `req` that could not be pinned for want of lockable
     /// memory (ENOMEM, EAGAIN: the memlock limit): whether to make it on demand instead,
     /// which pins nothing.
     pub fn instead_of_pinning(&self, req: &Request) -> bool {
-        self.mode == OnDemand::Auto && self.device_pages(req)
+        self.mode == OnDemand::Auto && self.revoked_if_remote(req) && self.device_pages(req)
     }
 
     /// Whether the device of `req` pages it on demand, as the mode asks.
@@ -176,7 +187,7 @@ impl Policy {
 }
 
 /// What the policy asks of a device.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Device {
     /// The RC transport's ODP capabilities (0: no ODP).
     rc: u32,
@@ -185,6 +196,32 @@ struct Device {
     vendor: u32,
     /// The vendor part id.
     part: u32,
+    /// Its firmware version, NUL-terminated (`fw_ver`).
+    fw: [u8; ffi::FW_VER_LEN],
+}
+
+impl Default for Device {
+    fn default() -> Device {
+        Device {
+            rc: 0,
+            ud: 0,
+            vendor: 0,
+            part: 0,
+            fw: [0; ffi::FW_VER_LEN],
+        }
+    }
+}
+
+impl Device {
+    /// The firmware version as text ("" where it is not).
+    fn firmware(&self) -> &str {
+        let n = self
+            .fw
+            .iter()
+            .position(|&c| c == 0)
+            .unwrap_or(self.fw.len());
+        std::str::from_utf8(&self.fw[..n]).unwrap_or("")
+    }
 }
 
 type QueryDeviceEx = unsafe extern "C" fn(*mut IbvContext, *const c_void, *mut u8, usize) -> i32;
@@ -233,10 +270,15 @@ fn query_device(ctx: *mut IbvContext) -> Device {
     let word = |at: usize| (attr[at / 8] >> ((at % 8) * 8)) as u32;
     let vendor = word(ffi::DEVICE_ATTR_EX_VENDOR_ID);
     let part = word(ffi::DEVICE_ATTR_EX_VENDOR_PART_ID);
+    let mut fw = [0u8; ffi::FW_VER_LEN];
+    for (i, b) in fw.iter_mut().enumerate().take(ffi::FW_VER_LEN - 1) {
+        *b = (attr[i / 8] >> ((i % 8) * 8)) as u8;
+    }
     if attr[ffi::DEVICE_ATTR_EX_ODP / 8] & ffi::IBV_ODP_SUPPORT == 0 {
         return Device {
             vendor,
             part,
+            fw,
             ..Device::default()
         };
     }
@@ -245,6 +287,7 @@ fn query_device(ctx: *mut IbvContext) -> Device {
         ud: word(ffi::DEVICE_ATTR_EX_ODP_UD),
         vendor,
         part,
+        fw,
     }
 }
 

@@ -54,6 +54,8 @@ impl Provider {
     /// every unmap, and where it does not (only on-demand entries cached) the error goes
     /// back with the policy now refusing the request, so the cache passes it through to
     /// libibverbs (`Cache::acquire`). The app's registration never fails for the policy.
+    /// An on-demand registration refused for want of memory (ENOMEM, EAGAIN) is not such a
+    /// refusal: that entry is pinned, where pinned entries are cached.
     fn register_for(&self, app: &Request, made: Request) -> Result<Mr, i32> {
         let on_demand = Request {
             access: made.access | ON_DEMAND,
@@ -64,6 +66,11 @@ impl Provider {
                 Err(e) => e,
                 ok => return ok,
             };
+            // Short of memory for this one (an on-demand registration pins nothing, so the
+            // kernel's memory itself): pinned, and the device keeps its standing.
+            if matches!(e, libc::ENOMEM | libc::EAGAIN) && self.odp.only_why().is_none() {
+                return self.register_as(&made);
+            }
             self.odp.refused(app.context);
             (self.log)(
                 LogLevel::Info,

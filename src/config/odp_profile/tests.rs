@@ -8,6 +8,8 @@ fn figures(size: u64, miss_over_pinned: f64) -> SizeFigures {
         on_demand_us: 5.0,
         first_touch_us: 1.0,
         miss_over_pinned,
+        miss_over_pinned_min: miss_over_pinned,
+        miss_over_pinned_max: miss_over_pinned,
     }
 }
 
@@ -16,6 +18,8 @@ fn profile() -> OdpProfile {
         device: "mlx5_0".into(),
         vendor: 0x02c9,
         part: 4129,
+        firmware: "16.35.2000".into(),
+        kernel: "6.1.0-28-amd64".into(),
         offsets_kept: true,
         sizes: vec![figures(4096, 1.8), figures(1 << 20, 0.5)],
         on_demand_from: Some(1 << 20),
@@ -54,6 +58,16 @@ fn a_size_pays_only_over_enough_rounds_and_a_ratio_above_zero() {
         on_demand_from(&[figures(4096, 0.0), figures(65536, 0.7)]),
         Some(65536)
     );
+    let one_round_over = SizeFigures {
+        miss_over_pinned_max: 1.4,
+        ..figures(1 << 20, 0.5)
+    };
+    assert_eq!(on_demand_from(&[one_round_over]), None, "a round at 1.4");
+    let one_round_under = SizeFigures {
+        miss_over_pinned_min: -3.0,
+        ..figures(1 << 20, 0.5)
+    };
+    assert_eq!(on_demand_from(&[one_round_under]), None, "a round at -3");
 }
 
 #[test]
@@ -94,7 +108,7 @@ fn bad_profiles_say_which_line_and_what_is_allowed() {
         (
             "offsets kept",
             "offsets maybe",
-            "line 7: offsets \"maybe\": allowed: kept, misplaced",
+            "line 9: offsets \"maybe\": allowed: kept, misplaced",
         ),
         ("vendor 0x2c9", "vendor 0xzz", "allowed: a 32-bit id"),
         (
@@ -139,11 +153,53 @@ fn the_summary_says_what_auto_does() {
     let p = profile();
     assert_eq!(
         p.summary(),
-        "mlx5_0 (vendor 0x2c9 part 4129): on demand from 1048576 bytes"
+        "mlx5_0 (vendor 0x2c9 part 4129 firmware \"16.35.2000\", kernel 6.1.0-28-amd64): on demand from 1048576 bytes"
     );
     let misplaced = OdpProfile {
         offsets_kept: false,
         ..p
     };
     assert!(misplaced.summary().contains("never on demand"));
+}
+
+#[test]
+fn ids_are_digits_only_and_names_printable() {
+    let good = profile().render();
+    for (from, to) in [
+        ("vendor 0x2c9", "vendor 0x+2c9"),
+        ("part 4129", "part +4129"),
+        ("device mlx5_0", "device mlx5_0\u{1b}[2J"),
+        ("kernel 6.1.0-28-amd64", "kernel \u{7}"),
+        ("kernel 6.1.0-28-amd64\n", ""),
+    ] {
+        assert!(good.contains(from), "{from}");
+        let text = good.replacen(from, to, 1);
+        assert!(OdpProfile::parse(&text).is_err(), "{to:?} accepted");
+    }
+    let no_fw = good.replacen("firmware 16.35.2000", "firmware", 1);
+    assert_eq!(OdpProfile::parse(&no_fw).unwrap().firmware, "");
+}
+
+#[test]
+fn an_error_quotes_at_most_sixty_characters() {
+    let long = "x".repeat(100_000);
+    let text = profile()
+        .render()
+        .replacen("offsets kept", &format!("offsets {long}"), 1);
+    let e = OdpProfile::parse(&text).unwrap_err();
+    assert!(e.len() < 200, "{} bytes", e.len());
+    let e = OdpProfile::parse(&long).unwrap_err();
+    assert!(e.len() < 200, "{} bytes", e.len());
+}
+
+#[test]
+fn a_profile_holds_under_its_own_kernel_and_firmware() {
+    let p = profile();
+    assert!(p.matches(0x2c9, 4129, "16.35.2000"));
+    assert!(!p.matches(0x2c9, 4129, "16.35.2004"));
+    assert!(!p.matches(0x2c9, 4130, "16.35.2000"));
+    assert_eq!(p.verdict_under("6.1.0-28-amd64"), p.summary());
+    assert!(p.verdict_under("7.3.4+deb13-amd64").ends_with(
+        "not used: this is kernel 7.3.4+deb13-amd64 (measure again with mrcache bench --odp-profile)"
+    ));
 }

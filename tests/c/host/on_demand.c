@@ -20,6 +20,10 @@
  *                      vendor id, 5: rxe's; both page every transport on demand and pin too):
  *                      "sizes: on demand: none|SIZE..." (the sizes registered ON_DEMAND),
  *                      "registrations: R of 6 pairs" (those that reached the provider)
+ *   on_demand remote   a 1 MiB pair with remote write, then one local, on device 4:
+ *                      "remote: on demand: remote R, local L" (registrations made ON_DEMAND)
+ *   on_demand transient three 1 MiB pairs on device 4 whose first on-demand registration
+ *                      fails with ENOMEM: "transient: registrations R (on demand O)"
  *   on_demand refused  five 1 MiB pairs on a device whose capabilities say it pages the RC
  *                      transport on demand but whose reg op refuses ON_DEMAND (EINVAL, as a
  *                      kernel with ODP turned off does): "refused: mr ok|NULL errno E,
@@ -42,6 +46,7 @@ static struct verbs_context vctx, other;
 static struct ibv_pd pd, other_pd;
 static int regs, odp_regs, pd_regs;
 static size_t odp_lens[8];
+static int fail_next_odp; /* errno for the next ON_DEMAND registration, once */
 
 static int query_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *in,
                     struct ibv_device_attr_ex *attr, size_t size) {
@@ -66,6 +71,11 @@ static struct ibv_mr *reg(struct ibv_pd *p, void *addr, size_t len, uint64_t iov
     }
     if ((access & IBV_ACCESS_ON_DEMAND) && p->context->cmd_fd == 3) {
         errno = EINVAL;
+        return NULL;
+    }
+    if ((access & IBV_ACCESS_ON_DEMAND) && fail_next_odp) {
+        errno = fail_next_odp;
+        fail_next_odp = 0;
         return NULL;
     }
     if (!(access & IBV_ACCESS_ON_DEMAND) && p->context->cmd_fd == 2) {
@@ -151,6 +161,29 @@ int main(int argc, char **argv) {
         printf("sizes: on demand:%s", odp_regs ? "" : " none");
         for (int i = 0; i < odp_regs && i < 8; i++) printf(" %zu", odp_lens[i]);
         printf("\nregistrations: %d of 6 pairs\n", regs);
+        return 0;
+    }
+    if (!strcmp(mode, "remote")) {
+        open_device(4);
+        char *b = map(NULL, len, 0);
+        struct ibv_mr *n = ibv_reg_mr(&pd, a, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        if (!n || ibv_dereg_mr(n)) return 3;
+        int remote = odp_regs;
+        n = ibv_reg_mr(&pd, b, len, IBV_ACCESS_LOCAL_WRITE);
+        if (!n || ibv_dereg_mr(n)) return 3;
+        printf("remote: on demand: remote %d, local %d\n", remote, odp_regs - remote);
+        return 0;
+    }
+    if (!strcmp(mode, "transient")) {
+        open_device(4);
+        fail_next_odp = ENOMEM;
+        char *b = map(NULL, len, 0), *c = map(NULL, len, 0);
+        char *bufs[] = {a, b, c};
+        for (int i = 0; i < 3; i++) {
+            struct ibv_mr *n = ibv_reg_mr(&pd, bufs[i], len, IBV_ACCESS_LOCAL_WRITE);
+            if (!n || ibv_dereg_mr(n)) return 3;
+        }
+        printf("transient: registrations %d (on demand %d)\n", regs, odp_regs);
         return 0;
     }
     if (!strcmp(mode, "memlock")) {

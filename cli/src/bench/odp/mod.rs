@@ -71,7 +71,7 @@ pub struct Section {
     /// `rc_odp_caps` (0: no explicit ODP), or why it could not be read.
     pub rc_caps: Result<u32, String>,
     /// The device's vendor and vendor part ids (`ibv_query_device`; None: not read).
-    pub ids: Option<(u32, u32)>,
+    pub ids: Option<(u32, u32, String)>,
     /// Where its on-demand writes land (`offsets::check`), where it offers ODP.
     pub offsets: Option<Result<offsets::Offsets, String>>,
     pub rows: Vec<Row>,
@@ -125,7 +125,9 @@ pub fn run(
     let mut s = Section {
         device: ctx.name.clone(),
         rc_caps: device::rc_on_demand(ctx),
-        ids: ctx.info().map(|i| (i.vendor_id, i.vendor_part_id)),
+        ids: ctx
+            .info()
+            .map(|i| (i.vendor_id, i.vendor_part_id, i.fw_ver)),
         offsets: None,
         rows: Vec::new(),
         stopped: None,

@@ -23,15 +23,21 @@ fn median_of(rounds: &[[f64; 4]], f: impl Fn(&[f64; 4]) -> f64) -> f64 {
 /// of the rounds' ratios.
 pub fn figures(r: &Row) -> SizeFigures {
     let rounds = &r.round_ns;
+    let ratios = Spread::of(
+        &rounds
+            .iter()
+            .map(|x| (x[ON_DEMAND] + x[FIRST_WRITE] - x[WRITE]) / x[PINNED])
+            .collect::<Vec<_>>(),
+    );
     SizeFigures {
         size: r.size as u64,
         rounds: rounds.len() as u32,
         pinned_us: median_of(rounds, |x| x[PINNED]) / 1000.0,
         on_demand_us: median_of(rounds, |x| x[ON_DEMAND]) / 1000.0,
         first_touch_us: median_of(rounds, |x| x[FIRST_WRITE] - x[WRITE]) / 1000.0,
-        miss_over_pinned: median_of(rounds, |x| {
-            (x[ON_DEMAND] + x[FIRST_WRITE] - x[WRITE]) / x[PINNED]
-        }),
+        miss_over_pinned: ratios.median,
+        miss_over_pinned_min: ratios.min,
+        miss_over_pinned_max: ratios.max,
     }
 }
 
@@ -53,7 +59,7 @@ pub fn profile(s: &Section) -> Result<OdpProfile, String> {
         }
         None => return Err("the offset check did not run".into()),
     };
-    let (vendor, part) = s.ids.ok_or_else(|| {
+    let (vendor, part, firmware) = s.ids.clone().ok_or_else(|| {
         format!(
             "{}'s vendor and part ids cannot be read (ibv_query_device failed)",
             s.device
@@ -79,6 +85,8 @@ pub fn profile(s: &Section) -> Result<OdpProfile, String> {
         device: s.device.clone(),
         vendor,
         part,
+        firmware,
+        kernel: mrcache::node::running_kernel(),
         offsets_kept,
         on_demand_from: on_demand_from(&sizes),
         sizes,
@@ -94,6 +102,27 @@ pub fn write(s: &Section, path: &Path) -> Result<(), String> {
             path.display()
         )
     })?;
-    std::fs::write(path, p.render())
-        .map_err(|e| format!("--odp-profile {}: cannot write it: {e}", path.display()))
+    let cannot =
+        |e: std::io::Error| format!("--odp-profile {}: cannot write it: {e}", path.display());
+    // Whole or not at all: a job starting meanwhile reads the old profile or the new one.
+    let tmp = temporary(path);
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, p.render().as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(cannot)
+}
+
+/// The temporary name `path` is written under before the rename: a dot file beside it.
+pub fn temporary(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }

@@ -169,7 +169,7 @@ fn section(rc_caps: Result<u32, String>, rows: Vec<Row>) -> Section {
     Section {
         device: "rxe0".into(),
         rc_caps,
-        ids: Some((0xffffff, 0)),
+        ids: Some((0xffffff, 0, "0.0.0".into())),
         offsets: None,
         rows,
         stopped: None,
@@ -424,7 +424,10 @@ fn the_profile_and_its_lines() {
     );
     assert_eq!(
         lines[at + 1],
-        "on-demand profile: rxe0 (vendor 0xffffff part 0): on demand from 65536 bytes"
+        format!(
+            "on-demand profile: rxe0 (vendor 0xffffff part 0 firmware \"0.0.0\", kernel {}): on demand from 65536 bytes",
+            mrcache::node::running_kernel()
+        )
     );
     let j = json(&s);
     assert_eq!(j["offsets_kept"], true);
@@ -442,7 +445,7 @@ fn the_profile_and_its_lines() {
     }));
     let t = text(&s, 1.0);
     assert!(t.contains("\non-demand offsets: rxe0 misplaces data: 64 bytes RDMA-written at offset 100 of a fresh on-demand registration landed at offset 0\n"), "{t}");
-    assert!(t.contains("\non-demand profile: rxe0 (vendor 0xffffff part 0): never on demand: its on-demand transfers misplace data\n"), "{t}");
+    assert!(t.contains(&format!("\non-demand profile: rxe0 (vendor 0xffffff part 0 firmware \"0.0.0\", kernel {}): never on demand: its on-demand transfers misplace data\n", mrcache::node::running_kernel())), "{t}");
     assert!(
         profile(&s)
             .unwrap()
