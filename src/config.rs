@@ -356,6 +356,14 @@ fn read_profile(path: &str) -> Result<OdpProfile, String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let cannot = |e: std::io::Error| format!("cannot read it: {e}");
+    if !path.starts_with('/') {
+        return Err("a relative path (allowed: an absolute path: the program may change its directory before its first registration)".into());
+    }
+    // Looked at before it is opened: opening a FIFO or a device node can act on it.
+    let not_regular = "not a regular file (allowed: a file mrcache bench --odp-profile wrote)";
+    if !std::fs::metadata(path).map_err(cannot)?.is_file() {
+        return Err(not_regular.into());
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -363,9 +371,7 @@ fn read_profile(path: &str) -> Result<OdpProfile, String> {
         .map_err(cannot)?;
     let meta = file.metadata().map_err(cannot)?;
     if !meta.is_file() {
-        return Err(
-            "not a regular file (allowed: a file mrcache bench --odp-profile wrote)".into(),
-        );
+        return Err(not_regular.into());
     }
     if meta.len() > odp_profile::MAX_BYTES {
         return Err(format!(

@@ -60,7 +60,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "MRCACHE_ODP_PROFILE",
         default: "unset",
-        allowed: "the path of a file mrcache bench --odp-profile FILE wrote",
+        allowed: "the absolute path of a file mrcache bench --odp-profile FILE wrote",
         about: "what MRCACHE_ODP=auto measured on one kind of device (its vendor and part ids and firmware, under the kernel it ran under): where an on-demand miss (registration and the device's first-touch fault) cost less than a pinned one in every round, auto registers entries of that size and up on demand on devices of that kind, also where the monitor sees (remote ones only under MRCACHE_REMOTE=revoke); a device whose on-demand writes it found misplacing data is never chosen, and one it found keeping them is chosen even if rxe; a profile of another kernel is not used. Unreadable, not a regular file, over 64 KiB or malformed: the cache is off. Read only with the cache on under MRCACHE_ODP=auto",
     },
     Variable {

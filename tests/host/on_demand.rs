@@ -311,6 +311,7 @@ fn a_bad_profile_turns_the_cache_off_with_one_line() {
             "line 2: offsets \"sideways\": allowed: kept, misplaced",
         ),
         (&missing, "cannot read it"),
+        (&"relative.profile".to_string(), "a relative path"),
     ] {
         let out = run(
             "sizes 4",

@@ -188,7 +188,7 @@ pub fn check_profile_dir(path: &std::path::Path) -> Result<(), String> {
             dir.display()
         ));
     }
-    if path.is_dir() {
+    if path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/') {
         return Err(format!(
             "--odp-profile {}: a directory; allowed: a file in an existing directory",
             path.display()
@@ -196,7 +196,7 @@ pub fn check_profile_dir(path: &std::path::Path) -> Result<(), String> {
     }
     // The file is written under a temporary name beside it and renamed: that must work.
     let tmp = odp::profile::temporary(path);
-    std::fs::write(&tmp, b"")
+    odp::profile::create_new(&tmp)
         .and_then(|_| std::fs::remove_file(&tmp))
         .map_err(|e| {
             format!(
@@ -444,7 +444,12 @@ fn reexec(lib: &std::path::Path, strip: &[String]) -> Result<ExitCode, String> {
     let said: Vec<&str> = strip
         .iter()
         .map(String::as_str)
-        .filter(|k| !matches!(*k, "MRCACHE_STATS" | "MRCACHE_STATS_FILE"))
+        .filter(|k| {
+            !matches!(
+                *k,
+                "MRCACHE_STATS" | "MRCACHE_STATS_FILE" | "MRCACHE_ODP_PROFILE"
+            )
+        })
         .collect();
     if !said.is_empty() {
         eprintln!(
@@ -455,6 +460,9 @@ fn reexec(lib: &std::path::Path, strip: &[String]) -> Result<ExitCode, String> {
     for k in strip {
         cmd.env_remove(k);
     }
+    // The profile is the bench's output, never its input (a file not written yet, or one
+    // the default configuration does not have).
+    cmd.env_remove("MRCACHE_ODP_PROFILE");
     // Every size cached, so that "cached" is the cache's hit; the default's choice is then
     // computed from the figures (admission's model).
     cmd.env("MRCACHE_ADMIT", "always")

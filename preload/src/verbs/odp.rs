@@ -196,7 +196,7 @@ struct Device {
     vendor: u32,
     /// The vendor part id.
     part: u32,
-    /// Its firmware version, NUL-terminated (`fw_ver`).
+    /// Its firmware version (`fw_ver`), NUL-terminated if shorter than the field.
     fw: [u8; ffi::FW_VER_LEN],
 }
 
@@ -213,14 +213,15 @@ impl Default for Device {
 }
 
 impl Device {
-    /// The firmware version as text ("" where it is not).
+    /// The firmware version as text, as a profile holds it: up to its NUL (all 64 bytes
+    /// without one), without surrounding blanks ("" where it is not text).
     fn firmware(&self) -> &str {
         let n = self
             .fw
             .iter()
             .position(|&c| c == 0)
             .unwrap_or(self.fw.len());
-        std::str::from_utf8(&self.fw[..n]).unwrap_or("")
+        std::str::from_utf8(&self.fw[..n]).unwrap_or("").trim()
     }
 }
 
@@ -271,7 +272,7 @@ fn query_device(ctx: *mut IbvContext) -> Device {
     let vendor = word(ffi::DEVICE_ATTR_EX_VENDOR_ID);
     let part = word(ffi::DEVICE_ATTR_EX_VENDOR_PART_ID);
     let mut fw = [0u8; ffi::FW_VER_LEN];
-    for (i, b) in fw.iter_mut().enumerate().take(ffi::FW_VER_LEN - 1) {
+    for (i, b) in fw.iter_mut().enumerate() {
         *b = (attr[i / 8] >> ((i % 8) * 8)) as u8;
     }
     if attr[ffi::DEVICE_ATTR_EX_ODP / 8] & ffi::IBV_ODP_SUPPORT == 0 {

@@ -85,7 +85,7 @@ pub fn profile(s: &Section) -> Result<OdpProfile, String> {
         device: s.device.clone(),
         vendor,
         part,
-        firmware,
+        firmware: firmware.trim().to_string(),
         kernel: mrcache::node::running_kernel(),
         offsets_kept,
         on_demand_from: on_demand_from(&sizes),
@@ -105,10 +105,18 @@ pub fn write(s: &Section, path: &Path) -> Result<(), String> {
     let cannot =
         |e: std::io::Error| format!("--odp-profile {}: cannot write it: {e}", path.display());
     // Whole or not at all: a job starting meanwhile reads the old profile or the new one.
+    let text = p.render();
+    // What the jobs will read must be what was measured.
+    if OdpProfile::parse(&text).as_ref() != Ok(&p) {
+        return Err(format!(
+            "--odp-profile {}: no profile written: it would not read back as measured (a device name or firmware version with characters a profile cannot hold?)",
+            path.display()
+        ));
+    }
     let tmp = temporary(path);
+    let mut f = create_new(&tmp).map_err(cannot)?;
     let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, p.render().as_bytes())?;
+        std::io::Write::write_all(&mut f, text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
@@ -118,11 +126,19 @@ pub fn write(s: &Section, path: &Path) -> Result<(), String> {
     written.map_err(cannot)
 }
 
-/// The temporary name `path` is written under before the rename: a dot file beside it.
+/// The temporary name `path` is written under before the rename: a short dot file beside
+/// it, this process's.
 pub fn temporary(path: &Path) -> std::path::PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    path.with_file_name(format!(".odp-profile.{}.tmp", std::process::id()))
+}
+
+/// A file created at `path` that was not there (a link planted at the name is not
+/// followed), readable by all as the profile must be.
+pub fn create_new(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
 }

@@ -512,3 +512,43 @@ fn no_profile_is_one_line_and_no_file() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A profile that would not read back as measured is not written; a link planted at the
+/// temporary name is not followed (the write fails, the link's target is untouched); the
+/// file is replaced whole, never left partly written. Seen failing before: a firmware
+/// version with a tab was written and read back as a bad profile, and the planted link's
+/// target was emptied.
+#[test]
+fn the_profile_is_written_whole_as_it_reads_back() {
+    let dir = std::env::temp_dir().join(format!("mrcache-odp-write-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("p");
+    let mut tab = measured(Ok(Offsets {
+        kept: true,
+        landed_at: Some(WITHIN),
+    }));
+    tab.ids = Some((0xffffff, 0, "1.0\tbeta".into()));
+    let e = profile::write(&tab, &file).unwrap_err();
+    assert!(e.contains("would not read back"), "{e}");
+    assert!(!file.exists());
+    let ok = measured(Ok(Offsets {
+        kept: true,
+        landed_at: Some(WITHIN),
+    }));
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "old").unwrap();
+    let tmp = profile::temporary(&file);
+    std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+    assert!(profile::write(&ok, &file).is_err());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "old");
+    std::fs::remove_file(&tmp).unwrap();
+    std::fs::write(&file, "an older profile").unwrap();
+    profile::write(&ok, &file).unwrap();
+    assert_eq!(
+        OdpProfile::parse(&std::fs::read_to_string(&file).unwrap()).unwrap(),
+        profile(&ok).unwrap()
+    );
+    assert!(!tmp.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
