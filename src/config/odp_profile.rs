@@ -165,7 +165,7 @@ impl OdpProfile {
         for z in &self.sizes {
             let _ = writeln!(
                 s,
-                "size {} rounds {} pinned_us {:.3} on_demand_us {:.3} first_touch_us {:.3} miss_over_pinned {} min {} max {}",
+                "size {} rounds {} pinned_us {} on_demand_us {} first_touch_us {} miss_over_pinned {} min {} max {}",
                 z.size,
                 z.rounds,
                 z.pinned_us,

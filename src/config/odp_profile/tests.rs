@@ -72,7 +72,12 @@ fn a_size_pays_only_over_enough_rounds_and_a_ratio_above_zero() {
 
 #[test]
 fn a_rendered_profile_reads_back() {
-    let p = profile();
+    let mut p = profile();
+    // Figures as measured, not round: each must read back exactly.
+    p.sizes[0].pinned_us = 29.412_345_678_9;
+    p.sizes[0].on_demand_us = 1.0 / 3.0;
+    p.sizes[0].first_touch_us = -2_840.447_123;
+    p.sizes[0].miss_over_pinned_min = 0.999_96;
     assert_eq!(OdpProfile::parse(&p.render()), Ok(p.clone()));
     let never = OdpProfile {
         offsets_kept: false,
