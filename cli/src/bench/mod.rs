@@ -175,7 +175,9 @@ pub fn plan(o: &Options) -> Result<Plan, String> {
     })
 }
 
-/// `--odp-profile FILE` in a directory that does not exist: refused before measuring.
+/// `--odp-profile FILE`, refused before measuring where it could not be written: a
+/// directory, in a directory that does not exist, or one where the temporary file the
+/// profile is written under cannot be created.
 pub fn check_profile_dir(path: &std::path::Path) -> Result<(), String> {
     let dir = path
         .parent()
@@ -444,12 +446,7 @@ fn reexec(lib: &std::path::Path, strip: &[String]) -> Result<ExitCode, String> {
     let said: Vec<&str> = strip
         .iter()
         .map(String::as_str)
-        .filter(|k| {
-            !matches!(
-                *k,
-                "MRCACHE_STATS" | "MRCACHE_STATS_FILE" | "MRCACHE_ODP_PROFILE"
-            )
-        })
+        .filter(|k| !matches!(*k, "MRCACHE_STATS" | "MRCACHE_STATS_FILE"))
         .collect();
     if !said.is_empty() {
         eprintln!(

@@ -176,11 +176,8 @@ pub fn set_up() -> Runtime {
             LogLevel::Info,
             &format!("mrcache[{pid}]: fork policy: {}", d.why),
         );
-        if let Some(p) = config
-            .odp_profile
-            .as_ref()
-            .filter(|_| config.odp == OnDemand::Auto)
-        {
+        // Read only under `auto` (config::parse).
+        if let Some(p) = &config.odp_profile {
             trace::log_line(
                 LogLevel::Info,
                 &format!(

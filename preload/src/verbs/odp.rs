@@ -86,12 +86,13 @@ impl Policy {
             OnDemand::On => self.device_pages(req),
             OnDemand::Auto if self.only.get().is_some() => self.device_pages(req),
             OnDemand::Auto => {
-                self.profile.is_some()
-                    && self.revoked_if_remote(req)
-                    && self
-                        .profile_of(self.device(req.context))
-                        .is_some_and(|p| p.pays(req.len as u64))
-                    && self.device_pages(req)
+                if self.profile.is_none() || !self.revoked_if_remote(req) {
+                    return false;
+                }
+                let device = self.device(req.context);
+                self.profile_of(device)
+                    .is_some_and(|p| p.pays(req.len as u64))
+                    && self.pages(device, req.access)
             }
         }
     }
@@ -118,11 +119,14 @@ impl Policy {
 
     /// Whether the device of `req` pages it on demand, as the mode asks.
     fn device_pages(&self, req: &Request) -> bool {
-        if req.access & REMOTE_ATOMIC != 0 {
-            let atomic = ffi::IBV_ODP_SUPPORT_ATOMIC;
-            return self.device(req.context).rc & atomic != 0 && self.pages_on_demand(req.context);
-        }
-        self.pages_on_demand(req.context)
+        self.pages(self.device(req.context), req.access)
+    }
+
+    /// Whether `device` pages on demand a registration with `access`: what a local one
+    /// needs (`pages_on_demand`), and atomics where it grants them.
+    fn pages(&self, device: Device, access: u32) -> bool {
+        let atomic = access & REMOTE_ATOMIC == 0 || device.rc & ffi::IBV_ODP_SUPPORT_ATOMIC != 0;
+        atomic && self.pages_local(device)
     }
 
     /// Whether the device of `context` pages on demand what a local registration needs:
@@ -133,11 +137,15 @@ impl Policy {
     /// says so, and without a profile rxe, whose on-demand copy drops the offset within a
     /// page on the kernels tested (docs/design/odp.md, "Devices"); only `on` asks it.
     pub fn pages_on_demand(&self, context: usize) -> bool {
+        self.pages_local(self.device(context))
+    }
+
+    /// `pages_on_demand` of a device already asked.
+    fn pages_local(&self, device: Device) -> bool {
         let need = ffi::IBV_ODP_SUPPORT_SEND
             | ffi::IBV_ODP_SUPPORT_RECV
             | ffi::IBV_ODP_SUPPORT_WRITE
             | ffi::IBV_ODP_SUPPORT_READ;
-        let device = self.device(context);
         if self.mode == OnDemand::Auto {
             let rc = need | ffi::IBV_ODP_SUPPORT_SRQ_RECV;
             let ud = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
