@@ -326,7 +326,7 @@ fn main() {
     }
     let t0 = Instant::now();
     match run_suite(&repo, &cases) {
-        Ok(results) => {
+        Ok((results, rig_error)) => {
             let mut failed = Vec::new();
             for (c, (rc, out)) in cases.iter().zip(&results) {
                 // A preload variant whose library ld.so refused ran as plain: most cases
@@ -358,6 +358,11 @@ fn main() {
                     println!("    {id}");
                 }
             }
+            // The rig's own failure last, where a reader of the log's tail sees it; the cases
+            // that ran before it keep their results above.
+            if let Some(e) = &rig_error {
+                println!("\nerror: {e}");
+            }
             let passed = cases.len() - failed.len();
             summary(
                 passed,
@@ -366,7 +371,7 @@ fn main() {
                 filtered_out,
                 t0.elapsed().as_secs_f64(),
             );
-            if !failed.is_empty() {
+            if !failed.is_empty() || rig_error.is_some() {
                 std::process::exit(101);
             }
         }
@@ -388,9 +393,12 @@ fn summary(passed: usize, failed: usize, ignored: usize, filtered: usize, secs: 
     );
 }
 
-/// Prepare the rig, build the programs, run every case in one boot. Returns, per case, its
-/// exit status (None when it has no result) and its output.
-fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>, String> {
+/// Per case, its exit status (None when it has no result) and its output; and the rig's
+/// failure if it stopped before every case had a result.
+type Outcome = (Vec<(Option<i32>, String)>, Option<String>);
+
+/// Prepare the rig, build the programs, run every case in one boot.
+fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Outcome, String> {
     let work = std::env::var_os("MRCACHE_VM_WORK")
         .map(|w| repo.join(w))
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vm"));
@@ -452,19 +460,21 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
         .arg(&job)
         .status()
         .map_err(|e| format!("{rig}: {e}"))?;
-    match status.code() {
-        Some(0 | 1) => {}
+    // A rig that failed part-way (a kernel panic, a hang) leaves the results of the commands
+    // that ran before it: those cases keep them, the others have none.
+    let rig_error = match status.code() {
+        Some(0 | 1) => None,
         other => {
             let log = std::fs::read_to_string(job.join("serial.log")).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            return Err(format!(
+            Some(format!(
                 "the VM rig failed ({rig} exit {other:?}); last console lines:\n{}",
                 tail.join("\n")
-            ));
+            ))
         }
-    }
-    Ok((1..=cases.len())
+    };
+    let results = (1..=cases.len())
         .map(|n| {
             let rc = std::fs::read_to_string(job.join(format!("results/{n}.rc")))
                 .ok()
@@ -473,7 +483,8 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Vec<(Option<i32>, String)>,
                 std::fs::read_to_string(job.join(format!("results/{n}.out"))).unwrap_or_default();
             (rc, out)
         })
-        .collect())
+        .collect();
+    Ok((results, rig_error))
 }
 
 /// Build (or reuse) the Debian 13 root and return its path.

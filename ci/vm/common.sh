@@ -64,6 +64,10 @@ vm_boot() {
   marker=$(grep -a -o 'MRCACHE-VM-RESULT rc=[0-9]*' "$log" | tail -1 | sed 's/.*rc=//')
   if [ -z "$marker" ]; then
     if grep -aq 'Kernel panic' "$log"; then
+      # What crashed and where, on lines of their own: a log's tail may be all a reader sees.
+      grep -a -m3 -E 'Oops|BUG:|RIP:|general protection' "$log" | cut -c10- | while IFS= read -r l; do
+        vm_log "guest console:$l"
+      done
       vm_die "$RC_NO_MARKER" "guest kernel panicked: $(grep -a -m1 'Kernel panic' "$log" | cut -c10-) (log: $log)"
     fi
     vm_die "$RC_NO_MARKER" "QEMU exited $qrc without the guest's result line (crash?) (log: $log)"
@@ -91,6 +95,14 @@ vm_boot() {
   case $marker in 0|"$RC_CMD_FAILED") ;; *) vm_die "$marker" "guest runner exited $marker" ;; esac
   [ "$failed" = 0 ] || exit "$RC_CMD_FAILED"
   exit 0
+}
+
+# vm_first_without_result JOB: the number of the first command of JOB/commands that has no
+# JOB/results/N.rc (one past the last when every command has one).
+vm_first_without_result() {
+  local n=1
+  while [ -f "$1/results/$n.rc" ]; do n=$((n + 1)); done
+  echo "$n"
 }
 
 # vm_initramfs LABEL OUT INIT KVER MODS BUSYBOX APPLETS: the guest's initramfs OUT, rebuilt

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Runs inside the guest (in the chroot of the host root). Executes every line of
 # $JOB/commands in order, each with its own time limit, and leaves results/N.rc and
-# results/N.out beside it. Exit status: 0 if every command exited 0, else 1.
+# results/N.out beside it. A command that already has results/N.rc (from a boot that ended in
+# a kernel panic, ci/vm/run.sh) keeps it and is not run again. Exit status: 0 if every command
+# exited 0, else 1.
 JOB=$1
 LIMIT=$(cat "$JOB/command-timeout" 2>/dev/null || echo 300)
 mkdir -p "$JOB/results"
@@ -16,6 +18,10 @@ fi
 rc=0; n=0
 while IFS= read -r cmd; do
   n=$((n + 1))
+  if [ -f "results/$n.rc" ]; then
+    [ "$(cat "results/$n.rc")" = 0 ] || rc=1
+    continue
+  fi
   t0=$(cut -d' ' -f1 /proc/uptime)
   timeout -k 5 "$LIMIT" /bin/sh -c "$cmd" > "results/$n.out" 2>&1 < /dev/null
   r=$?
