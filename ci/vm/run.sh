@@ -40,26 +40,39 @@ args=(-L "$SYSROOT/usr/share/qemu" -L "$SYSROOT/usr/share/seabios"
   -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot"
   -virtfs "local,path=$JOB,mount_tag=job,security_model=none,id=job")
 
-# A kernel that panics is booted again, twice at most, and runs the commands that have no
-# result yet: under TCG with thread=multi a newer kernel's own live patching of its text
-# (static keys, alternatives) can race the emulation ("Oops: int3", seen in the first seconds
-# of about one boot in eight of a 7.x kernel). The command that was running when the kernel
-# panicked runs again; if the kernel panics in the same command again, that is the result.
-# Each panic's console is kept (serial.panic-N.log) and named on a line of its own.
+# A guest that fails before its commands are done is booted again, twice at most, and runs
+# the commands that have no result yet. A kernel panic: under TCG with thread=multi a newer
+# kernel's own live patching of its text (static keys, alternatives) can race the emulation
+# ("Oops: int3", seen in the first seconds of about one boot in eight of a 7.x kernel). The
+# command that was running when the kernel panicked runs again; if the kernel panics in the
+# same command again, that is the result. A set-up step of the guest's own (90-94) that
+# failed: no command ran, and nothing of the job's is at fault. Each failed boot's console is
+# kept (serial.panic-N.log or serial.setup-N.log) and named on a line of its own.
 again=
 for boot in 1 2 3; do
   ( vm_boot "$JOB" "$VM_KERNEL kernel $(cat "$KROOT/KVER") " "$QEMU" "$QEMU_LIBS" "${args[@]}" )
   rc=$?
-  [ "$rc" = "$RC_NO_MARKER" ] && grep -aqE 'Kernel panic|Oops' "$JOB/serial.log" || exit "$rc"
   next=$(vm_first_without_result "$JOB")
+  case $rc in
+    "$RC_NO_MARKER") grep -aqE 'Kernel panic|Oops' "$JOB/serial.log" || exit "$rc"; what=panic ;;
+    "$RC_NO_NETDEV"|"$RC_LINK_ADD"|"$RC_HOSTROOT"|"$RC_NOT_ACTIVE"|"$RC_MODULE")
+      [ "$next" = 1 ] || exit "$rc"; what=setup ;;
+    *) exit "$rc" ;;
+  esac
   [ "$boot" = 3 ] && exit "$rc"
-  if [ "$next" != 1 ] && [ "$next" = "$again" ]; then
+  if [ "$what" = panic ] && [ "$next" != 1 ] && [ "$next" = "$again" ]; then
     vm_log "the kernel panicked in command $next again: that is its result"
     exit "$rc"
   fi
-  cp "$JOB/serial.log" "$JOB/serial.panic-$boot.log"
-  if [ "$next" = 1 ]; then where="before the first command"; else where="in command $next"; fi
-  vm_log "the kernel panicked $where (log: $JOB/serial.panic-$boot.log): booting again to run the commands from $next on"
-  again=$next
+  cp "$JOB/serial.log" "$JOB/serial.$what-$boot.log"
+  if [ "$what" = setup ]; then
+    where="the guest's set-up failed (exit $rc)"
+  elif [ "$next" = 1 ]; then
+    where="the kernel panicked before the first command"
+  else
+    where="the kernel panicked in command $next"
+  fi
+  vm_log "$where (log: $JOB/serial.$what-$boot.log): booting again to run the commands from $next on"
+  [ "$what" = panic ] && again=$next
   rm -f "$JOB/vm.rc" "$JOB/results/$next.out"
 done
