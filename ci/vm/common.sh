@@ -55,6 +55,7 @@ vm_boot() {
   LD_LIBRARY_PATH=$libs QEMU_MODULE_DIR=$(dirname "$qemu")/../lib/x86_64-linux-gnu/qemu \
     timeout --foreground -k 10 "$timeout" "$qemu" "$@" < /dev/null 2>&1 | _vm_stamp | tee "$log" >&2
   qrc=${PIPESTATUS[0]}
+  echo "$qrc" > "$job/qemu.rc"
   e=$(( (${EPOCHREALTIME/./} - t0) / 10000 ))
   vm_log "QEMU exited $qrc after $((e / 100)).$(printf %02d $((e % 100))) s"
   if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then

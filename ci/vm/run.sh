@@ -24,7 +24,7 @@ if [ $# -gt 0 ]; then printf '%s\n' "$@" > "$JOB/commands"; fi
 [ -f "$SYSROOT/.complete" ] && [ -f "$KROOT/.complete" ] ||
   vm_die "$RC_SETUP" "VM not prepared for the $VM_KERNEL kernel; run ci/vm/fetch.sh and ci/vm/initramfs.sh"
 [ -f "$INITRAMFS" ] || vm_die "$RC_SETUP" "no initramfs for the $VM_KERNEL kernel; run ci/vm/initramfs.sh"
-rm -rf "$JOB/results" "$JOB/vm.rc"
+rm -rf "$JOB/results" "$JOB/vm.rc" "$JOB/qemu.rc"
 echo "$VM_DIR/guest-run.sh" > "$JOB/runner"
 echo "${COMMAND_TIMEOUT:-300}" > "$JOB/command-timeout"
 
@@ -43,36 +43,41 @@ args=(-L "$SYSROOT/usr/share/qemu" -L "$SYSROOT/usr/share/seabios"
 # A guest that fails before its commands are done is booted again, twice at most, and runs
 # the commands that have no result yet. A kernel panic: under TCG with thread=multi a newer
 # kernel's own live patching of its text (static keys, alternatives) can race the emulation
-# ("Oops: int3", seen in the first seconds of about one boot in eight of a 7.x kernel). The
-# command that was running when the kernel panicked runs again; if the kernel panics in the
-# same command again, that is the result. A set-up step of the guest's own (90-94) that
-# failed: no command ran, and nothing of the job's is at fault. Each failed boot's console is
-# kept (serial.panic-N.log or serial.setup-N.log) and named on a line of its own.
+# ("Oops: int3", seen in the first seconds of about one boot in eight of a 7.x kernel). QEMU
+# killed by a signal: the emulator's fault. The command that was running then runs again; if
+# the same happens in the same command again, that is its result. A set-up step of the
+# guest's own (90-94) that failed: no command ran, and nothing of the job's is at fault. Each
+# failed boot's console is kept (serial.panic-N.log, serial.crash-N.log, serial.setup-N.log)
+# and named on a line of its own.
 again=
 for boot in 1 2 3; do
   ( vm_boot "$JOB" "$VM_KERNEL kernel $(cat "$KROOT/KVER") " "$QEMU" "$QEMU_LIBS" "${args[@]}" )
   rc=$?
   next=$(vm_first_without_result "$JOB")
   case $rc in
-    "$RC_NO_MARKER") grep -aqE 'Kernel panic|Oops' "$JOB/serial.log" || exit "$rc"; what=panic ;;
+    "$RC_NO_MARKER")
+      if grep -aqE 'Kernel panic|Oops' "$JOB/serial.log"; then what=panic
+      elif [ "$(cat "$JOB/qemu.rc" 2> /dev/null)" -ge 128 ] 2> /dev/null; then what=crash
+      else exit "$rc"; fi ;;
     "$RC_NO_NETDEV"|"$RC_LINK_ADD"|"$RC_HOSTROOT"|"$RC_NOT_ACTIVE"|"$RC_MODULE")
       [ "$next" = 1 ] || exit "$rc"; what=setup ;;
     *) exit "$rc" ;;
   esac
   [ "$boot" = 3 ] && exit "$rc"
-  if [ "$what" = panic ] && [ "$next" != 1 ] && [ "$next" = "$again" ]; then
-    vm_log "the kernel panicked in command $next again: that is its result"
+  case $what in
+    panic) where="the kernel panicked" ;;
+    crash) where="QEMU died (exit $(cat "$JOB/qemu.rc"))" ;;
+    setup) where="the guest's set-up failed (exit $rc)" ;;
+  esac
+  if [ "$what" != setup ] && [ "$next" != 1 ] && [ "$next" = "$again" ]; then
+    vm_log "$where in command $next again: that is its result"
     exit "$rc"
   fi
   cp "$JOB/serial.log" "$JOB/serial.$what-$boot.log"
-  if [ "$what" = setup ]; then
-    where="the guest's set-up failed (exit $rc)"
-  elif [ "$next" = 1 ]; then
-    where="the kernel panicked before the first command"
-  else
-    where="the kernel panicked in command $next"
+  if [ "$what" = setup ]; then :
+  elif [ "$next" = 1 ]; then where+=" before the first command"
+  else where+=" in command $next"; again=$next
   fi
   vm_log "$where (log: $JOB/serial.$what-$boot.log): booting again to run the commands from $next on"
-  [ "$what" = panic ] && again=$next
   rm -f "$JOB/vm.rc" "$JOB/results/$next.out"
 done
