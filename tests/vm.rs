@@ -364,9 +364,11 @@ fn main() {
                 println!("\nerror: {e}");
             }
             let passed = cases.len() - failed.len();
+            // A rig that failed fails the run even where every case has a passing result (a
+            // panic after the last command, or between two).
             summary(
                 passed,
-                failed.len(),
+                failed.len() + usize::from(rig_error.is_some()),
                 0,
                 filtered_out,
                 t0.elapsed().as_secs_f64(),
@@ -394,7 +396,7 @@ fn summary(passed: usize, failed: usize, ignored: usize, filtered: usize, secs: 
 }
 
 /// Per case, its exit status (None when it has no result) and its output; and the rig's
-/// failure if it stopped before every case had a result.
+/// failure, if it failed (part-way, or after every case had its result).
 type Outcome = (Vec<(Option<i32>, String)>, Option<String>);
 
 /// Prepare the rig, build the programs, run every case in one boot.

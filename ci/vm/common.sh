@@ -58,7 +58,9 @@ vm_boot() {
   echo "$qrc" > "$job/qemu.rc"
   e=$(( (${EPOCHREALTIME/./} - t0) / 10000 ))
   vm_log "QEMU exited $qrc after $((e / 100)).$(printf %02d $((e % 100))) s"
-  if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
+  # 124: the limit's TERM; 137 at the limit: its KILL. A KILL before the limit is not a hang
+  # (the OOM killer's signal): a crash, below.
+  if [ "$qrc" = 124 ] || { [ "$qrc" = 137 ] && [ $((e / 100)) -ge "$timeout" ]; }; then
     vm_die "$RC_TIMEOUT" "guest hung: no result within ${timeout}s (log: $log)"
   fi
   local marker
@@ -66,10 +68,8 @@ vm_boot() {
   if [ -z "$marker" ]; then
     if grep -aq 'Kernel panic' "$log"; then
       # What crashed and where, on lines of their own: a log's tail may be all a reader sees.
-      grep -a -m3 -E 'Oops|BUG:|RIP:|general protection' "$log" | cut -c10- | while IFS= read -r l; do
-        vm_log "guest console:$l"
-      done
-      vm_die "$RC_NO_MARKER" "guest kernel panicked: $(grep -a -m1 'Kernel panic' "$log" | cut -c10-) (log: $log)"
+      vm_panic_lines "$log" | while IFS= read -r l; do vm_log "guest console: $l"; done
+      vm_die "$RC_NO_MARKER" "guest kernel panicked: $(grep -a -m1 'Kernel panic' "$log" | vm_unstamp) (log: $log)"
     fi
     vm_die "$RC_NO_MARKER" "QEMU exited $qrc without the guest's result line (crash?) (log: $log)"
   fi
@@ -98,12 +98,20 @@ vm_boot() {
   exit 0
 }
 
-# vm_first_without_result JOB: the number of the first command of JOB/commands that has no
-# JOB/results/N.rc (one past the last when every command has one).
+# vm_first_without_result JOB: the number of the first command of JOB/commands without an
+# exit status in JOB/results/N.rc (one past the last when every command has one).
 vm_first_without_result() {
   local n=1
-  while [ -f "$1/results/$n.rc" ]; do n=$((n + 1)); done
+  while [ "$(cat "$1/results/$n.rc" 2> /dev/null)" -ge 0 ] 2> /dev/null; do n=$((n + 1)); done
   echo "$n"
+}
+
+# vm_unstamp: a console line without vm_boot's host-side stamp.
+vm_unstamp() { sed -E 's/^\[ *[0-9]+\.[0-9]+\] //'; }
+
+# vm_panic_lines LOG: what crashed and where (at most 4 lines of the panic, unstamped).
+vm_panic_lines() {
+  grep -a -m4 -E 'Oops|BUG:|RIP: 0010|general protection|Kernel panic' "$1" | vm_unstamp
 }
 
 # vm_initramfs LABEL OUT INIT KVER MODS BUSYBOX APPLETS: the guest's initramfs OUT, rebuilt

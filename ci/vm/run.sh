@@ -7,7 +7,8 @@
 # of this host's root filesystem (read-only) with JOBDIR mounted read-write at the same path,
 # so host-built binaries run unmodified. Per command, JOBDIR/results/N.rc and N.out come back.
 #
-# Environment: TIMEOUT (host-side limit in s, default 1800: the whole suite took 450 s of guest time at load 4 here), COMMAND_TIMEOUT (per command,
+# Environment: TIMEOUT (host-side limit in s for the whole job, every boot included, default
+# 1800: the whole suite took 450 s of guest time at load 4 here), COMMAND_TIMEOUT (per command,
 # default 300), MEM (MiB, default 2048), SMP (default 2), HUGEPAGES (default 0),
 # MRCACHE_VM_INJECT=panic|hang|linkadd (exercise the rig's failure paths).
 # Exit status: 0 all commands passed, 1 some failed, otherwise see common.sh (124 hang,
@@ -24,7 +25,7 @@ if [ $# -gt 0 ]; then printf '%s\n' "$@" > "$JOB/commands"; fi
 [ -f "$SYSROOT/.complete" ] && [ -f "$KROOT/.complete" ] ||
   vm_die "$RC_SETUP" "VM not prepared for the $VM_KERNEL kernel; run ci/vm/fetch.sh and ci/vm/initramfs.sh"
 [ -f "$INITRAMFS" ] || vm_die "$RC_SETUP" "no initramfs for the $VM_KERNEL kernel; run ci/vm/initramfs.sh"
-rm -rf "$JOB/results" "$JOB/vm.rc" "$JOB/qemu.rc"
+rm -rf "$JOB/results" "$JOB/vm.rc" "$JOB/qemu.rc" "$JOB"/serial.stop-*.log
 echo "$VM_DIR/guest-run.sh" > "$JOB/runner"
 echo "${COMMAND_TIMEOUT:-300}" > "$JOB/command-timeout"
 
@@ -40,44 +41,66 @@ args=(-L "$SYSROOT/usr/share/qemu" -L "$SYSROOT/usr/share/seabios"
   -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot"
   -virtfs "local,path=$JOB,mount_tag=job,security_model=none,id=job")
 
-# A guest that fails before its commands are done is booted again, twice at most, and runs
-# the commands that have no result yet. A kernel panic: under TCG with thread=multi a newer
-# kernel's own live patching of its text (static keys, alternatives) can race the emulation
-# ("Oops: int3", seen in the first seconds of about one boot in eight of a 7.x kernel). QEMU
-# killed by a signal: the emulator's fault. The command that was running then runs again; if
-# the same happens in the same command again, that is its result. A set-up step of the
-# guest's own (90-94) that failed: no command ran, and nothing of the job's is at fault. Each
-# failed boot's console is kept (serial.panic-N.log, serial.crash-N.log, serial.setup-N.log)
-# and named on a line of its own.
-again=
+# A guest that stops before its commands are done is booted again, three boots at most
+# within TIMEOUT in all, and runs the commands that have no result yet (the guest writes
+# results/N.started as command N starts):
+# - in the boot, before the job's commands (a set-up step of the guest's own, 90-94; a panic
+#   or QEMU's death before "rxe0 ACTIVE"): nothing of the job's ran; the boot is made again;
+# - in a command, where the fault is the emulator's: QEMU killed by a signal, or the
+#   kernel's "Oops: int3" (under TCG with thread=multi a newer kernel's own live patching of
+#   its text races the emulation, seen in the first seconds of about one boot in eight of a
+#   7.x kernel): the command runs again, once; the same again is its result;
+# - in a command, any other panic: the command's result is 125, with the panic's lines in
+#   its output (an earlier command's deferred work may be the cause: the console says more),
+#   and the boot is made again for the commands after it; between two commands, the same
+#   without a command to blame.
+# A panic that is not the emulator's fails the job (exit 125) even when every command that
+# ran passed. Each stopped boot's console is kept as serial.stop-N.log, and named.
+total=${TIMEOUT:-1800}; t_start=$SECONDS
+rerun=" "; panicked=
 for boot in 1 2 3; do
-  ( vm_boot "$JOB" "$VM_KERNEL kernel $(cat "$KROOT/KVER") " "$QEMU" "$QEMU_LIBS" "${args[@]}" )
+  left=$((total - (SECONDS - t_start)))
+  [ "$left" -gt 0 ] || vm_die "$RC_TIMEOUT" "no time left of TIMEOUT=${total}s for boot $boot"
+  ( TIMEOUT=$left vm_boot "$JOB" "$VM_KERNEL kernel $(cat "$KROOT/KVER") " "$QEMU" "$QEMU_LIBS" "${args[@]}" )
   rc=$?
   next=$(vm_first_without_result "$JOB")
+  log=$JOB/serial.log
   case $rc in
+    0|"$RC_CMD_FAILED") [ -z "$panicked" ] || { vm_log "error: $panicked"; exit "$RC_NO_MARKER"; }; exit "$rc" ;;
     "$RC_NO_MARKER")
-      if grep -aqE 'Kernel panic|Oops' "$JOB/serial.log"; then what=panic
-      elif [ "$(cat "$JOB/qemu.rc" 2> /dev/null)" -ge 128 ] 2> /dev/null; then what=crash
+      if grep -aqE 'Oops: int3|int3: 0000' "$log"; then
+        what="the kernel's text patching raced the emulation (Oops: int3)"; fault=emulator
+      elif grep -aqE 'Kernel panic|Oops' "$log"; then
+        what="the kernel panicked"; fault=panic
+      elif [ "$(cat "$JOB/qemu.rc" 2> /dev/null)" -ge 128 ] 2> /dev/null; then
+        what="QEMU died (exit $(cat "$JOB/qemu.rc"))"; fault=emulator
       else exit "$rc"; fi ;;
     "$RC_NO_NETDEV"|"$RC_LINK_ADD"|"$RC_HOSTROOT"|"$RC_NOT_ACTIVE"|"$RC_MODULE")
-      [ "$next" = 1 ] || exit "$rc"; what=setup ;;
+      what="the guest's set-up failed (exit $rc)"; fault=setup ;;
     *) exit "$rc" ;;
   esac
-  [ "$boot" = 3 ] && exit "$rc"
-  case $what in
-    panic) where="the kernel panicked" ;;
-    crash) where="QEMU died (exit $(cat "$JOB/qemu.rc"))" ;;
-    setup) where="the guest's set-up failed (exit $rc)" ;;
-  esac
-  if [ "$what" != setup ] && [ "$next" != 1 ] && [ "$next" = "$again" ]; then
-    vm_log "$where in command $next again: that is its result"
-    exit "$rc"
+  cp "$log" "$JOB/serial.stop-$boot.log"
+  where="(log: $JOB/serial.stop-$boot.log)"
+  if ! grep -aq 'rxe0 ACTIVE' "$log"; then
+    what="$what in the boot"
+  elif [ ! -e "$JOB/results/$next.started" ]; then
+    [ "$fault" = panic ] && panicked="the kernel panicked before command $next started $where"
+    what="$what before command $next started"
+  elif [ "$fault" = emulator ] && [ "${rerun#* $next }" = "$rerun" ]; then
+    rerun+="$next "; what="$what in command $next, which runs again"
+  else
+    { echo; echo "mrcache-vm: $what while this command ran (boot $boot; the cause may be an earlier command's deferred work) $where:"
+      vm_panic_lines "$log"; } >> "$JOB/results/$next.out"
+    echo 125 > "$JOB/results/$next.rc"
+    [ "$fault" = panic ] && panicked="the kernel panicked in command $next $where"
+    what="$what in command $next: its result is 125"
   fi
-  cp "$JOB/serial.log" "$JOB/serial.$what-$boot.log"
-  if [ "$what" = setup ]; then :
-  elif [ "$next" = 1 ]; then where+=" before the first command"
-  else where+=" in command $next"; again=$next
+  next=$(vm_first_without_result "$JOB")
+  if [ "$next" -gt "$(wc -l < "$JOB/commands")" ]; then  # every command has its result
+    vm_log "$what $where"
+    vm_die "$RC_NO_MARKER" "${panicked:-$what}"
   fi
-  vm_log "$where (log: $JOB/serial.$what-$boot.log): booting again to run the commands from $next on"
-  rm -f "$JOB/vm.rc" "$JOB/results/$next.out"
+  [ "$boot" = 3 ] && vm_die "$rc" "$what; no boot left $where"
+  vm_log "$what $where: booting again for the commands from $next on"
+  rm -f "$JOB/vm.rc" "$JOB/results/$next.out" "$JOB/results/$next.started"
 done
