@@ -464,14 +464,26 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Outcome, String> {
         .map_err(|e| format!("{rig}: {e}"))?;
     // A rig that failed part-way (a kernel panic, a hang) leaves the results of the commands
     // that ran before it: those cases keep them, the others have none.
+    // The rig's reason (run.sh's rig-error) and the console that shows it: the last boot that
+    // stopped (serial.stop-B.log), where a later boot's clean console would say nothing.
     let rig_error = match status.code() {
         Some(0 | 1) => None,
         other => {
-            let log = std::fs::read_to_string(job.join("serial.log")).unwrap_or_default();
+            let reason = std::fs::read_to_string(job.join("rig-error")).unwrap_or_default();
+            let console = (1..=3)
+                .rev()
+                .map(|b| job.join(format!("serial.stop-{b}.log")))
+                .find(|p| p.is_file())
+                .unwrap_or_else(|| job.join("serial.log"));
+            // A console may hold bytes that are not UTF-8 (a panic mid-line).
+            let log =
+                String::from_utf8_lossy(&std::fs::read(&console).unwrap_or_default()).into_owned();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             Some(format!(
-                "the VM rig failed ({rig} exit {other:?}); last console lines:\n{}",
+                "the VM rig failed ({rig} exit {other:?}): {}; last lines of {}:\n{}",
+                reason.trim(),
+                console.display(),
                 tail.join("\n")
             ))
         }
@@ -481,8 +493,22 @@ fn run_suite(repo: &Path, cases: &[&Case]) -> Result<Outcome, String> {
             let rc = std::fs::read_to_string(job.join(format!("results/{n}.rc")))
                 .ok()
                 .and_then(|s| s.trim().parse().ok());
-            let out =
+            let mut out =
                 std::fs::read_to_string(job.join(format!("results/{n}.out"))).unwrap_or_default();
+            // A case run again after the emulator failed in it says so, with its first output.
+            for b in 1..=3 {
+                let first = job.join(format!("results/{n}.out.stop-{b}"));
+                if let Ok(text) = std::fs::read_to_string(&first) {
+                    println!(
+                        "{}: run again: the emulator failed in it in boot {b} (console: {})",
+                        cases[n - 1].id(),
+                        job.join(format!("serial.stop-{b}.log")).display()
+                    );
+                    out.push_str(&format!(
+                        "\n---- its run in boot {b}, stopped by the emulator's failure ----\n{text}"
+                    ));
+                }
+            }
             (rc, out)
         })
         .collect();
