@@ -68,8 +68,10 @@ vm_boot() {
   if [ -z "$marker" ]; then
     if vm_kernel_says "$log" 'Kernel panic'; then
       # What crashed and where, on lines of their own: a log's tail may be all a reader sees.
-      vm_panic_lines "$log" | while IFS= read -r l; do vm_log "guest console: $l"; done
-      vm_die "$RC_NO_MARKER" "guest kernel panicked: $(vm_panic_lines "$log" | grep -a -m1 'Kernel panic') (log: $log)"
+      local lines l
+      lines=$(vm_panic_lines "$log")
+      while IFS= read -r l; do vm_log "guest console: $l"; done <<< "$lines"
+      vm_die "$RC_NO_MARKER" "guest kernel panicked: $(grep -a -m1 'Kernel panic' <<< "$lines") (log: $log)"
     fi
     vm_die "$RC_NO_MARKER" "QEMU exited $qrc without the guest's result line (crash?) (log: $log)"
   fi
@@ -109,15 +111,16 @@ vm_first_without_result() {
 # vm_unstamp: a console line without vm_boot's host-side stamp.
 vm_unstamp() { sed -E 's/^\[ *[0-9]+\.[0-9]+\] //'; }
 
-# vm_kernel_says LOG REGEX: whether one of the kernel's own console lines in LOG (printk's
-# time stamp after vm_boot's; never a command's text the runner echoes) matches REGEX.
-vm_kernel_says() { grep -aqE "^\[ *[0-9]+\.[0-9]+\] \[ *[0-9]+\.[0-9]+\] .*($2)" "$1"; }
+# The start of one of the kernel's own console lines in a log: printk's time stamp after
+# vm_boot's (never a command's text the runner echoes).
+VM_KERNEL_LINE='^\[ *[0-9]+\.[0-9]+\] \[ *[0-9]+\.[0-9]+\] '
 
-# vm_panic_lines LOG: what crashed and where: at most 4 of the kernel's own lines (those with
-# printk's time stamp after vm_boot's), unstamped.
+# vm_kernel_says LOG REGEX: whether one of the kernel's own console lines in LOG matches REGEX.
+vm_kernel_says() { grep -aqE "$VM_KERNEL_LINE.*($2)" "$1"; }
+
+# vm_panic_lines LOG: what crashed and where: at most 4 of the kernel's own lines, unstamped.
 vm_panic_lines() {
-  grep -a -m4 -E '^\[ *[0-9]+\.[0-9]+\] \[ *[0-9]+\.[0-9]+\] .*(Oops|BUG:|RIP: 0010|general protection|Kernel panic)' "$1" |
-    vm_unstamp
+  grep -a -m4 -E "$VM_KERNEL_LINE.*(Oops|BUG:|RIP: 0010|general protection|Kernel panic)" "$1" | vm_unstamp
 }
 
 # vm_initramfs LABEL OUT INIT KVER MODS BUSYBOX APPLETS: the guest's initramfs OUT, rebuilt
