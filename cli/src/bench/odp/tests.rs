@@ -472,14 +472,20 @@ fn the_profile_and_its_lines() {
     );
 }
 
+/// An empty directory of this process's for test `name`, and the profile's path in it.
+fn scratch(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mrcache-odp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("p");
+    (dir, file)
+}
+
 /// No profile where the device offers no ODP or the rows stopped, in one line; nothing
 /// written.
 #[test]
 fn no_profile_is_one_line_and_no_file() {
-    let dir = std::env::temp_dir().join(format!("mrcache-odp-profile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("p");
+    let (dir, file) = scratch("profile");
     let none = section(Ok(0), vec![]);
     let e = profile::write(&none, &file).unwrap_err();
     assert_eq!(
@@ -520,10 +526,7 @@ fn no_profile_is_one_line_and_no_file() {
 /// target was emptied.
 #[test]
 fn the_profile_is_written_whole_as_it_reads_back() {
-    let dir = std::env::temp_dir().join(format!("mrcache-odp-write-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("p");
+    let (dir, file) = scratch("write");
     let mut tab = measured(Ok(Offsets {
         kept: true,
         landed_at: Some(WITHIN),
